@@ -1,0 +1,239 @@
+//! The engine: layouts, the prefix index, the tiers and the snapshot bucket behind one API.
+//!
+//! ```text
+//! register_layout(key) ─► Layout            prompt(layout, tokens, extras) ─► Prompt (hashed once)
+//! lookup(&Prompt) ─► Lookup (memory only)   load(&Lookup) ─► the matched blocks' bytes
+//! store(&Prompt, payloads)                  snapshot_put / snapshot_get (exact prefix)
+//! ```
+
+mod builder;
+mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+
+pub use builder::{EngineBuilder, EngineConfig};
+pub use store::StoreReport;
+
+use crate::budget::MemoryBudget;
+use crate::error::{Error, Result};
+use crate::hash::ExtraKeys;
+use crate::index::{BlockRef, Lookup, PrefixIndex, Prompt};
+use crate::layout::{Layout, LayoutDigest, LayoutKey};
+use crate::snapshot::{SnapshotBucket, SnapshotKey, SnapshotPut};
+use crate::stats::EngineStats;
+use crate::tier::{RamTier, Tier, TierKind};
+
+/// The blocks a load returned.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// Payloads (or the requested layers of them) of the leading blocks, in order.
+    pub blocks: Vec<Bytes>,
+    /// False when a block was lost between lookup and load: `blocks` then holds only the
+    /// blocks before it, and the caller recomputes from there.
+    pub complete: bool,
+}
+
+/// See the module docs.
+pub struct Engine {
+    config: EngineConfig,
+    layouts: RwLock<HashMap<LayoutDigest, Arc<Layout>>>,
+    index: Arc<PrefixIndex>,
+    ram: Arc<RamTier>,
+    snapshots: SnapshotBucket,
+    budget: Arc<MemoryBudget>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Starts building an engine; see [`EngineBuilder`] for the settings and their defaults.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// The settings the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Validates and registers `key`, returning the layout. Registering the same key again
+    /// returns the same layout. Refuses a layout whose block is larger than the RAM budget.
+    pub fn register_layout(&self, key: LayoutKey) -> Result<Arc<Layout>> {
+        let layout = Layout::new(key)?;
+        let capacity = self.budget.capacity();
+        if layout.block_bytes() > capacity {
+            return Err(Error::no_space(format!(
+                "one block of layout `{}` takes {} bytes, more than the whole RAM capacity of {capacity} bytes",
+                layout.digest(),
+                layout.block_bytes()
+            )));
+        }
+        let mut layouts = self.layouts.write();
+        let entry = layouts
+            .entry(layout.digest())
+            .or_insert_with(|| Arc::new(layout));
+        Ok(entry.clone())
+    }
+
+    /// The registered layout with this digest.
+    pub fn layout(&self, digest: LayoutDigest) -> Result<Arc<Layout>> {
+        self.layouts.read().get(&digest).cloned().ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown layout `{digest}`: register it before using it"
+            ))
+        })
+    }
+
+    /// Hashes `tokens` under the registered layout `layout`. Refuses an unknown layout, an
+    /// empty prompt and one longer than the configured maximum.
+    pub fn prompt(
+        &self,
+        layout: LayoutDigest,
+        tokens: &[u32],
+        extras: &ExtraKeys,
+    ) -> Result<Prompt> {
+        let layout = self.layout(layout)?;
+        self.check_token_count(tokens.len())?;
+        Prompt::new(layout, tokens, extras)
+    }
+
+    fn check_token_count(&self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::invalid("the prompt has zero tokens"));
+        }
+        if n > self.config.max_tokens {
+            return Err(Error::invalid(format!(
+                "the prompt has {n} tokens; at most {} are allowed (max_tokens)",
+                self.config.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many leading whole blocks of `prompt` are cached, where, and handles to load
+    /// them. Memory only: no tier is touched.
+    pub fn lookup(&self, prompt: &Prompt) -> Lookup {
+        self.index.lookup(prompt, usize::MAX)
+    }
+
+    /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
+    pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
+        self.load_with(refs, |tier, r| tier.get(&r.hash))
+    }
+
+    /// Loads only layers `layers` of each block of `refs` (one page per layer per block,
+    /// each a zero-copy slice when the block is in RAM).
+    pub fn load_layers(
+        &self,
+        layout: &Layout,
+        refs: &[BlockRef],
+        layers: Range<u32>,
+    ) -> Result<Loaded> {
+        let range = layout.geometry().layer_range(layers.clone()).ok_or_else(|| {
+            Error::invalid(format!(
+                "layer range {}..{} is empty or past the layout's {} layers",
+                layers.start,
+                layers.end,
+                layout.geometry().num_layers
+            ))
+        })?;
+        self.load_with(refs, |tier, r| tier.get_range(&r.hash, range.clone()))
+    }
+
+    fn load_with(
+        &self,
+        refs: &[BlockRef],
+        get: impl Fn(&dyn Tier, &BlockRef) -> Result<Option<Bytes>>,
+    ) -> Result<Loaded> {
+        let mut blocks = Vec::with_capacity(refs.len());
+        for r in refs {
+            match get(self.tier(r.tier)?, r)? {
+                Some(b) => blocks.push(b),
+                None => return Ok(Loaded {
+                    blocks,
+                    complete: false,
+                }),
+            }
+        }
+        Ok(Loaded {
+            blocks,
+            complete: true,
+        })
+    }
+
+    fn tier(&self, kind: TierKind) -> Result<&dyn Tier> {
+        match kind {
+            TierKind::Ram => Ok(self.ram.as_ref()),
+            other => Err(Error::new(
+                crate::ErrorKind::Unavailable,
+                format!("the {} tier is not attached", other.name()),
+            )),
+        }
+    }
+
+    /// Stores the recurrent state reached after exactly `tokens` (and `session`, if given)
+    /// under `layout`. The blob is copied; the caller keeps its buffer.
+    pub fn snapshot_put(
+        &self,
+        layout: LayoutDigest,
+        tokens: &[u32],
+        session: Option<&[u8]>,
+        blob: &[u8],
+    ) -> Result<SnapshotPut> {
+        self.layout(layout)?;
+        self.check_token_count(tokens.len())?;
+        let key = SnapshotKey::new(layout, tokens, session);
+        let ram = &self.ram;
+        Ok(self
+            .snapshots
+            .put(key, Bytes::copy_from_slice(blob), &|n| ram.evict_bytes(n)))
+    }
+
+    /// The state stored for exactly `tokens` (and `session`) under `layout`, if any.
+    pub fn snapshot_get(
+        &self,
+        layout: LayoutDigest,
+        tokens: &[u32],
+        session: Option<&[u8]>,
+    ) -> Result<Option<Bytes>> {
+        self.layout(layout)?;
+        self.check_token_count(tokens.len())?;
+        Ok(self
+            .snapshots
+            .get(&SnapshotKey::new(layout, tokens, session)))
+    }
+
+    /// The RAM tier, for inspection and tests.
+    pub fn ram(&self) -> &RamTier {
+        &self.ram
+    }
+
+    /// The prefix index, for inspection and tests.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// Every counter. Each component's counters are read under that component's lock, so
+    /// within a component they agree with each other (e.g. resident bytes and evictions).
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            index: self.index.stats(),
+            ram: self.ram.stats(),
+            snapshot: self.snapshots.stats(),
+            memory_used_bytes: self.budget.used(),
+            memory_capacity_bytes: self.budget.capacity(),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Block keys: the hash chain that names every block by its layout and its whole prefix.
+//!
+//! `h[-1]` is the [`LayoutDigest`]; for block `i`,
+//!
+//! ```text
+//! h[i] = first 128 bits of SHA256-compress(state = h[i-1] ‖ x[i], message = tokens of block i)
+//! ```
+//!
+//! where `x[i]` is 128 zero bits for a block without extra keys and the first 128 bits of a
+//! domain-separated SHA-256 of the block's extra keys otherwise, and the tokens are
+//! little-endian `u32`s, zero-padded to whole 64-byte message blocks (the length is fixed by
+//! the layout, which is already in `h[-1]`). With 16 tokens per block that is exactly one
+//! SHA-256 compression per block — no padding block, no length block — which is what keeps
+//! hashing under 5 ns per token with the SHA extensions. See `docs/adr/0001-block-hash.md`
+//! for why this is collision-resistant and why SHA-256 rather than BLAKE3.
+//!
+//! Only whole blocks are hashed; a trailing partial block has no key.
+
+mod extras;
+
+use std::fmt;
+
+use sha2::block_api::compress256;
+
+pub use extras::ExtraKeys;
+
+use crate::layout::{Layout, LayoutDigest};
+
+/// The 128-bit key of one block: its layout, its tokens and every token before it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BlockHash(pub [u8; 16]);
+
+impl BlockHash {
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// The low 64 bits, used to pick index shards and hash-map buckets. The hash is already
+    /// uniformly distributed, so no further hashing is needed.
+    pub fn low64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[8..]);
+        u64::from_le_bytes(b)
+    }
+}
+
+impl From<LayoutDigest> for BlockHash {
+    fn from(d: LayoutDigest) -> Self {
+        BlockHash(d.0)
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+/// The seed of every chain of `layout`: `h[-1]`.
+pub fn chain_root(layout: &Layout) -> BlockHash {
+    layout.digest().into()
+}
+
+/// Computes one link of the chain: the hash of a block given its parent's hash, its tokens
+/// (exactly one block's worth) and its extra-key tag.
+pub fn block_hash(parent: BlockHash, tokens: &[u32], extra_tag: Option<[u8; 16]>) -> BlockHash {
+    let mut state = [0u32; 8];
+    for (i, w) in parent.0.chunks_exact(4).enumerate() {
+        state[i] = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
+    }
+    if let Some(tag) = extra_tag {
+        for (i, w) in tag.chunks_exact(4).enumerate() {
+            state[4 + i] = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
+        }
+    }
+    for chunk in tokens.chunks(16) {
+        let mut msg = [0u8; 64];
+        for (dst, t) in msg.chunks_exact_mut(4).zip(chunk) {
+            dst.copy_from_slice(&t.to_le_bytes());
+        }
+        compress256(&mut state, std::slice::from_ref(&msg));
+    }
+    let mut out = [0u8; 16];
+    for (dst, w) in out.chunks_exact_mut(4).zip(&state[..4]) {
+        dst.copy_from_slice(&w.to_be_bytes());
+    }
+    BlockHash(out)
+}
+
+/// The hashes of every whole block of `tokens` under `layout`, in order. Extra keys of a
+/// block whose index is past the last whole block are ignored (that block has no key).
+pub fn chain(layout: &Layout, tokens: &[u32], extras: &ExtraKeys) -> Vec<BlockHash> {
+    let tpb = layout.tokens_per_block();
+    let mut out = Vec::with_capacity(tokens.len() / tpb);
+    let mut parent = chain_root(layout);
+    for (i, block) in tokens.chunks_exact(tpb).enumerate() {
+        parent = block_hash(parent, block, extras.tag(i));
+        out.push(parent);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{KvDtype, LayoutKey};
+
+    fn layout(tpb: u32) -> Layout {
+        match Layout::new(LayoutKey::new("m", KvDtype::F16, tpb, 1, 1, 8)) {
+            Ok(l) => l,
+            Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    #[test]
+    fn chain_is_prefix_stable_and_whole_blocks_only() {
+        let l = layout(16);
+        let t: Vec<u32> = (0..100).collect();
+        let full = chain(&l, &t, &ExtraKeys::none());
+        assert_eq!(full.len(), 6);
+        let prefix = chain(&l, &t[..40], &ExtraKeys::none());
+        assert_eq!(prefix, full[..2]);
+    }
+
+    #[test]
+    fn one_token_changes_this_and_every_later_hash() {
+        let l = layout(16);
+        let a: Vec<u32> = (0..64).collect();
+        let mut b = a.clone();
+        b[20] = 999;
+        let (ha, hb) = (chain(&l, &a, &ExtraKeys::none()), chain(&l, &b, &ExtraKeys::none()));
+        assert_eq!(ha[0], hb[0]);
+        assert!(ha[1..].iter().zip(&hb[1..]).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn layouts_and_extras_separate_chains() {
+        let t: Vec<u32> = (0..32).collect();
+        let mut k = LayoutKey::new("m", KvDtype::F16, 16, 1, 1, 8);
+        k.tenant_salt = b"other".to_vec();
+        let other = Layout::new(k).ok();
+        let base = chain(&layout(16), &t, &ExtraKeys::none());
+        assert_ne!(Some(base.clone()), other.map(|o| chain(&o, &t, &ExtraKeys::none())));
+        let mut ex = ExtraKeys::none();
+        ex.push(1, b"image-digest".to_vec());
+        let with = chain(&layout(16), &t, &ex);
+        assert_eq!(with[0], base[0]);
+        assert_ne!(with[1], base[1]);
+    }
+
+    #[test]
+    fn large_blocks_use_several_compressions_and_zero_padding_is_unambiguous() {
+        // 20 tokens: 80 bytes, two compressions. A block of 20 tokens ending in zeros must
+        // still differ from the same block under a layout of a different size (the layout
+        // seeds the chain).
+        let t: Vec<u32> = (1..=20).collect();
+        let h20 = chain(&layout(20), &t, &ExtraKeys::none());
+        let mut t32 = t.clone();
+        t32.resize(32, 0);
+        let h32 = chain(&layout(32), &t32, &ExtraKeys::none());
+        assert_ne!(h20[0], h32[0]);
+    }
+}

@@ -1,0 +1,45 @@
+//! The exact-prefix key of a snapshot.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::layout::LayoutDigest;
+
+/// Layout digest ⊕ hash of the exact full prompt ⊕ optional session key, as one SHA-256.
+/// Any difference in any token, in the prompt's length, in the layout or in the session
+/// gives another key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnapshotKey(pub [u8; 32]);
+
+impl SnapshotKey {
+    /// The key of the state reached after `tokens` under `layout`, for `session` if given.
+    pub fn new(layout: LayoutDigest, tokens: &[u32], session: Option<&[u8]>) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"kvtier/snapshot/v1");
+        h.update(layout.0);
+        match session {
+            None => h.update([0u8]),
+            Some(s) => {
+                h.update([1u8]);
+                h.update((s.len() as u64).to_le_bytes());
+                h.update(s);
+            }
+        }
+        h.update((tokens.len() as u64).to_le_bytes());
+        let mut buf = [0u8; 4096];
+        for chunk in tokens.chunks(buf.len() / 4) {
+            for (dst, t) in buf.chunks_exact_mut(4).zip(chunk) {
+                dst.copy_from_slice(&t.to_le_bytes());
+            }
+            h.update(&buf[..chunk.len() * 4]);
+        }
+        SnapshotKey(h.finalize().into())
+    }
+}
+
+impl fmt::Debug for SnapshotKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SnapshotKey({})", crate::hash::hex(&self.0))
+    }
+}

@@ -1,0 +1,177 @@
+//! The tier abstraction: where block payloads live.
+//!
+//! A tier stores immutable block payloads under their [`BlockHash`]. It does not decide hit
+//! or miss — the [`crate::index::PrefixIndex`] does, from memory — but it tells the index
+//! what it holds through a [`ResidencySink`], which it calls for every block it admits or
+//! drops, so the index always knows which tiers hold a block.
+//!
+//! The trait is synchronous and object-safe. A call may block on I/O (the SSD tier reads
+//! on its own threads; a remote tier waits on its runtime), so async callers run loads on
+//! a blocking pool; the RAM tier never blocks on I/O. Lookups never touch a tier.
+
+mod ram;
+mod ram_book;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use std::fmt::Debug;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use ram::{RamConfig, RamTier};
+
+use crate::error::Result;
+use crate::hash::BlockHash;
+use crate::layout::LayoutDigest;
+use crate::stats::TierStats;
+
+/// The kinds of tier, fastest first. The discriminant is the tier's bit in residency masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TierKind {
+    /// Host memory.
+    Ram = 0,
+    /// Local persistent storage.
+    Ssd = 1,
+    /// Shared object storage.
+    Remote = 2,
+}
+
+impl TierKind {
+    /// Every kind, fastest first.
+    pub const ALL: [TierKind; 3] = [TierKind::Ram, TierKind::Ssd, TierKind::Remote];
+
+    /// This kind's bit in a residency mask.
+    pub fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+
+    /// The fastest kind present in `mask`.
+    pub fn fastest_in(mask: u8) -> Option<TierKind> {
+        TierKind::ALL.into_iter().find(|k| mask & k.bit() != 0)
+    }
+
+    /// The stats prefix of this tier (`ram`, `ssd`, `remote`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Ram => "ram",
+            TierKind::Ssd => "ssd",
+            TierKind::Remote => "remote",
+        }
+    }
+}
+
+/// What identifies a block and lets anyone holding it check that it is the block asked for.
+/// Persistent tiers write all of it into their record headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMeta {
+    /// The layout the payload was computed under.
+    pub layout: LayoutDigest,
+    /// The block's key.
+    pub hash: BlockHash,
+    /// The previous block's key; for the first block, the chain root (the layout digest).
+    pub parent: BlockHash,
+    /// The block's position in its chain (0 for the first block).
+    pub position: u32,
+    /// The block's own tokens (exactly `tokens_per_block` of them).
+    pub tokens: Arc<[u32]>,
+    /// The block's extra-key tag, if it has extra keys.
+    pub extra_tag: Option<[u8; 16]>,
+}
+
+/// How a [`Tier::put`] ended. Refusals are outcomes, not errors: the block is simply not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The block was admitted.
+    Stored,
+    /// The block was already held; its recency was refreshed and nothing was rewritten.
+    Duplicate,
+    /// The tier refused the block.
+    Rejected(RejectReason),
+}
+
+/// Why a tier refused a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// No room could be made without breaking an invariant (the budget is held by the
+    /// block's own ancestors, or the block is larger than the whole budget).
+    NoSpace,
+    /// The tier keeps only blocks whose parent it also holds, and the parent is absent.
+    ParentMissing,
+}
+
+/// Why a block left a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RemovalCause {
+    /// Evicted to make room within the byte budget.
+    Budget,
+    /// Expired.
+    Ttl,
+    /// Removed on request.
+    Explicit,
+    /// Failed verification.
+    Corrupt,
+}
+
+/// Receives residency changes from tiers. The engine's implementation keeps the prefix
+/// index current.
+///
+/// Tiers call it while holding their own bookkeeping lock, so events for one block from one
+/// tier arrive in order. An implementation must be quick and must never call back into a
+/// tier (lock order: tier, then index).
+pub trait ResidencySink: Send + Sync + Debug + 'static {
+    /// `tier` now holds the block described by `meta`.
+    fn inserted(&self, tier: TierKind, meta: &BlockMeta);
+
+    /// `tier` no longer holds `meta`'s block. `payload` is the evicted bytes when the tier
+    /// still has them (so a lower tier can take them over), `None` otherwise.
+    fn removed(&self, tier: TierKind, meta: &BlockMeta, cause: RemovalCause, payload: Option<&Bytes>);
+}
+
+/// A sink that ignores every event, for a tier used on its own.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSink;
+
+impl ResidencySink for NoSink {
+    fn inserted(&self, _: TierKind, _: &BlockMeta) {}
+    fn removed(&self, _: TierKind, _: &BlockMeta, _: RemovalCause, _: Option<&Bytes>) {}
+}
+
+/// A place that holds block payloads.
+///
+/// Implementations must be safe to call from many threads at once, must never return bytes
+/// other than those stored under the hash asked for (a tier that cannot verify returns a
+/// miss), and must report every admission and removal to their [`ResidencySink`].
+pub trait Tier: Send + Sync + Debug + 'static {
+    /// Which kind of tier this is.
+    fn kind(&self) -> TierKind;
+
+    /// Admits a block. The caller guarantees that `meta.hash` is the chain hash of
+    /// `meta.parent`, `meta.tokens` and `meta.extra_tag`, and that `payload` has the size its
+    /// layout implies. A block already held is refreshed, not rewritten
+    /// ([`PutOutcome::Duplicate`]). Errors mean the tier failed (I/O), not that it refused.
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome>;
+
+    /// The whole payload of `hash`, or `None` when the tier does not hold it (or holds bytes
+    /// that fail verification). A hit refreshes the block's recency.
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>>;
+
+    /// Bytes `range` of `hash`'s payload — one layer's page, say — without reading the rest.
+    /// `None` when the block is not held; an [`crate::ErrorKind::Invalid`] error when the
+    /// range is empty or reaches past the payload.
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>>;
+
+    /// Whether the tier holds `hash`, without touching its recency.
+    fn contains(&self, hash: &BlockHash) -> bool;
+
+    /// Drops `hash`. A tier that keeps chains closed drops the block's descendants with it.
+    /// Returns whether the block was held.
+    fn remove(&self, hash: &BlockHash) -> Result<bool>;
+
+    /// A consistent snapshot of the tier's counters.
+    fn stats(&self) -> TierStats;
+}
