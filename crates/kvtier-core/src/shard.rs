@@ -25,14 +25,15 @@ impl Hasher for PassThroughHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // `BlockHash` hashes as its byte array: a length word, then 16 bytes. Keep the
-        // last 8 bytes, which are its `low64`.
+        // Not used by `BlockHash` (which writes one u64); fold anything else in.
         for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 
-    fn write_usize(&mut self, _len: usize) {}
+    fn write_u64(&mut self, word: u64) {
+        self.0 = word;
+    }
 }
 
 /// The map type of one shard.
@@ -54,8 +55,7 @@ impl<V> Default for ShardedMap<V> {
 
 impl<V> ShardedMap<V> {
     fn shard(&self, key: &BlockHash) -> &RwLock<ShardMap<V>> {
-        let i = (key.0[0] as usize) & (SHARDS - 1);
-        &self.shards[i]
+        &self.shards[shard_of(key)]
     }
 
     /// A read guard on the shard holding `key`.
@@ -68,6 +68,14 @@ impl<V> ShardedMap<V> {
         self.shard(key).write()
     }
 
+    /// Read guards on every shard at once, for a long walk that would otherwise lock and
+    /// unlock a shard per key. Writers wait until the guards are dropped.
+    pub fn read_all(&self) -> AllShards<'_, V> {
+        AllShards {
+            guards: self.shards.iter().map(|s| s.read()).collect(),
+        }
+    }
+
     /// Entries in all shards (not atomic across shards).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().len()).sum()
@@ -76,5 +84,21 @@ impl<V> ShardedMap<V> {
     /// True when every shard is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+fn shard_of(key: &BlockHash) -> usize {
+    (key.0[0] as usize) & (SHARDS - 1)
+}
+
+/// Read guards on all shards of a [`ShardedMap`].
+pub struct AllShards<'a, V> {
+    guards: Vec<RwLockReadGuard<'a, ShardMap<V>>>,
+}
+
+impl<V> AllShards<'_, V> {
+    /// The value under `key`.
+    pub fn get(&self, key: &BlockHash) -> Option<&V> {
+        self.guards[shard_of(key)].get(key)
     }
 }

@@ -41,6 +41,7 @@ impl Default for EngineConfig {
 #[derive(Debug, Default)]
 pub struct EngineBuilder {
     config: EngineConfig,
+    snapshot_set: bool,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -48,6 +49,7 @@ impl EngineBuilder {
     /// Uses all of `config`.
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
+        self.snapshot_set = true;
         self
     }
 
@@ -57,9 +59,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Snapshot bucket settings (default: 4,096 entries, 256 MiB, 24 h TTL).
+    /// Snapshot bucket settings (default: 4,096 entries, 24 h TTL, and 256 MiB or a
+    /// quarter of the RAM capacity, whichever is smaller).
     pub fn snapshot(mut self, snapshot: SnapshotConfig) -> Self {
         self.config.snapshot = snapshot;
+        self.snapshot_set = true;
         self
     }
 
@@ -77,7 +81,10 @@ impl EngineBuilder {
 
     /// Validates the settings and builds the engine.
     pub fn build(self) -> Result<Engine> {
-        let config = self.config;
+        let mut config = self.config;
+        if !self.snapshot_set {
+            config.snapshot.max_bytes = config.snapshot.max_bytes.min(config.ram.capacity_bytes / 4).max(1);
+        }
         if config.ram.capacity_bytes == 0 {
             return Err(Error::invalid("ram capacity must be at least one byte"));
         }

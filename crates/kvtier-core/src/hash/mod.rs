@@ -27,7 +27,7 @@ pub use extras::ExtraKeys;
 use crate::layout::{Layout, LayoutDigest};
 
 /// The 128-bit key of one block: its layout, its tokens and every token before it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct BlockHash(pub [u8; 16]);
 
 impl BlockHash {
@@ -42,6 +42,14 @@ impl BlockHash {
         let mut b = [0u8; 8];
         b.copy_from_slice(&self.0[8..]);
         u64::from_le_bytes(b)
+    }
+}
+
+impl std::hash::Hash for BlockHash {
+    /// Feeds only the low 64 bits: the hash is uniform already, and hash maps keyed by
+    /// block hashes use a pass-through hasher, so one word is all they need.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.low64());
     }
 }
 
@@ -82,27 +90,13 @@ pub fn chain_root(layout: &Layout) -> BlockHash {
 /// Computes one link of the chain: the hash of a block given its parent's hash, its tokens
 /// (exactly one block's worth) and its extra-key tag.
 pub fn block_hash(parent: BlockHash, tokens: &[u32], extra_tag: Option<[u8; 16]>) -> BlockHash {
-    let mut state = [0u32; 8];
-    for (i, w) in parent.0.chunks_exact(4).enumerate() {
-        state[i] = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
-    }
-    if let Some(tag) = extra_tag {
-        for (i, w) in tag.chunks_exact(4).enumerate() {
-            state[4 + i] = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
-        }
-    }
-    for chunk in tokens.chunks(16) {
-        let mut msg = [0u8; 64];
-        for (dst, t) in msg.chunks_exact_mut(4).zip(chunk) {
-            dst.copy_from_slice(&t.to_le_bytes());
-        }
-        compress256(&mut state, std::slice::from_ref(&msg));
-    }
-    let mut out = [0u8; 16];
-    for (dst, w) in out.chunks_exact_mut(4).zip(&state[..4]) {
-        dst.copy_from_slice(&w.to_be_bytes());
-    }
-    BlockHash(out)
+    let mut scratch = Vec::new();
+    BlockHash(words_to_bytes(link(
+        bytes_to_words(&parent.0),
+        tokens,
+        extra_tag.map(|t| bytes_to_words(&t)),
+        &mut scratch,
+    )))
 }
 
 /// The hashes of every whole block of `tokens` under `layout`, in order. Extra keys of a
@@ -110,10 +104,57 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32], extra_tag: Option<[u8; 16]>
 pub fn chain(layout: &Layout, tokens: &[u32], extras: &ExtraKeys) -> Vec<BlockHash> {
     let tpb = layout.tokens_per_block();
     let mut out = Vec::with_capacity(tokens.len() / tpb);
-    let mut parent = chain_root(layout);
+    let mut parent = bytes_to_words(&chain_root(layout).0);
+    let mut scratch = Vec::with_capacity(tpb.div_ceil(16));
     for (i, block) in tokens.chunks_exact(tpb).enumerate() {
-        parent = block_hash(parent, block, extras.tag(i));
-        out.push(parent);
+        let tag = if extras.is_empty() {
+            None
+        } else {
+            extras.tag(i).map(|t| bytes_to_words(&t))
+        };
+        parent = link(parent, block, tag, &mut scratch);
+        out.push(BlockHash(words_to_bytes(parent)));
+    }
+    out
+}
+
+/// One chain step on big-endian words: the state is the parent's four words and the tag's
+/// four (zero without extra keys); the message is the block's tokens, little-endian,
+/// zero-padded to whole 64-byte blocks; the result is the first four state words.
+#[inline]
+fn link(parent: [u32; 4], tokens: &[u32], tag: Option<[u32; 4]>, scratch: &mut Vec<[u8; 64]>) -> [u32; 4] {
+    let t = tag.unwrap_or([0; 4]);
+    let mut state = [parent[0], parent[1], parent[2], parent[3], t[0], t[1], t[2], t[3]];
+    if let Ok(sixteen) = <&[u32; 16]>::try_from(tokens) {
+        // The common case (16 tokens per block): one message block on the stack.
+        let mut msg = [0u8; 64];
+        for (dst, tok) in msg.chunks_exact_mut(4).zip(sixteen) {
+            dst.copy_from_slice(&tok.to_le_bytes());
+        }
+        compress256(&mut state, std::slice::from_ref(&msg));
+    } else {
+        scratch.clear();
+        for chunk in tokens.chunks(16) {
+            let mut msg = [0u8; 64];
+            for (dst, tok) in msg.chunks_exact_mut(4).zip(chunk) {
+                dst.copy_from_slice(&tok.to_le_bytes());
+            }
+            scratch.push(msg);
+        }
+        compress256(&mut state, scratch);
+    }
+    [state[0], state[1], state[2], state[3]]
+}
+
+fn bytes_to_words(b: &[u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (dst, w) in out.chunks_exact_mut(4).zip(w) {
+        dst.copy_from_slice(&w.to_be_bytes());
     }
     out
 }

@@ -48,10 +48,84 @@ impl Lookup {
     }
 }
 
+/// Walks longer than this many blocks lock all shards once.
+const LOCK_ALL_AFTER: usize = 32;
+
+/// What a walk step found.
+enum Step {
+    /// The block is held and is exactly the prompt's block: held in these tiers.
+    Held(TierKind),
+    /// Not held.
+    Absent,
+    /// An entry under this hash belongs to another prefix (a collision or a bug).
+    Mismatch,
+}
+
+/// One indexed block. The fields every walk step reads sit inline in the hash-map bucket;
+/// the rest lives behind one pointer, read only to verify the tokens.
 #[derive(Debug)]
 struct Entry {
-    meta: BlockMeta,
+    parent: BlockHash,
+    position: u32,
+    /// Mask of [`TierKind::bit`]s of the tiers holding the block.
     tiers: u8,
+    cold: Box<Cold>,
+}
+
+/// Blocks of up to this many tokens keep them inline in [`Cold`]: one pointer chase to
+/// verify instead of two.
+const INLINE_TOKENS: usize = 16;
+
+#[derive(Debug)]
+struct Cold {
+    inline_tokens: [u32; INLINE_TOKENS],
+    meta: BlockMeta,
+}
+
+impl Entry {
+    fn new(meta: &BlockMeta, tiers: u8) -> Self {
+        let mut inline_tokens = [0u32; INLINE_TOKENS];
+        if meta.tokens.len() <= INLINE_TOKENS {
+            inline_tokens[..meta.tokens.len()].copy_from_slice(&meta.tokens);
+        }
+        Self {
+            parent: meta.parent,
+            position: meta.position,
+            tiers,
+            cold: Box::new(Cold {
+                inline_tokens,
+                meta: meta.clone(),
+            }),
+        }
+    }
+
+    /// The links: the parent and position the walk expects, and some tier holds it.
+    fn links(&self, parent: &BlockHash, position: usize) -> bool {
+        self.parent == *parent && self.position as usize == position && self.tiers != 0
+    }
+
+    /// The contents: exactly the prompt's tokens and extra keys for block `i`.
+    fn contents(&self, prompt: &Prompt, i: usize) -> bool {
+        let tokens = prompt.block_tokens(i);
+        let c = &self.cold;
+        let same_tokens = if tokens.len() <= INLINE_TOKENS {
+            c.meta.tokens.len() == tokens.len() && c.inline_tokens[..tokens.len()] == *tokens
+        } else {
+            *c.meta.tokens == *tokens
+        };
+        same_tokens && c.meta.extra_tag == prompt.extra_tag(i)
+    }
+
+    fn step(entry: Option<&Entry>, prompt: &Prompt, parent: &BlockHash, i: usize) -> Step {
+        match entry {
+            None => Step::Absent,
+            Some(e) if e.tiers == 0 => Step::Absent,
+            Some(e) if e.links(parent, i) && e.contents(prompt, i) => {
+                TierKind::fastest_in(e.tiers).map_or(Step::Absent, Step::Held)
+            }
+            Some(_) => Step::Mismatch,
+        }
+    }
 }
 
 /// See the module docs.
@@ -71,38 +145,70 @@ impl PrefixIndex {
     }
 
     /// The longest held prefix of `prompt`'s whole blocks, at most `max_blocks` long.
+    ///
+    /// Every step checks the entry's parent link and position, and its tokens and extra
+    /// keys against the prompt's. The first block's parent is the layout's chain root, so
+    /// a matched walk is one chain of this layout with exactly these tokens: even a hash
+    /// collision cannot serve another prefix.
     pub fn lookup(&self, prompt: &Prompt, max_blocks: usize) -> Lookup {
-        let layout = prompt.layout().digest();
-        let tpb = prompt.layout().tokens_per_block();
-        let mut parent: BlockHash = layout.into();
-        let mut blocks = Vec::new();
-        for (i, hash) in prompt.hashes().iter().take(max_blocks).enumerate() {
-            let tokens = &prompt.tokens()[i * tpb..(i + 1) * tpb];
-            let guard = self.map.read(hash);
-            let Some(entry) = guard.get(hash) else {
-                break;
-            };
-            let m = &entry.meta;
-            let same = m.layout == layout
-                && m.parent == parent
-                && m.position as usize == i
-                && m.extra_tag == prompt.extra_tag(i)
-                && *m.tokens == *tokens;
-            if !same {
-                drop(guard);
-                self.verify_mismatches.incr();
-                tracing::warn!(block = %hash, position = i, "index entry does not match the prompt it was found for; treating as a miss");
+        let n = prompt.num_blocks().min(max_blocks);
+        let hashes = &prompt.hashes()[..n];
+        let mut blocks: Vec<BlockRef> = Vec::new();
+        let mut parent: BlockHash = prompt.layout().digest().into();
+        let mut mismatch = false;
+        let push = |blocks: &mut Vec<BlockRef>, hash: BlockHash, tier| {
+            let position = blocks.len() as u32;
+            blocks.push(BlockRef { hash, position, tier });
+        };
+        // Short walks lock one shard per block.
+        let head = n.min(LOCK_ALL_AFTER);
+        let mut going = true;
+        for (i, hash) in hashes[..head].iter().enumerate() {
+            match Entry::step(self.map.read(hash).get(hash), prompt, &parent, i) {
+                Step::Held(tier) => push(&mut blocks, *hash, tier),
+                Step::Absent => going = false,
+                Step::Mismatch => (going, mismatch) = (false, true),
+            }
+            if !going {
                 break;
             }
-            let Some(tier) = TierKind::fastest_in(entry.tiers) else {
-                break;
-            };
-            blocks.push(BlockRef {
-                hash: *hash,
-                position: i as u32,
-                tier,
-            });
             parent = *hash;
+        }
+        // A walk still going takes every shard's reader lock once for the rest, so a
+        // 128K-token prompt pays 64 lock round trips instead of 8,192. It follows the links
+        // first (bucket-resident fields only) and then verifies the contents of what it
+        // found, so the pointer chases of the second pass overlap each other.
+        if going && n > head {
+            let all = self.map.read_all();
+            let mut found: Vec<(&Entry, BlockHash)> = Vec::with_capacity(n - head);
+            for (k, hash) in hashes[head..].iter().enumerate() {
+                match all.get(hash) {
+                    Some(e) if e.links(&parent, head + k) => found.push((e, *hash)),
+                    Some(e) if e.tiers != 0 => {
+                        mismatch = true;
+                        break;
+                    }
+                    _ => break,
+                }
+                parent = *hash;
+            }
+            for (k, (e, hash)) in found.into_iter().enumerate() {
+                if !e.contents(prompt, head + k) {
+                    mismatch = true;
+                    break;
+                }
+                match TierKind::fastest_in(e.tiers) {
+                    Some(tier) => push(&mut blocks, hash, tier),
+                    None => break,
+                }
+            }
+        }
+        if mismatch {
+            self.verify_mismatches.incr();
+            tracing::warn!(
+                position = blocks.len(),
+                "an index entry does not match the prompt it was found for; treating it as a miss"
+            );
         }
         self.lookups.incr();
         if !blocks.is_empty() {
@@ -110,7 +216,7 @@ impl PrefixIndex {
             self.matched_blocks.add(blocks.len() as u64);
         }
         Lookup {
-            matched_tokens: blocks.len() * tpb,
+            matched_tokens: blocks.len() * prompt.layout().tokens_per_block(),
             blocks,
         }
     }
@@ -140,7 +246,7 @@ impl PrefixIndex {
         self.map
             .read(hash)
             .get(hash)
-            .is_some_and(|e| e.meta.layout == layout && e.tiers != 0)
+            .is_some_and(|e| e.cold.meta.layout == layout && e.tiers != 0)
     }
 
     /// A snapshot of the counters.
@@ -162,7 +268,7 @@ impl ResidencySink for PrefixIndex {
     fn inserted(&self, tier: TierKind, meta: &BlockMeta) {
         let mut shard = self.map.write(&meta.hash);
         match shard.get_mut(&meta.hash) {
-            Some(e) if e.meta == *meta => e.tiers |= tier.bit(),
+            Some(e) if e.cold.meta == *meta => e.tiers |= tier.bit(),
             Some(e) => {
                 // Same hash, different content: a collision. Keep neither; a miss is safe.
                 tracing::warn!(block = %meta.hash, "two different blocks share one hash; dropping the index entry");
@@ -170,13 +276,7 @@ impl ResidencySink for PrefixIndex {
                 shard.remove(&meta.hash);
             }
             None => {
-                shard.insert(
-                    meta.hash,
-                    Entry {
-                        meta: meta.clone(),
-                        tiers: tier.bit(),
-                    },
-                );
+                shard.insert(meta.hash, Entry::new(meta, tier.bit()));
             }
         }
     }

@@ -1,0 +1,126 @@
+//! `kvtier bench`: whole-system figures, each beside the physical baseline measured in the
+//! same run and the ratio between them.
+//!
+//! Row names are stable: BENCHMARKS.md and CI scripts refer to them.
+
+mod measure;
+mod rows_hash;
+mod rows_lookup;
+mod rows_ram;
+mod rows_snapshot;
+
+use std::io::Write;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::cli::BenchArgs;
+
+/// One figure, its baseline and their ratio.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Stable name, e.g. `ram.load.2MiB.GBps`.
+    pub name: String,
+    /// The measured median.
+    pub value: f64,
+    /// Unit of `value` and `baseline`.
+    pub unit: &'static str,
+    /// The physical baseline for the same bytes, measured in the same run.
+    pub baseline: f64,
+    /// `value / baseline`.
+    pub ratio: f64,
+    /// What the baseline is.
+    #[serde(skip)]
+    pub baseline_is: &'static str,
+}
+
+impl Row {
+    fn new(name: impl Into<String>, value: f64, unit: &'static str, baseline: f64, baseline_is: &'static str) -> Self {
+        let ratio = if baseline > 0.0 { value / baseline } else { f64::NAN };
+        Self {
+            name: name.into(),
+            value,
+            unit,
+            baseline,
+            ratio,
+            baseline_is,
+        }
+    }
+}
+
+/// How hard to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Effort {
+    /// Samples per figure (the median is reported).
+    pub samples: usize,
+    /// Scales iteration counts and data sizes.
+    pub scale: usize,
+}
+
+/// Runs the bench and prints the table (and writes JSON if asked).
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let effort = if args.quick {
+        Effort { samples: 5, scale: 1 }
+    } else {
+        Effort { samples: 15, scale: 4 }
+    };
+    let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
+    println!(
+        "kvtier bench ({}) on {} cores; figures are medians of {} samples",
+        if args.quick { "quick" } else { "full" },
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        effort.samples
+    );
+    let groups: [(&str, fn(Effort, &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>>); 4] = [
+        ("hash", rows_hash::rows),
+        ("lookup", rows_lookup::rows),
+        ("ram", rows_ram::rows),
+        ("snapshot", rows_snapshot::rows),
+    ];
+    let mut rows = Vec::new();
+    for (prefix, group) in groups {
+        let got = group(effort, &wanted).with_context(|| format!("bench group `{prefix}`"))?;
+        for r in &got {
+            print_row(r);
+        }
+        rows.extend(got);
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&rows)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {} rows to {}", rows.len(), path.display());
+    }
+    Ok(())
+}
+
+fn print_row(r: &Row) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (e.g. piped into `head`) is not worth failing the run for.
+    let _ = writeln!(
+        out,
+        "{:<28} {:>12} {:<8} baseline {:>12} {:<8} ratio {:>9}  ({})",
+        r.name,
+        fmt_num(r.value),
+        r.unit,
+        fmt_num(r.baseline),
+        r.unit,
+        fmt_num(r.ratio),
+        r.baseline_is
+    );
+}
+
+fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return format!("{v}");
+    }
+    let a = v.abs();
+    if a >= 1e5 {
+        format!("{v:.3e}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.4}")
+    }
+}

@@ -1,0 +1,60 @@
+//! Command-line parsing and dispatch.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// kvtier: a tiered, persistent, shareable KV-cache store for LLM inference.
+///
+/// It keeps KV blocks (and recurrent-state snapshots) in host RAM, and answers "how much of
+/// this prompt is already computed?" from memory alone.
+#[derive(Debug, Parser)]
+#[command(name = "kvtier", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure kvtier against the machine's physical baselines (memcpy, a plain hash, a plain
+    /// hash map) in the same run, and print every figure beside its baseline and the ratio.
+    Bench(BenchArgs),
+    /// Print the version of kvtier and of the formats it reads and writes.
+    Version,
+}
+
+/// Options of `kvtier bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Run fewer, smaller samples (a smoke run of a few seconds, as CI does).
+    /// Default: off (the full run takes about a minute).
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the rows as a JSON array of {"name","value","unit","baseline","ratio"}
+    /// objects to FILE. Default: no file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Run only the rows whose name contains this text (e.g. `ram.load`).
+    /// Default: every row.
+    #[arg(long, value_name = "TEXT")]
+    pub filter: Option<String>,
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Bench(args) => crate::bench::run(&args),
+        Command::Version => {
+            println!("kvtier {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "layout key schema v{}",
+                kvtier_core::layout::LAYOUT_SCHEMA_VERSION
+            );
+            println!("block hash chain v1 (SHA-256 compression, 128-bit keys)");
+            Ok(())
+        }
+    }
+}
