@@ -27,6 +27,7 @@
 
 pub mod budget;
 pub mod clock;
+mod copy;
 pub mod engine;
 pub mod error;
 pub mod hash;

@@ -1,14 +1,17 @@
 //! A hash map keyed by [`BlockHash`], split into independently locked shards.
 //!
 //! Block hashes are uniformly distributed already, so the map uses their low bits directly
-//! (no second hash) and picks the shard from the high bits of the same word. Readers of
-//! different shards never touch a shared cache line; readers of the same shard share an
-//! uncontended reader lock.
+//! (no second hash) and picks the shard from another byte. Each shard is guarded by a
+//! [`ShardedLock`], whose readers lock only a per-thread slot: two threads reading the same
+//! shard write no shared cache line, so reads scale with threads. Writers lock every slot,
+//! which is fine for the store and evict paths, which are far rarer than reads.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::PoisonError;
+
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::hash::BlockHash;
 
@@ -39,46 +42,52 @@ impl Hasher for PassThroughHasher {
 /// The map type of one shard.
 pub type ShardMap<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThroughHasher>>;
 
+/// One shard.
+#[derive(Debug, Default)]
+struct Shard<V>(ShardedLock<ShardMap<V>>);
+
 /// A [`BlockHash`]-keyed map in 64 shards.
 #[derive(Debug)]
 pub struct ShardedMap<V> {
-    shards: Box<[RwLock<ShardMap<V>>]>,
+    shards: Box<[Shard<V>]>,
 }
 
 impl<V> Default for ShardedMap<V> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(ShardMap::default())).collect(),
+            shards: (0..SHARDS).map(|_| Shard(ShardedLock::new(ShardMap::default()))).collect(),
         }
     }
 }
 
 impl<V> ShardedMap<V> {
-    fn shard(&self, key: &BlockHash) -> &RwLock<ShardMap<V>> {
-        &self.shards[shard_of(key)]
+    fn shard(&self, key: &BlockHash) -> &ShardedLock<ShardMap<V>> {
+        &self.shards[shard_of(key)].0
     }
 
     /// A read guard on the shard holding `key`.
-    pub fn read(&self, key: &BlockHash) -> RwLockReadGuard<'_, ShardMap<V>> {
-        self.shard(key).read()
+    pub fn read(&self, key: &BlockHash) -> ShardedLockReadGuard<'_, ShardMap<V>> {
+        // A panic while holding a guard cannot leave a map half-updated in a way readers
+        // could misread (each update is one insert or remove), so poisoning is ignored.
+        self.shard(key).read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A write guard on the shard holding `key`.
-    pub fn write(&self, key: &BlockHash) -> RwLockWriteGuard<'_, ShardMap<V>> {
-        self.shard(key).write()
+    pub fn write(&self, key: &BlockHash) -> ShardedLockWriteGuard<'_, ShardMap<V>> {
+        self.shard(key).write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Read guards on every shard at once, for a long walk that would otherwise lock and
     /// unlock a shard per key. Writers wait until the guards are dropped.
     pub fn read_all(&self) -> AllShards<'_, V> {
         AllShards {
-            guards: self.shards.iter().map(|s| s.read()).collect(),
+            guards: self.shards.iter().map(|s| s.0.read().unwrap_or_else(PoisonError::into_inner)).collect(),
         }
     }
 
     /// Entries in all shards (not atomic across shards).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards.iter().map(|s| s.0.read().map_or_else(|p| p.into_inner().len(), |g| g.len())).sum()
     }
 
     /// True when every shard is empty.
@@ -93,7 +102,7 @@ fn shard_of(key: &BlockHash) -> usize {
 
 /// Read guards on all shards of a [`ShardedMap`].
 pub struct AllShards<'a, V> {
-    guards: Vec<RwLockReadGuard<'a, ShardMap<V>>>,
+    guards: Vec<ShardedLockReadGuard<'a, ShardMap<V>>>,
 }
 
 impl<V> AllShards<'_, V> {

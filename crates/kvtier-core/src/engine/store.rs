@@ -1,11 +1,9 @@
 //! Storing the blocks of a prompt.
 
-use bytes::Bytes;
-
 use super::Engine;
 use crate::error::{Error, Result};
 use crate::index::Prompt;
-use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier};
+use crate::tier::{BlockMeta, PutOutcome, RejectReason};
 
 /// What a store did, block by block from the start of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,7 +61,7 @@ impl Engine {
                 tokens: prompt.block_tokens(i).into(),
                 extra_tag: prompt.extra_tag(i),
             };
-            match self.ram.put(&meta, Bytes::copy_from_slice(payload))? {
+            match self.ram.put_buffer(&meta, self.ram.buffer_for(payload))? {
                 PutOutcome::Stored => report.stored += 1,
                 PutOutcome::Duplicate => report.duplicates += 1,
                 PutOutcome::Rejected(why) => {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use ram::{RamConfig, RamTier};
+pub use ram::{BlockBuffer, RamConfig, RamTier};
 
 use crate::error::Result;
 use crate::hash::BlockHash;

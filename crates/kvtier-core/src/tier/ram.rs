@@ -9,12 +9,15 @@
 //!   are copied by the engine before it is taken).
 //! - Chain-aware LRU eviction (see `ram_book`): leaves only, least recently used first. The
 //!   tier holds a block only if it holds the block's parent, so every held chain is whole.
+//! - Buffers of evicted blocks are recycled for the next store of the same size, together
+//!   with their budget reservation, so steady-state stores neither fault in fresh pages nor
+//!   step outside the budget (see [`RamTier::buffer_for`]).
 
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 
 use super::ram_book::{Book, Node, Slot};
@@ -53,10 +56,51 @@ struct Ledger {
     resident_bytes: u64,
 }
 
+/// Recycled payload buffers; each one's bytes stay reserved in the budget while pooled.
+#[derive(Debug, Default)]
+struct Pool {
+    bufs: Vec<BytesMut>,
+    bytes: u64,
+}
+
+/// Most buffers kept for reuse.
+const POOL_MAX_BUFFERS: usize = 8;
+
+/// A payload copied into memory reserved from the RAM tier's budget, ready for
+/// [`RamTier::put_buffer`]. Dropping it unused returns its reservation.
+#[derive(Debug)]
+pub struct BlockBuffer {
+    buf: BytesMut,
+    reserved: u64,
+    budget: Arc<MemoryBudget>,
+}
+
+impl BlockBuffer {
+    /// The copied bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Takes the bytes and the reservation out, leaving nothing to release on drop.
+    fn into_parts(mut self) -> (Bytes, u64) {
+        let reserved = std::mem::take(&mut self.reserved);
+        (std::mem::take(&mut self.buf).freeze(), reserved)
+    }
+}
+
+impl Drop for BlockBuffer {
+    fn drop(&mut self) {
+        if self.reserved > 0 {
+            self.budget.release(self.reserved);
+        }
+    }
+}
+
 /// Blocks in host memory. See the module docs.
 pub struct RamTier {
     map: ShardedMap<Arc<Slot>>,
     ledger: Mutex<Ledger>,
+    pool: Mutex<Pool>,
     budget: Arc<MemoryBudget>,
     clock: Arc<dyn Clock>,
     sink: Arc<dyn ResidencySink>,
@@ -83,6 +127,7 @@ impl RamTier {
         Self {
             map: ShardedMap::default(),
             ledger: Mutex::new(Ledger::default()),
+            pool: Mutex::new(Pool::default()),
             budget,
             clock,
             sink,
@@ -105,14 +150,139 @@ impl RamTier {
     /// shared budget is full.
     pub fn evict_bytes(&self, bytes: u64) -> u64 {
         let mut ledger = self.ledger.lock();
-        let mut freed = 0;
+        let mut freed = self.drain_pool();
         while freed < bytes {
             let Some(victim) = ledger.book.lru_leaf() else {
                 break;
             };
-            freed += self.drop_locked(&mut ledger, &victim, RemovalCause::Budget);
+            freed += self.drop_locked(&mut ledger, &victim, RemovalCause::Budget, false);
         }
         freed
+    }
+
+    /// Copies `src` into a buffer for [`RamTier::put_buffer`], reusing a recycled buffer of
+    /// the same size (and its budget reservation) when one is pooled. The copy uses
+    /// non-temporal stores for large payloads. No lock is held during the copy.
+    pub fn buffer_for(&self, src: &[u8]) -> BlockBuffer {
+        let size = src.len();
+        let recycled = {
+            let mut pool = self.pool.lock();
+            let at = pool.bufs.iter().position(|b| b.capacity() == size);
+            at.map(|i| {
+                let b = pool.bufs.swap_remove(i);
+                pool.bytes -= size as u64;
+                b
+            })
+        };
+        let (mut buf, reserved) = match recycled {
+            Some(b) => (b, size as u64),
+            None => (BytesMut::with_capacity(size), 0),
+        };
+        crate::copy::copy_into(&mut buf, src);
+        BlockBuffer {
+            buf,
+            reserved,
+            budget: self.budget.clone(),
+        }
+    }
+
+    /// Admits a block whose payload was prepared by [`RamTier::buffer_for`]; like
+    /// [`Tier::put`] otherwise.
+    pub fn put_buffer(&self, meta: &BlockMeta, buffer: BlockBuffer) -> Result<PutOutcome> {
+        let (payload, reserved) = buffer.into_parts();
+        self.admit(meta, payload, reserved)
+    }
+
+    /// Returns every pooled buffer's reservation; returns the bytes released.
+    fn drain_pool(&self) -> u64 {
+        let mut pool = self.pool.lock();
+        let freed = pool.bytes;
+        pool.bufs.clear();
+        pool.bytes = 0;
+        self.budget.release(freed);
+        freed
+    }
+
+    /// Keeps an evicted block's buffer, with its reservation, for the next store of that
+    /// size. Returns false (the caller releases) when the buffer is shared or the pool full.
+    fn recycle(&self, payload: Bytes) -> bool {
+        let size = payload.len() as u64;
+        let mut pool = self.pool.lock();
+        if pool.bufs.len() >= POOL_MAX_BUFFERS || pool.bytes + size > self.budget.capacity() / 16 {
+            return false;
+        }
+        match payload.try_into_mut() {
+            Ok(buf) => {
+                pool.bufs.push(buf);
+                pool.bytes += size;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The put path. `reserved` bytes of the budget are already held for this payload
+    /// (a recycled buffer's); they are kept on admission and released otherwise.
+    fn admit(&self, meta: &BlockMeta, payload: Bytes, mut reserved: u64) -> Result<PutOutcome> {
+        let now = self.clock.now_nanos();
+        let size = payload.len() as u64;
+        if reserved > size {
+            self.budget.release(reserved - size);
+            reserved = size;
+        }
+        let refuse = |ledger: &mut Ledger, outcome: PutOutcome| {
+            if reserved > 0 {
+                self.budget.release(reserved);
+            }
+            match outcome {
+                PutOutcome::Duplicate => ledger.dedup_skips += 1,
+                PutOutcome::Rejected(RejectReason::NoSpace) => ledger.rejected_no_space += 1,
+                PutOutcome::Rejected(RejectReason::ParentMissing) => {
+                    ledger.rejected_parent_missing += 1;
+                }
+                PutOutcome::Stored => {}
+            }
+            Ok(outcome)
+        };
+        let mut ledger = self.ledger.lock();
+        if let Some(node) = ledger.book.get(&meta.hash) {
+            node.slot.touch(now);
+            return refuse(&mut ledger, PutOutcome::Duplicate);
+        }
+        if !ledger.book.parent_held(meta) {
+            return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::ParentMissing));
+        }
+        if size > self.budget.capacity() {
+            return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::NoSpace));
+        }
+        ledger.book.pin_parent(meta);
+        // Top the reservation up to the payload size: pooled buffers first (they hold
+        // reservations but no blocks), then least recently used leaves.
+        let missing = size - reserved;
+        while missing > 0 && !self.budget.try_reserve(missing) {
+            if self.drain_pool() > 0 {
+                continue;
+            }
+            match ledger.book.lru_leaf() {
+                Some(victim) => {
+                    self.drop_locked(&mut ledger, &victim, RemovalCause::Budget, true);
+                }
+                None => {
+                    ledger.book.unpin(meta);
+                    return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::NoSpace));
+                }
+            }
+        }
+        let slot = Arc::new(Slot {
+            payload,
+            last_access: now.into(),
+        });
+        self.map.write(&meta.hash).insert(meta.hash, slot.clone());
+        ledger.book.insert(meta.clone(), slot);
+        ledger.stores += 1;
+        ledger.resident_bytes += size;
+        self.sink.inserted(TierKind::Ram, meta);
+        Ok(PutOutcome::Stored)
     }
 
     /// Checks the chain and leaf invariants and that the budget covers exactly the held
@@ -130,22 +300,35 @@ impl RamTier {
         if ledger.resident_bytes > self.budget.capacity() {
             return Err("resident bytes exceed the capacity".into());
         }
+        let pooled = self.pool.lock().bytes;
+        if ledger.resident_bytes + pooled > self.budget.used() {
+            return Err(format!(
+                "resident {} + pooled {pooled} bytes exceed the {} reserved",
+                ledger.resident_bytes,
+                self.budget.used()
+            ));
+        }
         Ok(())
     }
 
     /// Removes one leaf `hash` (already chosen) and returns its size.
-    fn drop_locked(&self, ledger: &mut Ledger, hash: &BlockHash, cause: RemovalCause) -> u64 {
+    fn drop_locked(
+        &self,
+        ledger: &mut Ledger,
+        hash: &BlockHash,
+        cause: RemovalCause,
+        recycle: bool,
+    ) -> u64 {
         match ledger.book.remove_leaf(hash) {
-            Some(node) => self.forget(ledger, node, cause),
+            Some(node) => self.forget(ledger, node, cause, recycle),
             None => 0,
         }
     }
 
-    fn forget(&self, ledger: &mut Ledger, node: Node, cause: RemovalCause) -> u64 {
+    fn forget(&self, ledger: &mut Ledger, node: Node, cause: RemovalCause, recycle: bool) -> u64 {
         let hash = node.meta.hash;
         self.map.write(&hash).remove(&hash);
         let size = node.size();
-        self.budget.release(size);
         ledger.resident_bytes -= size;
         match cause {
             RemovalCause::Budget => ledger.evictions.budget += 1,
@@ -155,6 +338,12 @@ impl RamTier {
         }
         self.sink
             .removed(TierKind::Ram, &node.meta, cause, Some(&node.slot.payload));
+        // The read map's reference is gone; readers hold clones of the bytes, not the slot.
+        let recycled = recycle
+            && Arc::try_unwrap(node.slot).is_ok_and(|slot| self.recycle(slot.payload));
+        if !recycled {
+            self.budget.release(size);
+        }
         size
     }
 }
@@ -165,45 +354,7 @@ impl Tier for RamTier {
     }
 
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        let now = self.clock.now_nanos();
-        let size = payload.len() as u64;
-        let mut ledger = self.ledger.lock();
-        if let Some(node) = ledger.book.get(&meta.hash) {
-            node.slot.touch(now);
-            ledger.dedup_skips += 1;
-            return Ok(PutOutcome::Duplicate);
-        }
-        if !ledger.book.parent_held(meta) {
-            ledger.rejected_parent_missing += 1;
-            return Ok(PutOutcome::Rejected(RejectReason::ParentMissing));
-        }
-        if size > self.budget.capacity() {
-            ledger.rejected_no_space += 1;
-            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
-        }
-        ledger.book.pin_parent(meta);
-        while !self.budget.try_reserve(size) {
-            match ledger.book.lru_leaf() {
-                Some(victim) => {
-                    self.drop_locked(&mut ledger, &victim, RemovalCause::Budget);
-                }
-                None => {
-                    ledger.book.unpin(meta);
-                    ledger.rejected_no_space += 1;
-                    return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
-                }
-            }
-        }
-        let slot = Arc::new(Slot {
-            payload,
-            last_access: now.into(),
-        });
-        self.map.write(&meta.hash).insert(meta.hash, slot.clone());
-        ledger.book.insert(meta.clone(), slot);
-        ledger.stores += 1;
-        ledger.resident_bytes += size;
-        self.sink.inserted(TierKind::Ram, meta);
-        Ok(PutOutcome::Stored)
+        self.admit(meta, payload, 0)
     }
 
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
@@ -243,7 +394,7 @@ impl Tier for RamTier {
         let removed = ledger.book.remove_subtree(hash);
         let held = !removed.is_empty();
         for node in removed {
-            self.forget(&mut ledger, node, RemovalCause::Explicit);
+            self.forget(&mut ledger, node, RemovalCause::Explicit, false);
         }
         Ok(held)
     }

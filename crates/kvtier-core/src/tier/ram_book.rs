@@ -26,8 +26,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// Records a use at `now`. A plain load and store rather than a read-modify-write: two
+    /// racing readers may leave the older of their two times, which LRU order tolerates,
+    /// and the common case (a block read again within the same microsecond) writes nothing.
     pub fn touch(&self, now: u64) {
-        self.last_access.fetch_max(now, Ordering::Relaxed);
+        if now > self.last_access.load(Ordering::Relaxed) + 1_000 {
+            self.last_access.store(now, Ordering::Relaxed);
+        }
     }
 
     fn recency(&self) -> u64 {

@@ -99,7 +99,7 @@ fn load_rows(
     threads: usize,
     effort: Effort,
 ) -> anyhow::Result<(Row, Row)> {
-    let blocks_per_thread = 16;
+    let blocks_per_thread = 64;
     let engine = Engine::builder().ram(RamConfig { capacity_bytes: 256 << 20 }).build()?;
     let layout = engine.register_layout(layout_key(layers))?;
     let size = layout.block_bytes() as usize;

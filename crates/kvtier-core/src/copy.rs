@@ -1,0 +1,91 @@
+//! Copying payloads into memory the cache will keep.
+//!
+//! A block written into the cache is read again at the next turn, not now, and it lands in
+//! memory that is almost never in the CPU cache (the budget is far larger than the cache).
+//! A plain `memcpy` first reads every destination line into the cache and then writes it
+//! back; non-temporal stores write straight to memory instead, which on the machines we
+//! measured moves 2 MiB blocks 1.3-1.5x faster into cold memory and leaves the CPU cache
+//! to the model. Small copies and CPUs without AVX2 use the plain copy.
+#![expect(unsafe_code, reason = "non-temporal SIMD stores need core::arch intrinsics")]
+
+use bytes::BytesMut;
+
+/// Copies shorter than this use the plain copy.
+const NON_TEMPORAL_MIN: usize = 64 << 10;
+
+/// Replaces `buf`'s contents with `src`, reusing its allocation when it is large enough.
+pub fn copy_into(buf: &mut BytesMut, src: &[u8]) {
+    buf.clear();
+    buf.reserve(src.len());
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= NON_TEMPORAL_MIN && std::arch::is_x86_feature_detected!("avx2") {
+        let spare = buf.spare_capacity_mut();
+        debug_assert!(spare.len() >= src.len());
+        // SAFETY: `reserve` guarantees `spare` holds at least `src.len()` bytes; the two
+        // regions cannot overlap (`buf` owns its allocation, `src` is borrowed immutably);
+        // AVX2 was detected above; after the copy the first `src.len()` bytes of the spare
+        // capacity are initialised, which is what `set_len` requires.
+        unsafe {
+            x86::stream_copy(spare.as_mut_ptr().cast::<u8>(), src.as_ptr(), src.len());
+            buf.set_len(src.len());
+        }
+        return;
+    }
+    buf.extend_from_slice(src);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{__m256i, _mm_sfence, _mm256_loadu_si256, _mm256_stream_si256};
+    use std::ptr;
+
+    /// Copies `len` bytes from `src` to `dst` with non-temporal stores for the 32-byte
+    /// aligned middle and plain copies for the unaligned ends.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes, `src` for `len` bytes of reads, the
+    /// regions must not overlap, and the CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract covers every pointer offset below, all < `len`.
+        unsafe {
+            let head = dst.align_offset(32).min(len);
+            ptr::copy_nonoverlapping(src, dst, head);
+            let mut i = head;
+            while i + 128 <= len {
+                let a = _mm256_loadu_si256(src.add(i).cast::<__m256i>());
+                let b = _mm256_loadu_si256(src.add(i + 32).cast::<__m256i>());
+                let c = _mm256_loadu_si256(src.add(i + 64).cast::<__m256i>());
+                let d = _mm256_loadu_si256(src.add(i + 96).cast::<__m256i>());
+                _mm256_stream_si256(dst.add(i).cast::<__m256i>(), a);
+                _mm256_stream_si256(dst.add(i + 32).cast::<__m256i>(), b);
+                _mm256_stream_si256(dst.add(i + 64).cast::<__m256i>(), c);
+                _mm256_stream_si256(dst.add(i + 96).cast::<__m256i>(), d);
+                i += 128;
+            }
+            ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
+            // Make the streamed stores visible before the buffer is published.
+            _mm_sfence();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_every_length_and_offset_exactly() {
+        for len in [0, 1, 31, 33, 4095, NON_TEMPORAL_MIN - 1, NON_TEMPORAL_MIN, NON_TEMPORAL_MIN + 77, 300_001] {
+            for offset in [0usize, 1, 7, 31] {
+                let src: Vec<u8> = (0..len + offset).map(|i| (i * 7 + 3) as u8).collect();
+                let mut buf = BytesMut::new();
+                copy_into(&mut buf, &src[offset..]);
+                assert_eq!(&buf[..], &src[offset..], "len {len} offset {offset}");
+                // Reuse the same allocation for a shorter copy.
+                copy_into(&mut buf, &src[offset..offset + len / 2]);
+                assert_eq!(&buf[..], &src[offset..offset + len / 2]);
+            }
+        }
+    }
+}
