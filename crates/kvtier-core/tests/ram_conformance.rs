@@ -1,0 +1,20 @@
+//! The RAM tier passes the tier conformance suite.
+
+use std::sync::Arc;
+
+use kvtier_core::budget::MemoryBudget;
+use kvtier_core::clock::SystemClock;
+use kvtier_core::tier::conformance::{self, MIN_CAPACITY};
+use kvtier_core::tier::{RamTier, ResidencySink, Tier};
+
+#[test]
+fn ram_tier_conforms() -> Result<(), conformance::Failure> {
+    let factory = |sink: Arc<dyn ResidencySink>| -> Arc<dyn Tier> {
+        Arc::new(RamTier::new(
+            Arc::new(MemoryBudget::new(4 * MIN_CAPACITY)),
+            Arc::new(SystemClock::new()),
+            sink,
+        ))
+    };
+    conformance::run_all(&factory)
+}

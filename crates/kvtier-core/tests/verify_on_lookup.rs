@@ -1,0 +1,69 @@
+//! A hash match alone never serves a block: the index checks parent, position, tokens and
+//! extra keys. Simulated here by planting an entry whose hash matches a prompt's block but
+//! whose contents do not (what a hash collision would look like).
+
+mod common;
+
+use std::sync::Arc;
+
+use kvtier_core::tier::{BlockMeta, ResidencySink, TierKind};
+use kvtier_core::{Engine, ExtraKeys};
+
+fn planted(engine: &Engine, tokens: &[u32], edit: impl Fn(&mut BlockMeta)) -> Result<usize, kvtier_core::Error> {
+    let layout = engine.register_layout(common::small_key())?;
+    let prompt = engine.prompt(layout.digest(), tokens, &ExtraKeys::none())?;
+    let mut meta = BlockMeta {
+        layout: layout.digest(),
+        hash: prompt.hashes()[0],
+        parent: prompt.parent_of(0),
+        position: 0,
+        tokens: Arc::from(prompt.block_tokens(0)),
+        extra_tag: None,
+    };
+    edit(&mut meta);
+    engine.index().inserted(TierKind::Ram, &meta);
+    Ok(engine.lookup(&prompt).blocks.len())
+}
+
+#[test]
+fn an_entry_with_the_right_hash_but_other_contents_is_a_miss() -> Result<(), kvtier_core::Error> {
+    let tokens: Vec<u32> = (100..116).collect();
+    // Control: the honest entry matches.
+    assert_eq!(planted(&Engine::builder().build()?, &tokens, |_| {})?, 1);
+    let edits: Vec<(&str, Box<dyn Fn(&mut BlockMeta)>)> = vec![
+        ("tokens", Box::new(|m| m.tokens = Arc::from(&[7u32; 16][..]))),
+        ("parent", Box::new(|m| m.parent.0[0] ^= 1)),
+        ("position", Box::new(|m| m.position = 3)),
+        ("extra keys", Box::new(|m| m.extra_tag = Some([9; 16]))),
+    ];
+    for (what, edit) in edits {
+        let engine = Engine::builder().build()?;
+        assert_eq!(planted(&engine, &tokens, edit)?, 0, "a block with other {what} was served");
+        assert_eq!(engine.stats().index.verify_mismatches, 1, "{what}");
+    }
+    Ok(())
+}
+
+#[test]
+fn long_walks_verify_too() -> Result<(), kvtier_core::Error> {
+    // Past the first 32 blocks the walk switches to a two-pass mode; plant a bad block there.
+    let engine = Engine::builder().build()?;
+    let layout = engine.register_layout(common::small_key())?;
+    let tokens: Vec<u32> = (0..16 * 40).collect();
+    common::store_all(&engine, &layout, &tokens)?;
+    let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
+    assert_eq!(engine.lookup(&prompt).blocks.len(), 40);
+    let i = 35;
+    let meta = BlockMeta {
+        layout: layout.digest(),
+        hash: prompt.hashes()[i],
+        parent: prompt.parent_of(i),
+        position: i as u32,
+        tokens: Arc::from(&[1u32; 16][..]),
+        extra_tag: None,
+    };
+    // Replacing the entry with different contents drops it (a collision keeps neither).
+    engine.index().inserted(TierKind::Ram, &meta);
+    assert_eq!(engine.lookup(&prompt).blocks.len(), i);
+    Ok(())
+}

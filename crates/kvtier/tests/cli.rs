@@ -1,0 +1,77 @@
+//! The `kvtier` binary: `version`, `--help`, and a quick bench that writes every row.
+
+use std::process::Command;
+
+fn kvtier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvtier"))
+}
+
+#[test]
+fn version_names_the_formats() -> Result<(), Box<dyn std::error::Error>> {
+    let out = kvtier().arg("version").output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
+    assert!(text.contains("layout key schema v1"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std::error::Error>> {
+    let out = kvtier().args(["bench", "--help"]).output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    for opt in ["--quick", "--json", "--filter"] {
+        assert!(text.contains(opt), "{opt} missing from:\n{text}");
+    }
+    assert_eq!(text.matches("Default:").count(), 3, "every option names its default:\n{text}");
+    Ok(())
+}
+
+#[test]
+fn unknown_arguments_fail_cleanly() -> Result<(), Box<dyn std::error::Error>> {
+    let out = kvtier().args(["bench", "--no-such-flag"]).output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8(out.stderr)?.contains("--no-such-flag"));
+    Ok(())
+}
+
+#[test]
+fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let json = dir.join("rows.json");
+    let out = kvtier().args(["bench", "--quick", "--json"]).arg(&json).output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    std::fs::remove_dir_all(&dir)?;
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
+    let expected = [
+        "hash.ns_per_token",
+        "lookup.hit_128k.ms",
+        "lookup.miss.us",
+        "ram.store.256KiB.GBps",
+        "ram.store.2MiB.GBps",
+        "ram.load.256KiB.GBps",
+        "ram.load.2MiB.GBps",
+        "ram.store.256KiB.GBps.t2",
+        "ram.store.2MiB.GBps.t2",
+        "ram.load.256KiB.GBps.t2",
+        "ram.load.2MiB.GBps.t2",
+        "snapshot.put.us",
+        "snapshot.get.us",
+    ];
+    for name in expected {
+        assert!(names.contains(&name), "row {name} missing; got {names:?}");
+    }
+    for r in &rows {
+        let (v, b, ratio) = (r["value"].as_f64(), r["baseline"].as_f64(), r["ratio"].as_f64());
+        let (Some(v), Some(b), Some(ratio)) = (v, b, ratio) else {
+            panic!("row without numbers: {r}");
+        };
+        assert!(v > 0.0 && b > 0.0, "row {r}");
+        assert!((ratio - v / b).abs() <= 1e-9 * ratio.abs().max(1.0), "row {r}");
+        assert!(r["unit"].as_str().is_some_and(|u| !u.is_empty()));
+    }
+    Ok(())
+}
