@@ -6,7 +6,10 @@
 //! back; non-temporal stores write straight to memory instead, which on the machines we
 //! measured moves 2 MiB blocks 1.3-1.5x faster into cold memory and leaves the CPU cache
 //! to the model. Small copies and CPUs without AVX2 use the plain copy.
-#![expect(unsafe_code, reason = "non-temporal SIMD stores need core::arch intrinsics")]
+#![expect(
+    unsafe_code,
+    reason = "non-temporal SIMD stores need core::arch intrinsics"
+)]
 
 use bytes::BytesMut;
 
@@ -76,7 +79,17 @@ mod tests {
 
     #[test]
     fn copies_every_length_and_offset_exactly() {
-        for len in [0, 1, 31, 33, 4095, NON_TEMPORAL_MIN - 1, NON_TEMPORAL_MIN, NON_TEMPORAL_MIN + 77, 300_001] {
+        for len in [
+            0,
+            1,
+            31,
+            33,
+            4095,
+            NON_TEMPORAL_MIN - 1,
+            NON_TEMPORAL_MIN,
+            NON_TEMPORAL_MIN + 77,
+            300_001,
+        ] {
             for offset in [0usize, 1, 7, 31] {
                 let src: Vec<u8> = (0..len + offset).map(|i| (i * 7 + 3) as u8).collect();
                 let mut buf = BytesMut::new();

@@ -55,7 +55,9 @@ pub struct ShardedMap<V> {
 impl<V> Default for ShardedMap<V> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard(ShardedLock::new(ShardMap::default()))).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Shard(ShardedLock::new(ShardMap::default())))
+                .collect(),
         }
     }
 }
@@ -69,25 +71,39 @@ impl<V> ShardedMap<V> {
     pub fn read(&self, key: &BlockHash) -> ShardedLockReadGuard<'_, ShardMap<V>> {
         // A panic while holding a guard cannot leave a map half-updated in a way readers
         // could misread (each update is one insert or remove), so poisoning is ignored.
-        self.shard(key).read().unwrap_or_else(PoisonError::into_inner)
+        self.shard(key)
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A write guard on the shard holding `key`.
     pub fn write(&self, key: &BlockHash) -> ShardedLockWriteGuard<'_, ShardMap<V>> {
-        self.shard(key).write().unwrap_or_else(PoisonError::into_inner)
+        self.shard(key)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Read guards on every shard at once, for a long walk that would otherwise lock and
     /// unlock a shard per key. Writers wait until the guards are dropped.
     pub fn read_all(&self) -> AllShards<'_, V> {
         AllShards {
-            guards: self.shards.iter().map(|s| s.0.read().unwrap_or_else(PoisonError::into_inner)).collect(),
+            guards: self
+                .shards
+                .iter()
+                .map(|s| s.0.read().unwrap_or_else(PoisonError::into_inner))
+                .collect(),
         }
     }
 
     /// Entries in all shards (not atomic across shards).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.read().map_or_else(|p| p.into_inner().len(), |g| g.len())).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                s.0.read()
+                    .map_or_else(|p| p.into_inner().len(), |g| g.len())
+            })
+            .sum()
     }
 
     /// True when every shard is empty.

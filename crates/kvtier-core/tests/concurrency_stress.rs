@@ -2,6 +2,13 @@
 //! readable block is byte-identical to what was stored under its key, the invariants hold,
 //! and the counters add up.
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +24,14 @@ const OPS: u64 = 1500;
 fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error> {
     // About 40 blocks of 1 KiB fit: constant eviction pressure.
     let engine = Engine::builder()
-        .ram(RamConfig { capacity_bytes: 48 << 10 })
-        .snapshot(SnapshotConfig { max_entries: 8, max_bytes: 8 << 10, ..SnapshotConfig::default() })
+        .ram(RamConfig {
+            capacity_bytes: 48 << 10,
+        })
+        .snapshot(SnapshotConfig {
+            max_entries: 8,
+            max_bytes: 8 << 10,
+            ..SnapshotConfig::default()
+        })
         .build()?;
     let layout = engine.register_layout(common::small_key())?;
     let wrong = AtomicU64::new(0);
@@ -26,7 +39,8 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
     let snapshot_gets = AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..THREADS {
-            let (engine, layout, wrong, loads, snapshot_gets) = (&engine, &layout, &wrong, &loads, &snapshot_gets);
+            let (engine, layout, wrong, loads, snapshot_gets) =
+                (&engine, &layout, &wrong, &loads, &snapshot_gets);
             s.spawn(move || {
                 let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
                 for _ in 0..OPS {
@@ -36,7 +50,11 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                     // Shared prefixes: 3 system prompts, branching conversations.
                     let depth = 1 + (x % 6) as usize;
                     let tokens: Vec<u32> = (0..depth * 16)
-                        .map(|i| ((x >> (i / 16 % 8 * 2)) % 3) as u32 * 1000 + (i as u32 / 16) * 10 + i as u32 % 16)
+                        .map(|i| {
+                            ((x >> (i / 16 % 8 * 2)) % 3) as u32 * 1000
+                                + (i as u32 / 16) * 10
+                                + i as u32 % 16
+                        })
                         .collect();
                     match x % 4 {
                         0 | 1 => {
@@ -45,7 +63,8 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                             }
                         }
                         2 => {
-                            let Ok(p) = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none()) else {
+                            let Ok(p) = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())
+                            else {
                                 wrong.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
@@ -60,7 +79,10 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                                     }
                                     if !got.complete {
                                         // The block that was lost counts as one miss.
-                                        loads.fetch_sub((hit.blocks.len() - got.blocks.len() - 1) as u64, Ordering::Relaxed);
+                                        loads.fetch_sub(
+                                            (hit.blocks.len() - got.blocks.len() - 1) as u64,
+                                            Ordering::Relaxed,
+                                        );
                                     }
                                 }
                                 Err(_) => {
@@ -84,23 +106,38 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
             });
         }
     });
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong bytes or unexpected errors");
-    engine.ram().check_invariants().map_err(kvtier_core::Error::invalid)?;
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "wrong bytes or unexpected errors"
+    );
+    engine
+        .ram()
+        .check_invariants()
+        .map_err(kvtier_core::Error::invalid)?;
 
     let s = engine.stats();
     let ev = s.ram.evictions;
     assert!(ev.budget > 0, "the test did not create eviction pressure");
-    assert_eq!(s.ram.stores - (ev.budget + ev.ttl + ev.explicit + ev.corrupt), s.ram.resident_blocks);
+    assert_eq!(
+        s.ram.stores - (ev.budget + ev.ttl + ev.explicit + ev.corrupt),
+        s.ram.resident_blocks
+    );
     assert_eq!(s.index.entries, s.ram.resident_blocks);
     assert_eq!(s.ram.hits + s.ram.misses, loads.load(Ordering::Relaxed));
     assert!(s.memory_used_bytes <= s.memory_capacity_bytes);
-    assert_eq!(s.snapshot.hits + s.snapshot.misses, snapshot_gets.load(Ordering::Relaxed));
+    assert_eq!(
+        s.snapshot.hits + s.snapshot.misses,
+        snapshot_gets.load(Ordering::Relaxed)
+    );
     assert!(s.snapshot.resident_bytes <= 8 << 10);
 
     // Spot check: blocks still held under these prompts read back exactly.
     for a in 0..3u32 {
         for depth in 1..=6usize {
-            let tokens: Vec<u32> = (0..depth * 16).map(|i| a * 1000 + (i as u32 / 16) * 10 + i as u32 % 16).collect();
+            let tokens: Vec<u32> = (0..depth * 16)
+                .map(|i| a * 1000 + (i as u32 / 16) * 10 + i as u32 % 16)
+                .collect();
             let p = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
             let hit = engine.lookup(&p);
             let got = engine.load(&hit.blocks)?;

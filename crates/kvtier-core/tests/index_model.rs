@@ -2,6 +2,13 @@
 //! brute-force walk over what the RAM tier holds, the byte budget is never exceeded, and
 //! chain-aware eviction never leaves a block whose parent is gone.
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
 mod common;
 
 use std::sync::Arc;
@@ -29,9 +36,19 @@ fn tokens_of(path: &[u8], tpb: usize, tail: usize) -> Vec<u32> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Store { big: bool, path: Vec<u8>, tail: usize },
-    Lookup { big: bool, path: Vec<u8> },
-    Snapshot { path: Vec<u8>, len: usize },
+    Store {
+        big: bool,
+        path: Vec<u8>,
+        tail: usize,
+    },
+    Lookup {
+        big: bool,
+        path: Vec<u8>,
+    },
+    Snapshot {
+        path: Vec<u8>,
+        len: usize,
+    },
 }
 
 fn path() -> impl Strategy<Value = Vec<u8>> {
@@ -57,15 +74,28 @@ fn world() -> World {
     // Small blocks are 1 KiB, big ones 3 KiB: the budget fits about a dozen.
     let capacity = 12 << 10;
     let engine = Engine::builder()
-        .ram(RamConfig { capacity_bytes: capacity })
-        .snapshot(SnapshotConfig { max_entries: 4, max_bytes: 4 << 10, ..SnapshotConfig::default() })
+        .ram(RamConfig {
+            capacity_bytes: capacity,
+        })
+        .snapshot(SnapshotConfig {
+            max_entries: 4,
+            max_bytes: 4 << 10,
+            ..SnapshotConfig::default()
+        })
         .build()
         .expect("valid settings");
-    let small = engine.register_layout(common::small_key()).expect("small layout");
+    let small = engine
+        .register_layout(common::small_key())
+        .expect("small layout");
     let big = engine
         .register_layout(LayoutKey::new("test-model", KvDtype::F16, 16, 6, 2, 4))
         .expect("big layout");
-    World { engine, small, big, capacity }
+    World {
+        engine,
+        small,
+        big,
+        capacity,
+    }
 }
 
 /// The brute-force answer: hash each block from scratch and ask the tier itself.
@@ -85,11 +115,23 @@ fn naive_matched(w: &World, layout: &Layout, tokens: &[u32]) -> usize {
 }
 
 fn check_invariants(w: &World) -> Result<(), TestCaseError> {
-    w.engine.ram().check_invariants().map_err(TestCaseError::fail)?;
+    w.engine
+        .ram()
+        .check_invariants()
+        .map_err(TestCaseError::fail)?;
     let s = w.engine.stats();
-    prop_assert!(s.memory_used_bytes <= w.capacity, "budget exceeded: {} > {}", s.memory_used_bytes, w.capacity);
+    prop_assert!(
+        s.memory_used_bytes <= w.capacity,
+        "budget exceeded: {} > {}",
+        s.memory_used_bytes,
+        w.capacity
+    );
     prop_assert!(s.ram.resident_bytes + s.snapshot.resident_bytes <= w.capacity);
-    prop_assert_eq!(s.index.entries, s.ram.resident_blocks, "index and RAM disagree on what is held");
+    prop_assert_eq!(
+        s.index.entries,
+        s.ram.resident_blocks,
+        "index and RAM disagree on what is held"
+    );
     Ok(())
 }
 
@@ -157,8 +199,13 @@ proptest! {
 fn eviction_takes_the_least_recently_used_leaf_first() -> Result<(), kvtier_core::Error> {
     // Capacity for exactly 4 blocks of 1 KiB (snapshots get nothing here).
     let engine = Engine::builder()
-        .ram(RamConfig { capacity_bytes: 4 << 10 })
-        .snapshot(SnapshotConfig { max_bytes: 1, ..SnapshotConfig::default() })
+        .ram(RamConfig {
+            capacity_bytes: 4 << 10,
+        })
+        .snapshot(SnapshotConfig {
+            max_bytes: 1,
+            ..SnapshotConfig::default()
+        })
         .build()?;
     let layout = engine.register_layout(common::small_key())?;
     // Chain A: a0 -> a1 (a1 is a leaf). Chain B: b0 (leaf). Chain C: c0 (leaf).
@@ -176,15 +223,25 @@ fn eviction_takes_the_least_recently_used_leaf_first() -> Result<(), kvtier_core
     let d = tokens_of(&[0, 1], 16, 0); // a0 -> d1: needs one more slot
     common::store_all(&engine, &layout, &d)?;
     let held = |t: &[u32]| -> Result<usize, kvtier_core::Error> {
-        Ok(engine.lookup(&engine.prompt(layout.digest(), t, &ExtraKeys::none())?).blocks.len())
+        Ok(engine
+            .lookup(&engine.prompt(layout.digest(), t, &ExtraKeys::none())?)
+            .blocks
+            .len())
     };
-    assert_eq!(held(&b)?, 0, "the least recently used leaf was not the one evicted");
+    assert_eq!(
+        held(&b)?,
+        0,
+        "the least recently used leaf was not the one evicted"
+    );
     assert_eq!((held(&a)?, held(&c)?, held(&d)?), (2, 1, 2));
     // Now a0 has two children: it is not a leaf and must survive any amount of pressure
     // from other chains while they stay.
     for i in 0..10u8 {
         common::store_all(&engine, &layout, &tokens_of(&[2, i], 16, 0))?;
-        engine.ram().check_invariants().map_err(kvtier_core::Error::invalid)?;
+        engine
+            .ram()
+            .check_invariants()
+            .map_err(kvtier_core::Error::invalid)?;
     }
     assert!(engine.stats().ram.evictions.budget >= 10);
     Ok(())
@@ -207,6 +264,10 @@ fn a_layer_is_a_zero_copy_slice_of_the_block() -> Result<(), kvtier_core::Error>
         assert_eq!(l.as_ptr(), w[page..].as_ptr());
     }
     let again = engine.ram().get(&hit.blocks[0].hash)?.expect("held");
-    assert_eq!(again.as_ptr(), whole.blocks[0].as_ptr(), "a RAM load copied the payload");
+    assert_eq!(
+        again.as_ptr(),
+        whole.blocks[0].as_ptr(),
+        "a RAM load copied the payload"
+    );
     Ok(())
 }

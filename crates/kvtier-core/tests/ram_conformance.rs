@@ -1,5 +1,12 @@
 //! The RAM tier passes the tier conformance suite.
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
 use std::sync::Arc;
 
 use kvtier_core::budget::MemoryBudget;

@@ -2,6 +2,13 @@
 //! extra keys. Simulated here by planting an entry whose hash matches a prompt's block but
 //! whose contents do not (what a hash collision would look like).
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
 mod common;
 
 use std::sync::Arc;
@@ -9,7 +16,11 @@ use std::sync::Arc;
 use kvtier_core::tier::{BlockMeta, ResidencySink, TierKind};
 use kvtier_core::{Engine, ExtraKeys};
 
-fn planted(engine: &Engine, tokens: &[u32], edit: impl Fn(&mut BlockMeta)) -> Result<usize, kvtier_core::Error> {
+fn planted(
+    engine: &Engine,
+    tokens: &[u32],
+    edit: impl Fn(&mut BlockMeta),
+) -> Result<usize, kvtier_core::Error> {
     let layout = engine.register_layout(common::small_key())?;
     let prompt = engine.prompt(layout.digest(), tokens, &ExtraKeys::none())?;
     let mut meta = BlockMeta {
@@ -30,15 +41,23 @@ fn an_entry_with_the_right_hash_but_other_contents_is_a_miss() -> Result<(), kvt
     let tokens: Vec<u32> = (100..116).collect();
     // Control: the honest entry matches.
     assert_eq!(planted(&Engine::builder().build()?, &tokens, |_| {})?, 1);
-    let edits: Vec<(&str, Box<dyn Fn(&mut BlockMeta)>)> = vec![
-        ("tokens", Box::new(|m| m.tokens = Arc::from(&[7u32; 16][..]))),
+    type Edit = Box<dyn Fn(&mut BlockMeta)>;
+    let edits: Vec<(&str, Edit)> = vec![
+        (
+            "tokens",
+            Box::new(|m| m.tokens = Arc::from(&[7u32; 16][..])),
+        ),
         ("parent", Box::new(|m| m.parent.0[0] ^= 1)),
         ("position", Box::new(|m| m.position = 3)),
         ("extra keys", Box::new(|m| m.extra_tag = Some([9; 16]))),
     ];
     for (what, edit) in edits {
         let engine = Engine::builder().build()?;
-        assert_eq!(planted(&engine, &tokens, edit)?, 0, "a block with other {what} was served");
+        assert_eq!(
+            planted(&engine, &tokens, edit)?,
+            0,
+            "a block with other {what} was served"
+        );
         assert_eq!(engine.stats().index.verify_mismatches, 1, "{what}");
     }
     Ok(())

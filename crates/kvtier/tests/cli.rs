@@ -1,5 +1,12 @@
 //! The `kvtier` binary: `version`, `--help`, and a quick bench that writes every row.
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
 use std::process::Command;
 
 fn kvtier() -> Command {
@@ -24,7 +31,11 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
     for opt in ["--quick", "--json", "--filter"] {
         assert!(text.contains(opt), "{opt} missing from:\n{text}");
     }
-    assert_eq!(text.matches("Default:").count(), 3, "every option names its default:\n{text}");
+    assert_eq!(
+        text.matches("Default:").count(),
+        3,
+        "every option names its default:\n{text}"
+    );
     Ok(())
 }
 
@@ -41,8 +52,15 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
     let dir = std::env::temp_dir().join(format!("kvtier-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let json = dir.join("rows.json");
-    let out = kvtier().args(["bench", "--quick", "--json"]).arg(&json).output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = kvtier()
+        .args(["bench", "--quick", "--json"])
+        .arg(&json)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
     std::fs::remove_dir_all(&dir)?;
     let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
@@ -65,12 +83,19 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         assert!(names.contains(&name), "row {name} missing; got {names:?}");
     }
     for r in &rows {
-        let (v, b, ratio) = (r["value"].as_f64(), r["baseline"].as_f64(), r["ratio"].as_f64());
+        let (v, b, ratio) = (
+            r["value"].as_f64(),
+            r["baseline"].as_f64(),
+            r["ratio"].as_f64(),
+        );
         let (Some(v), Some(b), Some(ratio)) = (v, b, ratio) else {
             panic!("row without numbers: {r}");
         };
         assert!(v > 0.0 && b > 0.0, "row {r}");
-        assert!((ratio - v / b).abs() <= 1e-9 * ratio.abs().max(1.0), "row {r}");
+        assert!(
+            (ratio - v / b).abs() <= 1e-9 * ratio.abs().max(1.0),
+            "row {r}"
+        );
         assert!(r["unit"].as_str().is_some_and(|u| !u.is_empty()));
     }
     Ok(())

@@ -83,7 +83,11 @@ impl EngineBuilder {
     pub fn build(self) -> Result<Engine> {
         let mut config = self.config;
         if !self.snapshot_set {
-            config.snapshot.max_bytes = config.snapshot.max_bytes.min(config.ram.capacity_bytes / 4).max(1);
+            config.snapshot.max_bytes = config
+                .snapshot
+                .max_bytes
+                .min(config.ram.capacity_bytes / 4)
+                .max(1);
         }
         if config.ram.capacity_bytes == 0 {
             return Err(Error::invalid("ram capacity must be at least one byte"));

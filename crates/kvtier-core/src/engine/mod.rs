@@ -141,14 +141,17 @@ impl Engine {
         refs: &[BlockRef],
         layers: Range<u32>,
     ) -> Result<Loaded> {
-        let range = layout.geometry().layer_range(layers.clone()).ok_or_else(|| {
-            Error::invalid(format!(
-                "layer range {}..{} is empty or past the layout's {} layers",
-                layers.start,
-                layers.end,
-                layout.geometry().num_layers
-            ))
-        })?;
+        let range = layout
+            .geometry()
+            .layer_range(layers.clone())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "layer range {}..{} is empty or past the layout's {} layers",
+                    layers.start,
+                    layers.end,
+                    layout.geometry().num_layers
+                ))
+            })?;
         self.load_with(refs, |tier, r| tier.get_range(&r.hash, range.clone()))
     }
 
@@ -161,10 +164,12 @@ impl Engine {
         for r in refs {
             match get(self.tier(r.tier)?, r)? {
                 Some(b) => blocks.push(b),
-                None => return Ok(Loaded {
-                    blocks,
-                    complete: false,
-                }),
+                None => {
+                    return Ok(Loaded {
+                        blocks,
+                        complete: false,
+                    });
+                }
             }
         }
         Ok(Loaded {

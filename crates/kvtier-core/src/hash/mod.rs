@@ -122,9 +122,16 @@ pub fn chain(layout: &Layout, tokens: &[u32], extras: &ExtraKeys) -> Vec<BlockHa
 /// four (zero without extra keys); the message is the block's tokens, little-endian,
 /// zero-padded to whole 64-byte blocks; the result is the first four state words.
 #[inline]
-fn link(parent: [u32; 4], tokens: &[u32], tag: Option<[u32; 4]>, scratch: &mut Vec<[u8; 64]>) -> [u32; 4] {
+fn link(
+    parent: [u32; 4],
+    tokens: &[u32],
+    tag: Option<[u32; 4]>,
+    scratch: &mut Vec<[u8; 64]>,
+) -> [u32; 4] {
     let t = tag.unwrap_or([0; 4]);
-    let mut state = [parent[0], parent[1], parent[2], parent[3], t[0], t[1], t[2], t[3]];
+    let mut state = [
+        parent[0], parent[1], parent[2], parent[3], t[0], t[1], t[2], t[3],
+    ];
     if let Ok(sixteen) = <&[u32; 16]>::try_from(tokens) {
         // The common case (16 tokens per block): one message block on the stack.
         let mut msg = [0u8; 64];
@@ -187,7 +194,10 @@ mod tests {
         let a: Vec<u32> = (0..64).collect();
         let mut b = a.clone();
         b[20] = 999;
-        let (ha, hb) = (chain(&l, &a, &ExtraKeys::none()), chain(&l, &b, &ExtraKeys::none()));
+        let (ha, hb) = (
+            chain(&l, &a, &ExtraKeys::none()),
+            chain(&l, &b, &ExtraKeys::none()),
+        );
         assert_eq!(ha[0], hb[0]);
         assert!(ha[1..].iter().zip(&hb[1..]).all(|(x, y)| x != y));
     }
@@ -199,7 +209,10 @@ mod tests {
         k.tenant_salt = b"other".to_vec();
         let other = Layout::new(k).ok();
         let base = chain(&layout(16), &t, &ExtraKeys::none());
-        assert_ne!(Some(base.clone()), other.map(|o| chain(&o, &t, &ExtraKeys::none())));
+        assert_ne!(
+            Some(base.clone()),
+            other.map(|o| chain(&o, &t, &ExtraKeys::none()))
+        );
         let mut ex = ExtraKeys::none();
         ex.push(1, b"image-digest".to_vec());
         let with = chain(&layout(16), &t, &ex);

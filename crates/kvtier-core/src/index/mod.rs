@@ -158,7 +158,11 @@ impl PrefixIndex {
         let mut mismatch = false;
         let push = |blocks: &mut Vec<BlockRef>, hash: BlockHash, tier| {
             let position = blocks.len() as u32;
-            blocks.push(BlockRef { hash, position, tier });
+            blocks.push(BlockRef {
+                hash,
+                position,
+                tier,
+            });
         };
         // Short walks lock one shard per block.
         let head = n.min(LOCK_ALL_AFTER);

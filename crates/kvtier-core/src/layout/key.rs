@@ -348,7 +348,8 @@ mod tests {
 
     #[test]
     fn zero_and_out_of_range_values_are_refused() {
-        let cases: Vec<(fn(&mut LayoutKey), &str)> = vec![
+        type Edit = fn(&mut LayoutKey);
+        let cases: Vec<(Edit, &str)> = vec![
             (|k| k.tokens_per_block = 0, "tokens_per_block is 0"),
             (|k| k.num_layers = 0, "num_layers is 0"),
             (|k| k.num_kv_heads = 0, "num_kv_heads is 0"),
@@ -361,7 +362,10 @@ mod tests {
         for (edit, needle) in cases {
             let mut k = base();
             edit(&mut k);
-            let err = Layout::new(k).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = Layout::new(k)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(err.contains(needle), "`{err}` should mention `{needle}`");
         }
     }
@@ -379,7 +383,10 @@ mod tests {
         let g = l.geometry();
         assert_eq!(g.half_page_bytes, 16 * 4 * 8 * 2);
         assert_eq!(l.block_bytes(), 2 * 2 * 16 * 4 * 8 * 2);
-        assert_eq!(g.layer_range(1..2), Some(g.page_bytes()..2 * g.page_bytes()));
+        assert_eq!(
+            g.layer_range(1..2),
+            Some(g.page_bytes()..2 * g.page_bytes())
+        );
         assert_eq!(g.layer_range(1..3), None);
         assert_eq!(g.layer_range(1..1), None);
         Ok(())

@@ -167,12 +167,7 @@ impl SnapshotBucket {
     /// Stores `blob` under `key`. When the shared memory budget is full, `reclaim(n)` is
     /// asked to free `n` bytes elsewhere (the engine evicts RAM blocks) before the bucket
     /// drops its own least recently used snapshots.
-    pub fn put(
-        &self,
-        key: SnapshotKey,
-        blob: Bytes,
-        reclaim: &dyn Fn(u64) -> u64,
-    ) -> SnapshotPut {
+    pub fn put(&self, key: SnapshotKey, blob: Bytes, reclaim: &dyn Fn(u64) -> u64) -> SnapshotPut {
         let now = self.clock.now_nanos();
         let len = blob.len() as u64;
         let mut inner = self.inner.lock();

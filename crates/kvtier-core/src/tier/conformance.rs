@@ -34,7 +34,11 @@ pub struct Failure {
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "conformance check `{}` failed: {}", self.check, self.message)
+        write!(
+            f,
+            "conformance check `{}` failed: {}",
+            self.check, self.message
+        )
     }
 }
 
@@ -68,14 +72,18 @@ impl ResidencySink for RecordingSink {
     }
 
     fn removed(&self, tier: TierKind, meta: &BlockMeta, cause: RemovalCause, _: Option<&Bytes>) {
-        self.events.lock().push(Event::Removed(tier, meta.hash, cause));
+        self.events
+            .lock()
+            .push(Event::Removed(tier, meta.hash, cause));
     }
 }
 
 /// A chain of `n` test blocks with distinct payloads of `layout`'s size.
 pub fn test_chain(layout: &Layout, n: usize, seed: u32) -> Vec<(BlockMeta, Bytes)> {
     let tpb = layout.tokens_per_block();
-    let tokens: Vec<u32> = (0..(n * tpb) as u32).map(|t| t.wrapping_mul(31) ^ seed).collect();
+    let tokens: Vec<u32> = (0..(n * tpb) as u32)
+        .map(|t| t.wrapping_mul(31) ^ seed)
+        .collect();
     let hashes = hash::chain(layout, &tokens, &ExtraKeys::none());
     let size = layout.block_bytes() as usize;
     hashes
@@ -154,16 +162,29 @@ pub fn put_then_get_returns_the_same_bytes(factory: Factory<'_>) -> Result<(), F
         ensure!(C, out == PutOutcome::Stored, "put returned {out:?}");
     }
     for (meta, payload) in &chain {
-        ensure!(C, tier.contains(&meta.hash), "contains() is false after put");
+        ensure!(
+            C,
+            tier.contains(&meta.hash),
+            "contains() is false after put"
+        );
         let got = io(C, tier.get(&meta.hash))?;
-        ensure!(C, got.as_ref() == Some(payload), "get returned other bytes for {}", meta.hash);
+        ensure!(
+            C,
+            got.as_ref() == Some(payload),
+            "get returned other bytes for {}",
+            meta.hash
+        );
     }
     let inserted = sink
         .events()
         .iter()
         .filter(|e| matches!(e, Event::Inserted(k, _) if *k == tier.kind()))
         .count();
-    ensure!(C, inserted == 3, "sink saw {inserted} insertions, expected 3");
+    ensure!(
+        C,
+        inserted == 3,
+        "sink saw {inserted} insertions, expected 3"
+    );
     Ok(())
 }
 
@@ -176,7 +197,11 @@ pub fn unknown_hash_is_a_miss(factory: Factory<'_>) -> Result<(), Failure> {
     let got = io(C, tier.get(&h))?;
     ensure!(C, got.is_none(), "get returned bytes for an unknown hash");
     let got = io(C, tier.get_range(&h, 0..16))?;
-    ensure!(C, got.is_none(), "get_range returned bytes for an unknown hash");
+    ensure!(
+        C,
+        got.is_none(),
+        "get_range returned bytes for an unknown hash"
+    );
     Ok(())
 }
 
@@ -190,10 +215,22 @@ pub fn duplicate_put_is_not_rewritten(factory: Factory<'_>) -> Result<(), Failur
     io(C, tier.put(meta, payload.clone()))?;
     let before = tier.stats();
     let out = io(C, tier.put(meta, payload.clone()))?;
-    ensure!(C, out == PutOutcome::Duplicate, "second put returned {out:?}");
+    ensure!(
+        C,
+        out == PutOutcome::Duplicate,
+        "second put returned {out:?}"
+    );
     let after = tier.stats();
-    ensure!(C, after.resident_bytes == before.resident_bytes, "resident bytes changed on a duplicate");
-    ensure!(C, after.dedup_skips == before.dedup_skips + 1, "dedup_skips did not count the duplicate");
+    ensure!(
+        C,
+        after.resident_bytes == before.resident_bytes,
+        "resident bytes changed on a duplicate"
+    );
+    ensure!(
+        C,
+        after.dedup_skips == before.dedup_skips + 1,
+        "dedup_skips did not count the duplicate"
+    );
     Ok(())
 }
 
@@ -215,7 +252,11 @@ pub fn range_reads_return_exactly_the_slice(factory: Factory<'_>) -> Result<(), 
     let len = payload.len() as u64;
     for bad in [len..len + 1, 5..5, 0..len + 1] {
         let r = tier.get_range(&meta.hash, bad.clone());
-        ensure!(C, r.is_err(), "range {bad:?} of a {len}-byte block was not refused");
+        ensure!(
+            C,
+            r.is_err(),
+            "range {bad:?} of a {len}-byte block was not refused"
+        );
     }
     Ok(())
 }
@@ -228,13 +269,31 @@ pub fn remove_drops_the_block_and_reports_it(factory: Factory<'_>) -> Result<(),
     let chain = test_chain(&layout, 1, 4);
     let (meta, payload) = &chain[0];
     io(C, tier.put(meta, payload.clone()))?;
-    ensure!(C, io(C, tier.remove(&meta.hash))?, "remove of a held block returned false");
-    ensure!(C, !io(C, tier.remove(&meta.hash))?, "second remove returned true");
-    ensure!(C, io(C, tier.get(&meta.hash))?.is_none(), "get after remove returned bytes");
-    ensure!(C, tier.stats().resident_bytes == 0, "bytes still resident after remove");
-    let removed = sink
-        .events()
-        .contains(&Event::Removed(tier.kind(), meta.hash, RemovalCause::Explicit));
+    ensure!(
+        C,
+        io(C, tier.remove(&meta.hash))?,
+        "remove of a held block returned false"
+    );
+    ensure!(
+        C,
+        !io(C, tier.remove(&meta.hash))?,
+        "second remove returned true"
+    );
+    ensure!(
+        C,
+        io(C, tier.get(&meta.hash))?.is_none(),
+        "get after remove returned bytes"
+    );
+    ensure!(
+        C,
+        tier.stats().resident_bytes == 0,
+        "bytes still resident after remove"
+    );
+    let removed = sink.events().contains(&Event::Removed(
+        tier.kind(),
+        meta.hash,
+        RemovalCause::Explicit,
+    ));
     ensure!(C, removed, "sink did not hear of the removal");
     Ok(())
 }
@@ -253,15 +312,33 @@ pub fn stats_count_what_happened(factory: Factory<'_>) -> Result<(), Failure> {
     io(C, tier.get(&BlockHash([1; 16])))?;
     let s = tier.stats();
     ensure!(C, s.stores == 2, "stores = {}", s.stores);
-    ensure!(C, s.hits == 2 && s.misses == 1, "hits = {}, misses = {}", s.hits, s.misses);
-    ensure!(C, s.resident_blocks == 2, "resident_blocks = {}", s.resident_blocks);
+    ensure!(
+        C,
+        s.hits == 2 && s.misses == 1,
+        "hits = {}, misses = {}",
+        s.hits,
+        s.misses
+    );
+    ensure!(
+        C,
+        s.resident_blocks == 2,
+        "resident_blocks = {}",
+        s.resident_blocks
+    );
     let bytes = 2 * layout.block_bytes();
-    ensure!(C, s.resident_bytes == bytes, "resident_bytes = {} not {bytes}", s.resident_bytes);
+    ensure!(
+        C,
+        s.resident_bytes == bytes,
+        "resident_bytes = {} not {bytes}",
+        s.resident_bytes
+    );
     Ok(())
 }
 
 /// Readers racing writers only ever see whole, correct blocks.
-pub fn concurrent_readers_and_writers_see_whole_blocks(factory: Factory<'_>) -> Result<(), Failure> {
+pub fn concurrent_readers_and_writers_see_whole_blocks(
+    factory: Factory<'_>,
+) -> Result<(), Failure> {
     const C: &str = "concurrent_readers_and_writers_see_whole_blocks";
     let (_, tier) = setup(factory);
     let layout = test_layout()?;
@@ -287,8 +364,15 @@ pub fn concurrent_readers_and_writers_see_whole_blocks(factory: Factory<'_>) -> 
                 wrong
             }));
         }
-        handles.into_iter().map(|h| h.join().unwrap_or(1)).sum::<usize>()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(1))
+            .sum::<usize>()
     });
-    ensure!(C, wrong == 0, "{wrong} reads returned wrong bytes or puts failed");
+    ensure!(
+        C,
+        wrong == 0,
+        "{wrong} reads returned wrong bytes or puts failed"
+    );
     Ok(())
 }

@@ -129,7 +129,13 @@ pub trait ResidencySink: Send + Sync + Debug + 'static {
 
     /// `tier` no longer holds `meta`'s block. `payload` is the evicted bytes when the tier
     /// still has them (so a lower tier can take them over), `None` otherwise.
-    fn removed(&self, tier: TierKind, meta: &BlockMeta, cause: RemovalCause, payload: Option<&Bytes>);
+    fn removed(
+        &self,
+        tier: TierKind,
+        meta: &BlockMeta,
+        cause: RemovalCause,
+        payload: Option<&Bytes>,
+    );
 }
 
 /// A sink that ignores every event, for a tier used on its own.

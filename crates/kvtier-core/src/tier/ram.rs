@@ -250,7 +250,10 @@ impl RamTier {
             return refuse(&mut ledger, PutOutcome::Duplicate);
         }
         if !ledger.book.parent_held(meta) {
-            return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::ParentMissing));
+            return refuse(
+                &mut ledger,
+                PutOutcome::Rejected(RejectReason::ParentMissing),
+            );
         }
         if size > self.budget.capacity() {
             return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::NoSpace));
@@ -339,8 +342,8 @@ impl RamTier {
         self.sink
             .removed(TierKind::Ram, &node.meta, cause, Some(&node.slot.payload));
         // The read map's reference is gone; readers hold clones of the bytes, not the slot.
-        let recycled = recycle
-            && Arc::try_unwrap(node.slot).is_ok_and(|slot| self.recycle(slot.payload));
+        let recycled =
+            recycle && Arc::try_unwrap(node.slot).is_ok_and(|slot| self.recycle(slot.payload));
         if !recycled {
             self.budget.release(size);
         }
@@ -382,7 +385,9 @@ impl Tier for RamTier {
             )));
         }
         // Both ends are within `len`, which came from a `usize`.
-        Ok(Some(payload.slice(range.start as usize..range.end as usize)))
+        Ok(Some(
+            payload.slice(range.start as usize..range.end as usize),
+        ))
     }
 
     fn contains(&self, hash: &BlockHash) -> bool {
@@ -421,7 +426,12 @@ impl RamTier {
     /// was. Lets a caller skip copying a payload the tier already has.
     pub fn touch(&self, hash: &BlockHash) -> bool {
         let now = self.clock.now_nanos();
-        let held = self.map.read(hash).get(hash).map(|s| s.touch(now)).is_some();
+        let held = self
+            .map
+            .read(hash)
+            .get(hash)
+            .map(|s| s.touch(now))
+            .is_some();
         if held {
             self.ledger.lock().dedup_skips += 1;
         }

@@ -1,6 +1,11 @@
 //! Helpers shared by the integration tests.
 
-#![allow(dead_code)]
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
 
 use std::sync::Arc;
 
@@ -25,9 +30,17 @@ pub fn payload_for(layout: &Layout, hash: &BlockHash) -> Vec<u8> {
 }
 
 /// Stores every whole block of `tokens` with payloads from [`payload_for`].
-pub fn store_all(engine: &Engine, layout: &Arc<Layout>, tokens: &[u32]) -> kvtier_core::Result<kvtier_core::StoreReport> {
+pub fn store_all(
+    engine: &Engine,
+    layout: &Arc<Layout>,
+    tokens: &[u32],
+) -> kvtier_core::Result<kvtier_core::StoreReport> {
     let prompt = engine.prompt(layout.digest(), tokens, &kvtier_core::ExtraKeys::none())?;
-    let payloads: Vec<Vec<u8>> = prompt.hashes().iter().map(|h| payload_for(layout, h)).collect();
+    let payloads: Vec<Vec<u8>> = prompt
+        .hashes()
+        .iter()
+        .map(|h| payload_for(layout, h))
+        .collect();
     let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
     engine.store(&prompt, &refs)
 }

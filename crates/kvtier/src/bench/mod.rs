@@ -35,8 +35,18 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(name: impl Into<String>, value: f64, unit: &'static str, baseline: f64, baseline_is: &'static str) -> Self {
-        let ratio = if baseline > 0.0 { value / baseline } else { f64::NAN };
+    fn new(
+        name: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        baseline: f64,
+        baseline_is: &'static str,
+    ) -> Self {
+        let ratio = if baseline > 0.0 {
+            value / baseline
+        } else {
+            f64::NAN
+        };
         Self {
             name: name.into(),
             value,
@@ -47,6 +57,9 @@ impl Row {
         }
     }
 }
+
+/// A function measuring one group of rows; the closure says which row names are wanted.
+type RowGroup = fn(Effort, &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>>;
 
 /// How hard to measure.
 #[derive(Debug, Clone, Copy)]
@@ -60,9 +73,15 @@ pub struct Effort {
 /// Runs the bench and prints the table (and writes JSON if asked).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let effort = if args.quick {
-        Effort { samples: 5, scale: 1 }
+        Effort {
+            samples: 5,
+            scale: 1,
+        }
     } else {
-        Effort { samples: 15, scale: 4 }
+        Effort {
+            samples: 15,
+            scale: 4,
+        }
     };
     let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
     println!(
@@ -71,7 +90,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, fn(Effort, &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>>); 4] = [
+    let groups: [(&str, RowGroup); 4] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),

@@ -17,7 +17,9 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         return Ok(vec![]);
     }
     let layout = Layout::new(LayoutKey::new("bench", KvDtype::Bf16, 16, 32, 8, 128))?;
-    let tokens: Vec<u32> = (0..TOKENS as u32).map(|t| t.wrapping_mul(2_654_435_761) % 262_144).collect();
+    let tokens: Vec<u32> = (0..TOKENS as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) % 262_144)
+        .collect();
     let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     let reps = 2 * effort.scale;
     let chain = median_of(effort.samples, || {
@@ -38,5 +40,11 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         }) * 1e9
             / (TOKENS * reps) as f64
     });
-    Ok(vec![Row::new(name, chain, "ns", plain, "one SHA-256 over the same bytes")])
+    Ok(vec![Row::new(
+        name,
+        chain,
+        "ns",
+        plain,
+        "one SHA-256 over the same bytes",
+    )])
 }

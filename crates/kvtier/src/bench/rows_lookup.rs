@@ -36,27 +36,45 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     }
     // Tiny blocks: this measures the index, not memory.
     let engine = Engine::builder()
-        .ram(RamConfig { capacity_bytes: 256 << 20 })
+        .ram(RamConfig {
+            capacity_bytes: 256 << 20,
+        })
         .build()?;
-    let layout = engine.register_layout(LayoutKey::new("bench", KvDtype::F16, TPB as u32, 1, 1, 1))?;
-    let tokens: Vec<u32> = (0..TOKENS as u32).map(|t| t.wrapping_mul(2_654_435_761) % 262_144).collect();
+    let layout =
+        engine.register_layout(LayoutKey::new("bench", KvDtype::F16, TPB as u32, 1, 1, 1))?;
+    let tokens: Vec<u32> = (0..TOKENS as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) % 262_144)
+        .collect();
     let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
     let payload = vec![1u8; layout.block_bytes() as usize];
-    let payloads: Vec<&[u8]> = (0..prompt.num_blocks()).map(|_| payload.as_slice()).collect();
+    let payloads: Vec<&[u8]> = (0..prompt.num_blocks())
+        .map(|_| payload.as_slice())
+        .collect();
     let report = engine.store(&prompt, &payloads)?;
-    anyhow::ensure!(report.stored == TOKENS / TPB, "setup stored only {} blocks", report.stored);
+    anyhow::ensure!(
+        report.stored == TOKENS / TPB,
+        "setup stored only {} blocks",
+        report.stored
+    );
 
     let mut miss_tokens = tokens.clone();
     miss_tokens[0] ^= 1;
     let miss_prompt = engine.prompt(layout.digest(), &miss_tokens, &ExtraKeys::none())?;
 
-    let plain: PlainMap = prompt.hashes().iter().enumerate().map(|(i, h)| (h.low64(), i as u32)).collect();
+    let plain: PlainMap = prompt
+        .hashes()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.low64(), i as u32))
+        .collect();
     let plain_walk = |hashes: &[kvtier_core::BlockHash]| {
         let mut n = 0;
         for h in hashes {
-            if plain.get(&h.low64()).is_none() {
+            // Read the value, as the index reads its entry.
+            let Some(v) = plain.get(&h.low64()) else {
                 break;
-            }
+            };
+            black_box(v);
             n += 1;
         }
         n
@@ -82,7 +100,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
             }) * 1e3
                 / reps as f64
         });
-        rows.push(Row::new(hit_name, ours, "ms", base, "plain HashMap probes, no locks"));
+        rows.push(Row::new(
+            hit_name,
+            ours,
+            "ms",
+            base,
+            "plain HashMap probes, no locks",
+        ));
     }
     if wanted(miss_name) {
         let reps = 10_000 * effort.scale;
@@ -102,7 +126,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
             }) * 1e6
                 / reps as f64
         });
-        rows.push(Row::new(miss_name, ours, "us", base, "plain HashMap probe, no locks"));
+        rows.push(Row::new(
+            miss_name,
+            ours,
+            "us",
+            base,
+            "plain HashMap probe, no locks",
+        ));
     }
     Ok(rows)
 }

@@ -21,7 +21,9 @@ fn layout_key(layers: u32) -> LayoutKey {
 fn prompts(engine: &Engine, layout: &Layout, n: usize, salt: u32) -> anyhow::Result<Vec<Prompt>> {
     (0..n)
         .map(|i| {
-            let tokens: Vec<u32> = (0..16).map(|t| (i as u32) * 16 + t + (salt << 24)).collect();
+            let tokens: Vec<u32> = (0..16)
+                .map(|t| (i as u32) * 16 + t + (salt << 24))
+                .collect();
             Ok(engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?)
         })
         .collect()
@@ -50,12 +52,23 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
 fn store_row(name: String, layers: u32, threads: usize, effort: Effort) -> anyhow::Result<Row> {
     // A budget well below the bytes written, so stores run in steady state with evictions.
     let capacity: u64 = 64 << 20;
-    let engine = Engine::builder().ram(RamConfig { capacity_bytes: capacity }).build()?;
+    let engine = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: capacity,
+        })
+        .build()?;
     let layout = engine.register_layout(layout_key(layers))?;
     let size = layout.block_bytes() as usize;
     let per_sample = ((256usize << 20) * effort.scale / size / threads).max(8);
     let per_thread: Vec<Vec<Prompt>> = (0..threads)
-        .map(|t| prompts(&engine, &layout, per_sample * (effort.samples + 1), t as u32))
+        .map(|t| {
+            prompts(
+                &engine,
+                &layout,
+                per_sample * (effort.samples + 1),
+                t as u32,
+            )
+        })
         .collect::<anyhow::Result<_>>()?;
     let sources: Vec<Vec<u8>> = (0..threads).map(|t| pattern(size, t as u8)).collect();
     // Warm up the allocator and the budget with one sample's worth.
@@ -66,7 +79,10 @@ fn store_row(name: String, layers: u32, threads: usize, effort: Effort) -> anyho
         let secs = seconds(|| {
             std::thread::scope(|s| {
                 for (t, src) in sources.iter().enumerate() {
-                    let (engine, mine) = (&engine, &per_thread[t][r * per_sample..(r + 1) * per_sample]);
+                    let (engine, mine) = (
+                        &engine,
+                        &per_thread[t][r * per_sample..(r + 1) * per_sample],
+                    );
                     s.spawn(move || {
                         for p in mine {
                             let rep = engine.store(p, &[src.as_slice()]);
@@ -86,10 +102,19 @@ fn store_row(name: String, layers: u32, threads: usize, effort: Effort) -> anyho
     results.sort_by(f64::total_cmp);
     let ours = results[results.len() / 2];
     let stats = engine.stats();
-    anyhow::ensure!(stats.ram.evictions.budget > 0, "store bench ran without evictions");
+    anyhow::ensure!(
+        stats.ram.evictions.budget > 0,
+        "store bench ran without evictions"
+    );
     anyhow::ensure!(stats.ram.resident_bytes <= capacity, "budget exceeded");
     let base = memcpy_gbps(size, per_sample, effort.samples, threads);
-    Ok(Row::new(name, ours, "GB/s", base, "memcpy, same size, warm destination"))
+    Ok(Row::new(
+        name,
+        ours,
+        "GB/s",
+        base,
+        "memcpy, same size, warm destination",
+    ))
 }
 
 fn load_rows(
@@ -100,7 +125,11 @@ fn load_rows(
     effort: Effort,
 ) -> anyhow::Result<(Row, Row)> {
     let blocks_per_thread = 64;
-    let engine = Engine::builder().ram(RamConfig { capacity_bytes: 256 << 20 }).build()?;
+    let engine = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: 256 << 20,
+        })
+        .build()?;
     let layout = engine.register_layout(layout_key(layers))?;
     let size = layout.block_bytes() as usize;
     let src = pattern(size, 9);

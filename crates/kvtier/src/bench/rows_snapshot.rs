@@ -17,8 +17,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     if !wanted(put_name) && !wanted(get_name) {
         return Ok(vec![]);
     }
-    let engine = Engine::builder().ram(RamConfig { capacity_bytes: 1 << 30 }).build()?;
-    let layout = engine.register_layout(LayoutKey::new("bench-mamba", KvDtype::F32, 16, 24, 1, 1))?;
+    let engine = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: 1 << 30,
+        })
+        .build()?;
+    let layout =
+        engine.register_layout(LayoutKey::new("bench-mamba", KvDtype::F32, 16, 24, 1, 1))?;
     let blob = pattern(STATE_BYTES, 3);
     let prompts: Vec<Vec<u32>> = (0..64u32)
         .map(|p| (0..PROMPT_TOKENS as u32).map(|t| t ^ (p << 20)).collect())
@@ -29,14 +34,21 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     let put = median_of(effort.samples, || {
         seconds(|| {
             for i in 0..reps {
-                let r = engine.snapshot_put(layout.digest(), &prompts[i % prompts.len()], None, &blob);
+                let r =
+                    engine.snapshot_put(layout.digest(), &prompts[i % prompts.len()], None, &blob);
                 black_box(r.ok());
             }
         }) * 1e6
             / reps as f64
     });
     if wanted(put_name) {
-        rows.push(Row::new(put_name, put, "us", memcpy_us, "memcpy of the state"));
+        rows.push(Row::new(
+            put_name,
+            put,
+            "us",
+            memcpy_us,
+            "memcpy of the state",
+        ));
     }
     if wanted(get_name) {
         let get = median_of(effort.samples, || {
@@ -48,7 +60,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
             }) * 1e6
                 / reps as f64
         });
-        rows.push(Row::new(get_name, get, "us", memcpy_us, "memcpy of the state"));
+        rows.push(Row::new(
+            get_name,
+            get,
+            "us",
+            memcpy_us,
+            "memcpy of the state",
+        ));
     }
     Ok(rows)
 }
