@@ -201,9 +201,12 @@ impl Engine {
         self.check_token_count(tokens.len())?;
         let key = SnapshotKey::new(layout, tokens, session);
         let ram = &self.ram;
+        // One copy into memory the bucket will own, with the same streaming copy as blocks.
+        let mut owned = bytes::BytesMut::new();
+        crate::copy::copy_into(&mut owned, blob);
         Ok(self
             .snapshots
-            .put(key, Bytes::copy_from_slice(blob), &|n| ram.evict_bytes(n)))
+            .put(key, owned.freeze(), &|n| ram.evict_bytes(n)))
     }
 
     /// The state stored for exactly `tokens` (and `session`) under `layout`, if any.
