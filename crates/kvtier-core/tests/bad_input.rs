@@ -187,13 +187,7 @@ fn bad_layer_ranges_are_refused() -> Result<(), kvtier_core::Error> {
     common::store_all(&e, &layout, &tokens)?;
     let prompt = e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
     let hit = e.lookup(&prompt);
-    assert_invalid(
-        e.load_layers(&layout, &hit.blocks, 1..3),
-        "layer range 1..3",
-    );
-    assert_invalid(
-        e.load_layers(&layout, &hit.blocks, 1..1),
-        "layer range 1..1",
-    );
+    assert_invalid(e.load_layers(&hit, 1..3), "layer range 1..3");
+    assert_invalid(e.load_layers(&hit, 1..1), "layer range 1..1");
     Ok(())
 }

@@ -256,7 +256,7 @@ fn a_layer_is_a_zero_copy_slice_of_the_block() -> Result<(), kvtier_core::Error>
     let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
     let hit = engine.lookup(&prompt);
     let whole = engine.load(&hit.blocks)?;
-    let layer1 = engine.load_layers(&layout, &hit.blocks, 1..2)?;
+    let layer1 = engine.load_layers(&hit, 1..2)?;
     let page = layout.geometry().page_bytes() as usize;
     for (w, l) in whole.blocks.iter().zip(&layer1.blocks) {
         assert_eq!(&l[..], &w[page..2 * page]);

@@ -133,14 +133,11 @@ impl Engine {
         self.load_with(refs, |tier, r| tier.get(&r.hash))
     }
 
-    /// Loads only layers `layers` of each block of `refs` (one page per layer per block,
-    /// each a zero-copy slice when the block is in RAM).
-    pub fn load_layers(
-        &self,
-        layout: &Layout,
-        refs: &[BlockRef],
-        layers: Range<u32>,
-    ) -> Result<Loaded> {
+    /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
+    /// block, each a zero-copy slice when the block is in RAM). The page boundaries come
+    /// from the layout the lookup was made under, never from the caller.
+    pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
+        let layout = self.layout(lookup.layout)?;
         let range = layout
             .geometry()
             .layer_range(layers.clone())
@@ -152,7 +149,9 @@ impl Engine {
                     layout.geometry().num_layers
                 ))
             })?;
-        self.load_with(refs, |tier, r| tier.get_range(&r.hash, range.clone()))
+        self.load_with(&lookup.blocks, |tier, r| {
+            tier.get_range(&r.hash, range.clone())
+        })
     }
 
     fn load_with(

@@ -35,6 +35,8 @@ pub struct BlockRef {
 /// The answer to "how much of this prompt is cached?".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lookup {
+    /// The layout the prompt was hashed under; loads of layers use its geometry.
+    pub layout: LayoutDigest,
     /// The matched leading blocks, in order.
     pub blocks: Vec<BlockRef>,
     /// Tokens covered by the matched blocks.
@@ -220,6 +222,7 @@ impl PrefixIndex {
             self.matched_blocks.add(blocks.len() as u64);
         }
         Lookup {
+            layout: prompt.layout().digest(),
             matched_tokens: blocks.len() * prompt.layout().tokens_per_block(),
             blocks,
         }

@@ -220,7 +220,7 @@ impl LayoutKey {
 }
 
 /// The 128-bit digest of a [`LayoutKey`]; it names the layout and seeds its hash chains.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct LayoutDigest(pub [u8; 16]);
 
 impl LayoutDigest {
