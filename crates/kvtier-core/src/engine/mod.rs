@@ -201,11 +201,8 @@ impl Engine {
         let key = SnapshotKey::new(layout, tokens, session);
         let ram = &self.ram;
         // One copy into memory the bucket will own, with the same streaming copy as blocks.
-        let mut owned = bytes::BytesMut::new();
-        crate::copy::copy_into(&mut owned, blob);
-        Ok(self
-            .snapshots
-            .put(key, owned.freeze(), &|n| ram.evict_bytes(n)))
+        let owned = crate::tier::copy_payload(blob);
+        Ok(self.snapshots.put(key, owned, &|n| ram.evict_bytes(n)))
     }
 
     /// The state stored for exactly `tokens` (and `session`) under `layout`, if any.

@@ -3,7 +3,7 @@
 use super::Engine;
 use crate::error::{Error, Result};
 use crate::index::Prompt;
-use crate::tier::{BlockMeta, PutOutcome, RejectReason};
+use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, copy_payload};
 
 /// What a store did, block by block from the start of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl Engine {
                 tokens: prompt.block_tokens(i).into(),
                 extra_tag: prompt.extra_tag(i),
             };
-            match self.ram.put_buffer(&meta, self.ram.buffer_for(payload))? {
+            match self.ram.put(&meta, copy_payload(payload))? {
                 PutOutcome::Stored => report.stored += 1,
                 PutOutcome::Duplicate => report.duplicates += 1,
                 PutOutcome::Rejected(why) => {

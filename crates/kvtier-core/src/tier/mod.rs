@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use ram::{BlockBuffer, RamConfig, RamTier};
+pub use ram::{RamConfig, RamTier, copy_payload};
 
 use crate::error::Result;
 use crate::hash::BlockHash;

@@ -9,9 +9,8 @@
 //!   are copied by the engine before it is taken).
 //! - Chain-aware LRU eviction (see `ram_book`): leaves only, least recently used first. The
 //!   tier holds a block only if it holds the block's parent, so every held chain is whole.
-//! - Buffers of evicted blocks are recycled for the next store of the same size, together
-//!   with their budget reservation, so steady-state stores neither fault in fresh pages nor
-//!   step outside the budget (see [`RamTier::buffer_for`]).
+//! - Payloads are copied in once, by the caller of `put` and outside every lock, with
+//!   [`copy_payload`]'s streaming stores (see `docs/adr/0004-ram-tier.md`).
 
 use std::fmt;
 use std::ops::Range;
@@ -56,51 +55,18 @@ struct Ledger {
     resident_bytes: u64,
 }
 
-/// Recycled payload buffers; each one's bytes stay reserved in the budget while pooled.
-#[derive(Debug, Default)]
-struct Pool {
-    bufs: Vec<BytesMut>,
-    bytes: u64,
-}
-
-/// Most buffers kept for reuse.
-const POOL_MAX_BUFFERS: usize = 8;
-
-/// A payload copied into memory reserved from the RAM tier's budget, ready for
-/// [`RamTier::put_buffer`]. Dropping it unused returns its reservation.
-#[derive(Debug)]
-pub struct BlockBuffer {
-    buf: BytesMut,
-    reserved: u64,
-    budget: Arc<MemoryBudget>,
-}
-
-impl BlockBuffer {
-    /// The copied bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.buf
-    }
-
-    /// Takes the bytes and the reservation out, leaving nothing to release on drop.
-    fn into_parts(mut self) -> (Bytes, u64) {
-        let reserved = std::mem::take(&mut self.reserved);
-        (std::mem::take(&mut self.buf).freeze(), reserved)
-    }
-}
-
-impl Drop for BlockBuffer {
-    fn drop(&mut self) {
-        if self.reserved > 0 {
-            self.budget.release(self.reserved);
-        }
-    }
+/// Copies `src` into a new buffer for [`Tier::put`], with non-temporal stores for large
+/// payloads: the destination is memory the cache keeps and nobody reads soon.
+pub fn copy_payload(src: &[u8]) -> Bytes {
+    let mut buf = BytesMut::new();
+    crate::copy::copy_into(&mut buf, src);
+    buf.freeze()
 }
 
 /// Blocks in host memory. See the module docs.
 pub struct RamTier {
     map: ShardedMap<Arc<Slot>>,
     ledger: Mutex<Ledger>,
-    pool: Mutex<Pool>,
     budget: Arc<MemoryBudget>,
     clock: Arc<dyn Clock>,
     sink: Arc<dyn ResidencySink>,
@@ -127,7 +93,6 @@ impl RamTier {
         Self {
             map: ShardedMap::default(),
             ledger: Mutex::new(Ledger::default()),
-            pool: Mutex::new(Pool::default()),
             budget,
             clock,
             sink,
@@ -150,90 +115,21 @@ impl RamTier {
     /// shared budget is full.
     pub fn evict_bytes(&self, bytes: u64) -> u64 {
         let mut ledger = self.ledger.lock();
-        let mut freed = self.drain_pool();
+        let mut freed = 0;
         while freed < bytes {
             let Some(victim) = ledger.book.lru_leaf() else {
                 break;
             };
-            freed += self.drop_locked(&mut ledger, &victim, RemovalCause::Budget, false);
+            freed += self.drop_locked(&mut ledger, &victim, RemovalCause::Budget);
         }
         freed
     }
 
-    /// Copies `src` into a buffer for [`RamTier::put_buffer`], reusing a recycled buffer of
-    /// the same size (and its budget reservation) when one is pooled. The copy uses
-    /// non-temporal stores for large payloads. No lock is held during the copy.
-    pub fn buffer_for(&self, src: &[u8]) -> BlockBuffer {
-        let size = src.len();
-        let recycled = {
-            let mut pool = self.pool.lock();
-            let at = pool.bufs.iter().position(|b| b.capacity() == size);
-            at.map(|i| {
-                let b = pool.bufs.swap_remove(i);
-                pool.bytes -= size as u64;
-                b
-            })
-        };
-        let (mut buf, reserved) = match recycled {
-            Some(b) => (b, size as u64),
-            None => (BytesMut::with_capacity(size), 0),
-        };
-        crate::copy::copy_into(&mut buf, src);
-        BlockBuffer {
-            buf,
-            reserved,
-            budget: self.budget.clone(),
-        }
-    }
-
-    /// Admits a block whose payload was prepared by [`RamTier::buffer_for`]; like
-    /// [`Tier::put`] otherwise.
-    pub fn put_buffer(&self, meta: &BlockMeta, buffer: BlockBuffer) -> Result<PutOutcome> {
-        let (payload, reserved) = buffer.into_parts();
-        self.admit(meta, payload, reserved)
-    }
-
-    /// Returns every pooled buffer's reservation; returns the bytes released.
-    fn drain_pool(&self) -> u64 {
-        let mut pool = self.pool.lock();
-        let freed = pool.bytes;
-        pool.bufs.clear();
-        pool.bytes = 0;
-        self.budget.release(freed);
-        freed
-    }
-
-    /// Keeps an evicted block's buffer, with its reservation, for the next store of that
-    /// size. Returns false (the caller releases) when the buffer is shared or the pool full.
-    fn recycle(&self, payload: Bytes) -> bool {
-        let size = payload.len() as u64;
-        let mut pool = self.pool.lock();
-        if pool.bufs.len() >= POOL_MAX_BUFFERS || pool.bytes + size > self.budget.capacity() / 16 {
-            return false;
-        }
-        match payload.try_into_mut() {
-            Ok(buf) => {
-                pool.bufs.push(buf);
-                pool.bytes += size;
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// The put path. `reserved` bytes of the budget are already held for this payload
-    /// (a recycled buffer's); they are kept on admission and released otherwise.
-    fn admit(&self, meta: &BlockMeta, payload: Bytes, mut reserved: u64) -> Result<PutOutcome> {
+    /// The put path.
+    fn admit(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
         let now = self.clock.now_nanos();
         let size = payload.len() as u64;
-        if reserved > size {
-            self.budget.release(reserved - size);
-            reserved = size;
-        }
         let refuse = |ledger: &mut Ledger, outcome: PutOutcome| {
-            if reserved > 0 {
-                self.budget.release(reserved);
-            }
             match outcome {
                 PutOutcome::Duplicate => ledger.dedup_skips += 1,
                 PutOutcome::Rejected(RejectReason::NoSpace) => ledger.rejected_no_space += 1,
@@ -259,16 +155,12 @@ impl RamTier {
             return refuse(&mut ledger, PutOutcome::Rejected(RejectReason::NoSpace));
         }
         ledger.book.pin_parent(meta);
-        // Top the reservation up to the payload size: pooled buffers first (they hold
-        // reservations but no blocks), then least recently used leaves.
-        let missing = size - reserved;
-        while missing > 0 && !self.budget.try_reserve(missing) {
-            if self.drain_pool() > 0 {
-                continue;
-            }
+        // Make room by evicting least recently used leaves (never this block's ancestors,
+        // pinned above) until the payload's bytes can be reserved.
+        while !self.budget.try_reserve(size) {
             match ledger.book.lru_leaf() {
                 Some(victim) => {
-                    self.drop_locked(&mut ledger, &victim, RemovalCause::Budget, true);
+                    self.drop_locked(&mut ledger, &victim, RemovalCause::Budget);
                 }
                 None => {
                     ledger.book.unpin(meta);
@@ -303,10 +195,9 @@ impl RamTier {
         if ledger.resident_bytes > self.budget.capacity() {
             return Err("resident bytes exceed the capacity".into());
         }
-        let pooled = self.pool.lock().bytes;
-        if ledger.resident_bytes + pooled > self.budget.used() {
+        if ledger.resident_bytes > self.budget.used() {
             return Err(format!(
-                "resident {} + pooled {pooled} bytes exceed the {} reserved",
+                "resident {} bytes exceed the {} reserved",
                 ledger.resident_bytes,
                 self.budget.used()
             ));
@@ -315,20 +206,14 @@ impl RamTier {
     }
 
     /// Removes one leaf `hash` (already chosen) and returns its size.
-    fn drop_locked(
-        &self,
-        ledger: &mut Ledger,
-        hash: &BlockHash,
-        cause: RemovalCause,
-        recycle: bool,
-    ) -> u64 {
+    fn drop_locked(&self, ledger: &mut Ledger, hash: &BlockHash, cause: RemovalCause) -> u64 {
         match ledger.book.remove_leaf(hash) {
-            Some(node) => self.forget(ledger, node, cause, recycle),
+            Some(node) => self.forget(ledger, node, cause),
             None => 0,
         }
     }
 
-    fn forget(&self, ledger: &mut Ledger, node: Node, cause: RemovalCause, recycle: bool) -> u64 {
+    fn forget(&self, ledger: &mut Ledger, node: Node, cause: RemovalCause) -> u64 {
         let hash = node.meta.hash;
         self.map.write(&hash).remove(&hash);
         let size = node.size();
@@ -341,12 +226,7 @@ impl RamTier {
         }
         self.sink
             .removed(TierKind::Ram, &node.meta, cause, Some(&node.slot.payload));
-        // The read map's reference is gone; readers hold clones of the bytes, not the slot.
-        let recycled =
-            recycle && Arc::try_unwrap(node.slot).is_ok_and(|slot| self.recycle(slot.payload));
-        if !recycled {
-            self.budget.release(size);
-        }
+        self.budget.release(size);
         size
     }
 }
@@ -357,7 +237,7 @@ impl Tier for RamTier {
     }
 
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.admit(meta, payload, 0)
+        self.admit(meta, payload)
     }
 
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
@@ -399,7 +279,7 @@ impl Tier for RamTier {
         let removed = ledger.book.remove_subtree(hash);
         let held = !removed.is_empty();
         for node in removed {
-            self.forget(&mut ledger, node, RemovalCause::Explicit, false);
+            self.forget(&mut ledger, node, RemovalCause::Explicit);
         }
         Ok(held)
     }
