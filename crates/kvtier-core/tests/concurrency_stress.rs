@@ -37,11 +37,30 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
     let wrong = AtomicU64::new(0);
     let loads = AtomicU64::new(0);
     let snapshot_gets = AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let inconsistent = AtomicU64::new(0);
     std::thread::scope(|s| {
+        // A reader of stats racing the workers: every snapshot must add up.
+        let (engine_ref, done_ref, inconsistent_ref) = (&engine, &done, &inconsistent);
+        s.spawn(move || {
+            while !done_ref.load(Ordering::Relaxed) {
+                let st = engine_ref.stats();
+                let ev = st.ram.evictions;
+                let evicted = ev.budget + ev.ttl + ev.explicit + ev.corrupt;
+                if st.index.entries != st.ram.resident_blocks
+                    || st.ram.stores - evicted != st.ram.resident_blocks
+                    || st.ram.resident_bytes > st.ram.capacity_bytes
+                {
+                    inconsistent_ref.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::yield_now();
+            }
+        });
+        let mut workers = Vec::new();
         for t in 0..THREADS {
             let (engine, layout, wrong, loads, snapshot_gets) =
                 (&engine, &layout, &wrong, &loads, &snapshot_gets);
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
                 for _ in 0..OPS {
                     x ^= x << 13;
@@ -103,13 +122,22 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                         }
                     }
                 }
-            });
+            }));
         }
+        for w in workers {
+            assert!(w.join().is_ok(), "a worker panicked");
+        }
+        done.store(true, Ordering::Relaxed);
     });
     assert_eq!(
         wrong.load(Ordering::Relaxed),
         0,
         "wrong bytes or unexpected errors"
+    );
+    assert_eq!(
+        inconsistent.load(Ordering::Relaxed),
+        0,
+        "a stats snapshot did not add up"
     );
     engine
         .ram()

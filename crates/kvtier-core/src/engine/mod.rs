@@ -229,12 +229,15 @@ impl Engine {
         &self.index
     }
 
-    /// Every counter. Each component's counters are read under that component's lock, so
-    /// within a component they agree with each other (e.g. resident bytes and evictions).
+    /// Every counter, in one consistent snapshot per component: the RAM tier's and the
+    /// index's counters are read together under the RAM tier's lock (so `index_entries`
+    /// equals `ram_resident_blocks`, and stores minus evictions equal residency), the
+    /// snapshot bucket's under its own lock.
     pub fn stats(&self) -> EngineStats {
+        let (ram, index) = self.ram.stats_and(|| self.index.stats());
         EngineStats {
-            index: self.index.stats(),
-            ram: self.ram.stats(),
+            index,
+            ram,
             snapshot: self.snapshots.stats(),
             memory_used_bytes: self.budget.used(),
             memory_capacity_bytes: self.budget.capacity(),

@@ -285,8 +285,19 @@ impl Tier for RamTier {
     }
 
     fn stats(&self) -> TierStats {
+        self.stats_and(|| ()).0
+    }
+}
+
+impl RamTier {
+    /// The tier's counters together with whatever `also` reads, both under the tier's
+    /// bookkeeping lock: residency changes reported to the sink happen under that lock too,
+    /// so e.g. the index's entry count read in `also` agrees with the tier's residency.
+    /// `also` must not call into this tier or into the snapshot bucket.
+    pub fn stats_and<T>(&self, also: impl FnOnce() -> T) -> (TierStats, T) {
         let ledger = self.ledger.lock();
-        TierStats {
+        let other = also();
+        let stats = TierStats {
             hits: self.hits.get(),
             misses: self.misses.get(),
             stores: ledger.stores,
@@ -297,7 +308,8 @@ impl Tier for RamTier {
             resident_blocks: ledger.book.len() as u64,
             resident_bytes: ledger.resident_bytes,
             capacity_bytes: self.budget.capacity(),
-        }
+        };
+        (stats, other)
     }
 }
 
