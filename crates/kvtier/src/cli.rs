@@ -28,7 +28,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Run fewer, smaller samples (a smoke run of a few seconds, as CI does).
-    /// Default: off (the full run takes about a minute).
+    /// Default: off (a full run takes about 15 seconds).
     #[arg(long)]
     pub quick: bool,
 
