@@ -80,6 +80,12 @@ pub struct TierStats {
     pub rejected_no_space: u64,
     /// Puts refused because the parent block was absent.
     pub rejected_parent_missing: u64,
+    /// Puts refused because another block holds the same hash (the hash is quarantined).
+    pub rejected_collision: u64,
+    /// Puts refused because the hash is quarantined.
+    pub rejected_quarantined: u64,
+    /// Reads or writes that failed with an I/O error (disk full included).
+    pub io_errors: u64,
     /// Blocks removed, by cause.
     pub evictions: Evictions,
     /// Blocks held now.
@@ -100,6 +106,9 @@ impl TierStats {
             ("dedup_skips", self.dedup_skips),
             ("rejected_no_space", self.rejected_no_space),
             ("rejected_parent_missing", self.rejected_parent_missing),
+            ("rejected_collision", self.rejected_collision),
+            ("rejected_quarantined", self.rejected_quarantined),
+            ("io_errors", self.io_errors),
             ("evictions_budget", self.evictions.budget),
             ("evictions_ttl", self.evictions.ttl),
             ("evictions_explicit", self.evictions.explicit),

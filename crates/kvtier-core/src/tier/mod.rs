@@ -101,6 +101,11 @@ pub enum RejectReason {
     NoSpace,
     /// The tier keeps only blocks whose parent it also holds, and the parent is absent.
     ParentMissing,
+    /// The tier holds another block under the same hash (different tokens, parent or
+    /// length): a hash collision or a bug. The hash is quarantined for a while.
+    Collision,
+    /// The hash is quarantined (after a collision or a corrupt read) and not accepted yet.
+    Quarantined,
 }
 
 /// Why a block left a tier.

@@ -136,7 +136,8 @@ impl RamTier {
                 PutOutcome::Rejected(RejectReason::ParentMissing) => {
                     ledger.rejected_parent_missing += 1;
                 }
-                PutOutcome::Stored => {}
+                PutOutcome::Rejected(RejectReason::Collision | RejectReason::Quarantined)
+                | PutOutcome::Stored => {}
             }
             Ok(outcome)
         };
@@ -308,6 +309,7 @@ impl RamTier {
             resident_blocks: ledger.book.len() as u64,
             resident_bytes: ledger.resident_bytes,
             capacity_bytes: self.budget.capacity(),
+            ..TierStats::default()
         };
         (stats, other)
     }

@@ -1,0 +1,107 @@
+//! The `.idx` log of a segment: what recovery reads instead of the payloads.
+//!
+//! ```text
+//! entry = u32 length of the rest | u8 type | body | u32 CRC-32C of type and body
+//! type 1 (record):    u64 record offset in the .seg, then the record's header, tokens
+//!                     and chunk table exactly as in the .seg
+//! type 2 (tombstone): u64 record offset, 32-byte key: the record is dead
+//! ```
+//!
+//! Entries are appended after the record they describe is written (and, in `fsync`
+//! mode, synced). Recovery reads entries in order and stops at the first truncated or
+//! corrupt one: that is where a crash interrupted an append.
+
+use super::record::{DecodeError, RecordHeader};
+use super::{crc, crc_append};
+
+/// One decoded `.idx` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexEntry {
+    /// A record at `offset` in the segment.
+    Record {
+        /// Offset of the record in the `.seg` file.
+        offset: u64,
+        /// Its header.
+        header: RecordHeader,
+    },
+    /// The record at `offset` with `key` is dead.
+    Tombstone {
+        /// Offset of the dead record.
+        offset: u64,
+        /// Its key.
+        key: [u8; 32],
+    },
+}
+
+/// Encodes one entry.
+pub fn encode_index_entry(entry: &IndexEntry) -> Vec<u8> {
+    let mut body = Vec::new();
+    match entry {
+        IndexEntry::Record { offset, header } => {
+            body.push(1);
+            body.extend_from_slice(&offset.to_le_bytes());
+            body.extend_from_slice(&header.encode());
+        }
+        IndexEntry::Tombstone { offset, key } => {
+            body.push(2);
+            body.extend_from_slice(&offset.to_le_bytes());
+            body.extend_from_slice(key);
+        }
+    }
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.extend_from_slice(&(body.len() as u32 + 4).to_le_bytes());
+    let c = crc_append(0, &body);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&c.to_le_bytes());
+    out
+}
+
+/// Decodes entries from the start of `bytes`. Returns the entries and the length of the
+/// valid prefix: everything after it is a torn or corrupt tail to be cut off.
+pub fn decode_index_entries(bytes: &[u8]) -> (Vec<IndexEntry>, usize) {
+    let mut entries = Vec::new();
+    let mut at = 0usize;
+    while let Some(len_bytes) = bytes.get(at..at + 4) {
+        let len =
+            u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        let Some(rest) = bytes.get(at + 4..at + 4 + len) else {
+            break;
+        };
+        if len < 5 {
+            break;
+        }
+        let (body, crc_bytes) = rest.split_at(len - 4);
+        let stored = u32::from_le_bytes([crc_bytes[0], crc_bytes[1], crc_bytes[2], crc_bytes[3]]);
+        if crc(body) != stored {
+            break;
+        }
+        let Some(entry) = decode_body(body) else {
+            break;
+        };
+        entries.push(entry);
+        at += 4 + len;
+    }
+    (entries, at)
+}
+
+fn decode_body(body: &[u8]) -> Option<IndexEntry> {
+    let (&kind, rest) = body.split_first()?;
+    let mut off = [0u8; 8];
+    off.copy_from_slice(rest.get(..8)?);
+    let offset = u64::from_le_bytes(off);
+    let rest = &rest[8..];
+    match kind {
+        1 => {
+            let header = RecordHeader::decode(rest)
+                .map_err(|_: DecodeError| ())
+                .ok()?;
+            Some(IndexEntry::Record { offset, header })
+        }
+        2 => {
+            let mut key = [0u8; 32];
+            key.copy_from_slice(rest.get(..32)?);
+            Some(IndexEntry::Tombstone { offset, key })
+        }
+        _ => None,
+    }
+}

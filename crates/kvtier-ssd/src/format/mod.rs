@@ -1,0 +1,40 @@
+//! The on-disk format, version 1. `docs/ssd-format.md` is its specification; the golden
+//! fixture in `tests/format_golden.rs` pins the bytes, so a change is always deliberate.
+//!
+//! A store directory holds segments. Each segment is a pair of append-only files:
+//! - `NNNNNNNNNNNNNNNN.seg`: a 4 KiB file header, then records at 4 KiB-aligned offsets.
+//!   A record is self-describing: header, tokens, per-chunk checksums, then the payload at
+//!   the next 4 KiB boundary.
+//! - `NNNNNNNNNNNNNNNN.idx`: a compact log of the records in the segment (a copy of each
+//!   header and its tokens, with the record's offset) and of tombstones, so recovery reads
+//!   a few hundred bytes per block instead of the payloads.
+
+mod index_log;
+mod record;
+mod segment;
+
+pub use index_log::{IndexEntry, decode_index_entries, encode_index_entry};
+pub use record::{DecodeError, Kind, RECORD_HEADER_LEN, RecordHeader, chunk_crcs};
+pub use segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+
+/// Version of everything in this module.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Records and payloads start on multiples of this, so payload reads can bypass the page
+/// cache (O_DIRECT) and never straddle a record boundary.
+pub const ALIGN: u64 = 4096;
+
+/// Rounds `n` up to a multiple of [`ALIGN`].
+pub fn align_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// CRC-32C (Castagnoli), hardware-accelerated where the CPU has it.
+pub fn crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// Continues a CRC-32C over more bytes.
+pub fn crc_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}

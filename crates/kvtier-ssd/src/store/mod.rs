@@ -1,0 +1,390 @@
+//! The segment store: append-only segments of checksummed records, positioned reads, and
+//! recovery from the per-segment index logs.
+//!
+//! Writes go to the tail of one active segment, under one mutex (the async writer is the
+//! only writer in normal operation). Reads are positioned (`pread`) and take no lock but a
+//! short read lock on the segment table. A record becomes visible — its `Loc` is returned
+//! to the caller, who publishes it — only after its bytes and its index entry are written
+//! and, with [`Durability::Fsync`], synced: write, make durable, then publish (seed 004).
+
+mod lock;
+mod recovery;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvtier_core::{Error, Result};
+use parking_lot::{Mutex, RwLock};
+
+pub use lock::{DirLock, io_error};
+pub use recovery::{Recovered, RecoveryReport};
+
+use crate::format::{
+    IndexEntry, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, encode_index_entry,
+};
+
+/// When a write counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// One attempt; the page cache decides when bytes reach the disk.
+    BestEffort,
+    /// Up to `retries` further attempts when a write fails; no sync.
+    Persistent {
+        /// Extra attempts after the first.
+        retries: u32,
+    },
+    /// Data and index entry are synced (`fdatasync`) before the write is acknowledged.
+    Fsync,
+}
+
+/// Settings of the segment store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// A segment is sealed and a new one started when the next record would pass this
+    /// many bytes (default 256 MiB).
+    pub segment_bytes: u64,
+    /// When a write counts as done (default best effort).
+    pub durability: Durability,
+    /// log2 of the payload checksum chunk (default 16: 64 KiB).
+    pub chunk_log2: u8,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 256 << 20,
+            durability: Durability::BestEffort,
+            chunk_log2: 16,
+        }
+    }
+}
+
+/// Where a record lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loc {
+    /// Segment id.
+    pub segment: u64,
+    /// Offset of the record in the segment file.
+    pub offset: u64,
+    /// Bytes of header, tokens and chunk table.
+    pub meta_len: u64,
+    /// Offset of the payload from the record's start.
+    pub payload_offset: u64,
+    /// Payload length.
+    pub payload_len: u64,
+    /// Bytes the record occupies, padding included.
+    pub record_len: u64,
+}
+
+impl Loc {
+    fn new(segment: u64, offset: u64, h: &RecordHeader) -> Self {
+        Self {
+            segment,
+            offset,
+            meta_len: h.meta_len(),
+            payload_offset: h.payload_offset(),
+            payload_len: h.payload_len,
+            record_len: h.record_len(),
+        }
+    }
+
+    /// Offset just past the payload: the file must be at least this long.
+    pub fn data_end(&self) -> u64 {
+        self.offset + self.payload_offset + self.payload_len
+    }
+}
+
+/// A read that did not return bytes.
+#[derive(Debug)]
+pub enum ReadFault {
+    /// The bytes on disk are not what was written: a miss, and the record must go.
+    Corrupt(String),
+    /// The read itself failed.
+    Io(Error),
+}
+
+#[derive(Debug)]
+struct Segment {
+    id: u64,
+    seg: File,
+    idx: Mutex<File>,
+}
+
+#[derive(Debug)]
+struct Active {
+    segment: Arc<Segment>,
+    tail: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct SegmentStore {
+    dir: PathBuf,
+    config: StoreConfig,
+    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    active: Mutex<Active>,
+    _lock: DirLock,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn seg_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016x}.seg"))
+}
+
+fn idx_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016x}.idx"))
+}
+
+impl SegmentStore {
+    /// Opens (creating if needed) the store in `dir`, takes its exclusive lock, recovers
+    /// every live record from the index logs, and starts a fresh active segment.
+    pub fn open(dir: &Path, config: StoreConfig) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
+        if !(9..=30).contains(&config.chunk_log2) || config.segment_bytes < 2 * SEGMENT_HEADER_LEN {
+            return Err(Error::invalid(format!(
+                "invalid SSD store settings: chunk_log2={} (9..=30), segment_bytes={} (at least 8 KiB)",
+                config.chunk_log2, config.segment_bytes
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", &e))?;
+        let lock = DirLock::acquire(dir)?;
+        let (segments, recovered, report) = recovery::recover(dir)?;
+        let next_id = segments.keys().next_back().map_or(1, |id| id + 1);
+        let active = Arc::new(create_segment(dir, next_id)?);
+        let mut table: BTreeMap<u64, Arc<Segment>> = segments;
+        table.insert(next_id, active.clone());
+        Ok((
+            Self {
+                dir: dir.to_path_buf(),
+                config,
+                segments: RwLock::new(table),
+                active: Mutex::new(Active {
+                    segment: active,
+                    tail: SEGMENT_HEADER_LEN,
+                }),
+                _lock: lock,
+            },
+            recovered,
+            report,
+        ))
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> StoreConfig {
+        self.config
+    }
+
+    /// Appends a record (header fields already filled, chunk checksums computed from
+    /// `payload`) and its index entry; returns where it lives once it is durable as
+    /// configured.
+    pub fn append(&self, header: &RecordHeader, payload: &[u8]) -> Result<Loc> {
+        let meta = header.encode();
+        let mut active = self.active.lock();
+        if active.tail > SEGMENT_HEADER_LEN
+            && active.tail + header.record_len() > self.config.segment_bytes
+        {
+            let id = active.segment.id + 1;
+            let segment = Arc::new(create_segment(&self.dir, id)?);
+            self.segments.write().insert(id, segment.clone());
+            *active = Active {
+                segment,
+                tail: SEGMENT_HEADER_LEN,
+            };
+        }
+        let seg = active.segment.clone();
+        let offset = active.tail;
+        let loc = Loc::new(seg.id, offset, header);
+        let path = seg_path(&self.dir, seg.id);
+        self.with_retries(|| {
+            seg.seg.write_all_at(&meta, offset)?;
+            seg.seg.write_all_at(payload, offset + loc.payload_offset)?;
+            if self.config.durability == Durability::Fsync {
+                seg.seg.sync_data()?;
+            }
+            Ok(())
+        })
+        .map_err(|e| io_error(&path, "write record to", &e))?;
+        // The tail moves even if the index entry fails: the space is simply dead.
+        active.tail = offset + loc.record_len;
+        self.append_index(
+            &seg,
+            &IndexEntry::Record {
+                offset,
+                header: header.clone(),
+            },
+        )?;
+        Ok(loc)
+    }
+
+    /// Marks the record at `loc` (with `key`) dead in its segment's index log.
+    pub fn tombstone(&self, loc: &Loc, key: [u8; 32]) -> Result<()> {
+        let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
+            return Ok(());
+        };
+        self.append_index(
+            &seg,
+            &IndexEntry::Tombstone {
+                offset: loc.offset,
+                key,
+            },
+        )
+    }
+
+    fn append_index(&self, seg: &Segment, entry: &IndexEntry) -> Result<()> {
+        let bytes = encode_index_entry(entry);
+        let path = idx_path(&self.dir, seg.id);
+        let idx = seg.idx.lock();
+        self.with_retries(|| {
+            let end = idx.metadata()?.len();
+            idx.write_all_at(&bytes, end)?;
+            if self.config.durability == Durability::Fsync {
+                idx.sync_data()?;
+            }
+            Ok(())
+        })
+        .map_err(|e| io_error(&path, "append index entry to", &e))
+    }
+
+    fn with_retries(&self, mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
+        let retries = match self.config.durability {
+            Durability::Persistent { retries } => retries,
+            _ => 0,
+        };
+        let mut attempt = 0;
+        loop {
+            match op() {
+                Ok(()) => return Ok(()),
+                // Disk full will not heal by retrying at once.
+                Err(e) if attempt >= retries || e.raw_os_error() == Some(28) => return Err(e),
+                Err(_) => attempt += 1,
+            }
+        }
+    }
+
+    /// Reads the payload of the record at `loc` (or only `range` of it), verifying the
+    /// header against `key` and the checksum of every chunk it returns.
+    pub fn read(
+        &self,
+        loc: &Loc,
+        key: &[u8; 32],
+        range: Option<Range<u64>>,
+    ) -> Result<Bytes, ReadFault> {
+        let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
+            return Err(ReadFault::Corrupt(format!(
+                "segment {} is gone",
+                loc.segment
+            )));
+        };
+        let path = || seg_path(&self.dir, seg.id);
+        let io = |e: std::io::Error| ReadFault::Io(io_error(&path(), "read", &e));
+        let corrupt = |what: &str| {
+            ReadFault::Corrupt(format!(
+                "{what}: segment `{}` offset {}",
+                path().display(),
+                loc.offset
+            ))
+        };
+        let range = range.unwrap_or(0..loc.payload_len);
+        if range.start >= range.end || range.end > loc.payload_len {
+            return Err(ReadFault::Io(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of a {}-byte payload",
+                range.start, range.end, loc.payload_len
+            ))));
+        }
+        let whole = range.start == 0 && range.end == loc.payload_len;
+        // A whole-payload read takes header and payload in one positioned read.
+        let head_len = if whole {
+            loc.payload_offset + loc.payload_len
+        } else {
+            loc.meta_len
+        };
+        let mut head = vec![0u8; head_len as usize];
+        seg.seg.read_exact_at(&mut head, loc.offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt("record truncated")
+            } else {
+                io(e)
+            }
+        })?;
+        let header = RecordHeader::decode(&head)
+            .map_err(|e| corrupt(&format!("bad record header ({e:?})")))?;
+        if header.key != *key || header.payload_len != loc.payload_len {
+            return Err(corrupt("record header names another block"));
+        }
+        let chunk = 1u64 << header.chunk_log2;
+        let first = range.start / chunk;
+        let last = (range.end - 1) / chunk;
+        let span_start = first * chunk;
+        let span_end = ((last + 1) * chunk).min(loc.payload_len);
+        let (buf, base): (Bytes, u64) = if whole {
+            (Bytes::from(head), loc.payload_offset)
+        } else {
+            let mut span = vec![0u8; (span_end - span_start) as usize];
+            seg.seg
+                .read_exact_at(&mut span, loc.offset + loc.payload_offset + span_start)
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        corrupt("record truncated")
+                    } else {
+                        io(e)
+                    }
+                })?;
+            (Bytes::from(span), 0)
+        };
+        let data = buf.slice(base as usize..);
+        for c in first..=last {
+            let lo = (c * chunk - span_start) as usize;
+            let hi = (((c + 1) * chunk).min(loc.payload_len) - span_start) as usize;
+            let want = header.chunk_crcs.get(c as usize).copied();
+            if Some(crate::format::crc(&data[lo..hi])) != want {
+                return Err(corrupt(&format!("checksum mismatch in chunk {c}")));
+            }
+        }
+        Ok(data.slice((range.start - span_start) as usize..(range.end - span_start) as usize))
+    }
+}
+
+fn create_segment(dir: &Path, id: u64) -> Result<Segment> {
+    let path = seg_path(dir, id);
+    let seg = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, "create segment", &e))?;
+    let header = SegmentHeader {
+        id,
+        created_ms: now_ms(),
+    }
+    .encode();
+    seg.write_all_at(&header, 0)
+        .and_then(|()| seg.sync_data())
+        .map_err(|e| io_error(&path, "write segment header to", &e))?;
+    let ipath = idx_path(dir, id);
+    let idx = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&ipath)
+        .map_err(|e| io_error(&ipath, "create index log", &e))?;
+    Ok(Segment {
+        id,
+        seg,
+        idx: Mutex::new(idx),
+    })
+}

@@ -1,0 +1,370 @@
+//! [`SsdTier`]: the segment store behind kvtier-core's [`Tier`] trait.
+//!
+//! The tier keeps an in-memory map of what it holds (block hash → location and metadata),
+//! so lookups never touch the disk: at open it is rebuilt from the index logs and every
+//! recovered block is reported to the engine's prefix index through the sink.
+//!
+//! Guards (seed 002): storing a block already held refreshes it without a rewrite; a block
+//! whose hash is held with other contents is a collision — the hash is quarantined for a
+//! while, counted and logged; every read verifies the record header and the checksums of
+//! the chunks it returns, and a mismatch is a miss — the record is dropped, tombstoned,
+//! quarantined and counted, and its bytes are never returned.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvtier_core::clock::Clock;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::stats::{Evictions, TierStats};
+use kvtier_core::tier::{
+    BlockMeta, PutOutcome, RejectReason, RemovalCause, ResidencySink, Tier, TierKind,
+};
+use kvtier_core::{Error, Result};
+use parking_lot::{Mutex, RwLock};
+
+use crate::format::{Kind, RecordHeader, chunk_crcs};
+use crate::store::{Loc, ReadFault, RecoveryReport, SegmentStore, StoreConfig};
+
+/// Settings of the SSD tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SsdConfig {
+    /// The store directory (created if missing; one process at a time).
+    pub dir: PathBuf,
+    /// Segment size, durability and checksum chunk size.
+    pub store: StoreConfig,
+    /// How long a hash stays quarantined after a collision or a corrupt read
+    /// (default 1 hour).
+    pub quarantine: Duration,
+}
+
+impl SsdConfig {
+    /// Default settings for a store in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            store: StoreConfig::default(),
+            quarantine: Duration::from_secs(3600),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Held {
+    loc: Loc,
+    meta: BlockMeta,
+    last_access: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    stores: u64,
+    dedup_skips: u64,
+    rejected_collision: u64,
+    rejected_quarantined: u64,
+    io_errors: u64,
+    evictions: Evictions,
+    resident_bytes: u64,
+}
+
+/// See the module docs.
+pub struct SsdTier {
+    store: SegmentStore,
+    blocks: RwLock<HashMap<BlockHash, Arc<Held>>>,
+    quarantine: Mutex<HashMap<BlockHash, u64>>,
+    counters: Mutex<Counters>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    config: SsdConfig,
+    clock: Arc<dyn Clock>,
+    sink: Arc<dyn ResidencySink>,
+    recovery: RecoveryReport,
+}
+
+impl fmt::Debug for SsdTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SsdTier")
+            .field("dir", &self.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn key_of(hash: &BlockHash) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    k[..16].copy_from_slice(&hash.0);
+    k
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl SsdTier {
+    /// Opens the store, recovers what it holds and reports every recovered block to
+    /// `sink` (the engine's prefix index).
+    pub fn open(
+        config: SsdConfig,
+        clock: Arc<dyn Clock>,
+        sink: Arc<dyn ResidencySink>,
+    ) -> Result<Self> {
+        let (store, recovered, recovery) = SegmentStore::open(&config.dir, config.store)?;
+        let mut blocks = HashMap::with_capacity(recovered.len());
+        let mut counters = Counters::default();
+        let now = clock.now_nanos();
+        for r in recovered {
+            if r.header.kind != Kind::Block {
+                continue;
+            }
+            let meta = BlockMeta {
+                layout: r.header.layout,
+                hash: r.header.block_hash(),
+                parent: r.header.parent,
+                position: r.header.position,
+                tokens: r.header.tokens.clone().into(),
+                extra_tag: r.header.extra_tag,
+            };
+            counters.resident_bytes += r.loc.payload_len;
+            blocks.insert(
+                meta.hash,
+                Arc::new(Held {
+                    loc: r.loc,
+                    meta,
+                    last_access: AtomicU64::new(now),
+                }),
+            );
+        }
+        for held in blocks.values() {
+            sink.inserted(TierKind::Ssd, &held.meta);
+        }
+        tracing::info!(
+            dir = %config.dir.display(),
+            records = recovery.records,
+            dropped_missing = recovery.dropped_missing,
+            torn_index_bytes = recovery.torn_index_bytes,
+            rescanned = recovery.rescanned_segments,
+            elapsed_ms = recovery.elapsed.as_millis() as u64,
+            "SSD tier recovered"
+        );
+        Ok(Self {
+            store,
+            blocks: RwLock::new(blocks),
+            quarantine: Mutex::new(HashMap::new()),
+            counters: Mutex::new(counters),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            config,
+            clock,
+            sink,
+            recovery,
+        })
+    }
+
+    /// What recovery found when the tier was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Whether `hash` is quarantined now.
+    pub fn is_quarantined(&self, hash: &BlockHash) -> bool {
+        let now = self.clock.now_nanos();
+        let mut q = self.quarantine.lock();
+        match q.get(hash) {
+            Some(&until) if until > now => true,
+            Some(_) => {
+                q.remove(hash);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn quarantine(&self, hash: BlockHash) {
+        let until = self
+            .clock
+            .now_nanos()
+            .saturating_add(u64::try_from(self.config.quarantine.as_nanos()).unwrap_or(u64::MAX));
+        self.quarantine.lock().insert(hash, until);
+    }
+
+    /// Drops a held block: out of the map, tombstoned on disk, reported to the sink.
+    fn drop_block(&self, hash: &BlockHash, cause: RemovalCause) -> Result<bool> {
+        let Some(held) = self.blocks.write().remove(hash) else {
+            return Ok(false);
+        };
+        {
+            let mut c = self.counters.lock();
+            c.resident_bytes -= held.loc.payload_len;
+            match cause {
+                RemovalCause::Budget => c.evictions.budget += 1,
+                RemovalCause::Ttl => c.evictions.ttl += 1,
+                RemovalCause::Explicit => c.evictions.explicit += 1,
+                _ => c.evictions.corrupt += 1,
+            }
+        }
+        self.sink.removed(TierKind::Ssd, &held.meta, cause, None);
+        if let Err(e) = self.store.tombstone(&held.loc, key_of(hash)) {
+            // The record stays on disk; recovery will find it again, verify it on read,
+            // and the next removal retries the tombstone.
+            self.counters.lock().io_errors += 1;
+            tracing::warn!(block = %hash, error = %e, "could not write a tombstone");
+        }
+        Ok(true)
+    }
+
+    fn read(&self, hash: &BlockHash, range: Option<Range<u64>>) -> Result<Option<Bytes>> {
+        let Some(held) = self.blocks.read().get(hash).cloned() else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        match self.store.read(&held.loc, &key_of(hash), range) {
+            Ok(bytes) => {
+                held.last_access
+                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(bytes))
+            }
+            Err(ReadFault::Corrupt(why)) => {
+                tracing::warn!(block = %hash, %why, "corrupt record: dropping and quarantining it");
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.quarantine(*hash);
+                self.drop_block(hash, RemovalCause::Corrupt)?;
+                Ok(None)
+            }
+            Err(ReadFault::Io(e)) => {
+                if e.kind() != kvtier_core::ErrorKind::Invalid {
+                    self.counters.lock().io_errors += 1;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Tier for SsdTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Ssd
+    }
+
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        if self.is_quarantined(&meta.hash) {
+            self.counters.lock().rejected_quarantined += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::Quarantined));
+        }
+        if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
+            if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
+                held.last_access
+                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                self.counters.lock().dedup_skips += 1;
+                return Ok(PutOutcome::Duplicate);
+            }
+            tracing::warn!(
+                block = %meta.hash,
+                held_tokens = held.meta.tokens.len(),
+                new_tokens = meta.tokens.len(),
+                held_len = held.loc.payload_len,
+                new_len = payload.len(),
+                "hash collision: one hash, two different blocks; quarantining the hash"
+            );
+            self.quarantine(meta.hash);
+            self.counters.lock().rejected_collision += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::Collision));
+        }
+        let chunk_log2 = self.config.store.chunk_log2;
+        let mut key = [0u8; 32];
+        key[..16].copy_from_slice(&meta.hash.0);
+        let header = RecordHeader {
+            kind: Kind::Block,
+            layout: meta.layout,
+            key,
+            parent: meta.parent,
+            position: meta.position,
+            tokens: meta.tokens.to_vec(),
+            extra_tag: meta.extra_tag,
+            payload_len: payload.len() as u64,
+            created_ms: wall_ms(),
+            chunk_log2,
+            chunk_crcs: chunk_crcs(&payload, chunk_log2),
+        };
+        let loc = match self.store.append(&header, &payload) {
+            Ok(loc) => loc,
+            Err(e) => {
+                self.counters.lock().io_errors += 1;
+                tracing::warn!(block = %meta.hash, error = %e, "SSD write failed");
+                return Err(e);
+            }
+        };
+        let held = Arc::new(Held {
+            loc,
+            meta: meta.clone(),
+            last_access: AtomicU64::new(self.clock.now_nanos()),
+        });
+        let mut blocks = self.blocks.write();
+        if blocks.contains_key(&meta.hash) {
+            // A concurrent put of the same block won; ours is dead space.
+            drop(blocks);
+            let _ = self.store.tombstone(&loc, key);
+            self.counters.lock().dedup_skips += 1;
+            return Ok(PutOutcome::Duplicate);
+        }
+        blocks.insert(meta.hash, held);
+        {
+            let mut c = self.counters.lock();
+            c.stores += 1;
+            c.resident_bytes += loc.payload_len;
+        }
+        // Published under the map lock, so a concurrent removal reports after this.
+        self.sink.inserted(TierKind::Ssd, meta);
+        Ok(PutOutcome::Stored)
+    }
+
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
+        self.read(hash, None)
+    }
+
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>> {
+        let Some(len) = self.blocks.read().get(hash).map(|h| h.loc.payload_len) else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        if range.start >= range.end || range.end > len {
+            return Err(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of block `{hash}` ({len} bytes)",
+                range.start, range.end
+            )));
+        }
+        self.read(hash, Some(range))
+    }
+
+    fn contains(&self, hash: &BlockHash) -> bool {
+        self.blocks.read().contains_key(hash)
+    }
+
+    fn remove(&self, hash: &BlockHash) -> Result<bool> {
+        self.drop_block(hash, RemovalCause::Explicit)
+    }
+
+    fn stats(&self) -> TierStats {
+        let blocks = self.blocks.read();
+        let c = self.counters.lock();
+        TierStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            stores: c.stores,
+            dedup_skips: c.dedup_skips,
+            rejected_collision: c.rejected_collision,
+            rejected_quarantined: c.rejected_quarantined,
+            io_errors: c.io_errors,
+            evictions: c.evictions,
+            resident_blocks: blocks.len() as u64,
+            resident_bytes: c.resident_bytes,
+            ..TierStats::default()
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the SSD tier's tests.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    dead_code,
+    reason = "test helpers: not every test uses every helper"
+)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvtier_core::clock::SystemClock;
+use kvtier_core::tier::conformance::{RecordingSink, test_chain};
+use kvtier_core::tier::{BlockMeta, ResidencySink};
+use kvtier_core::{KvDtype, Layout, LayoutKey};
+use kvtier_ssd::{SsdConfig, SsdTier};
+
+/// 16 tokens × 4 layers × 2 heads × 64 dims × f16 × K,V = 32 KiB blocks.
+pub fn layout() -> Layout {
+    Layout::new(LayoutKey::new("ssd-test", KvDtype::F16, 16, 4, 2, 64)).expect("valid layout")
+}
+
+/// A chain of `n` blocks with distinct payloads.
+pub fn chain(n: usize, seed: u32) -> Vec<(BlockMeta, Bytes)> {
+    test_chain(&layout(), n, seed)
+}
+
+/// Small segments and 4 KiB checksum chunks, so tests cross segment and chunk boundaries.
+pub fn config(dir: &Path) -> SsdConfig {
+    let mut c = SsdConfig::new(dir);
+    c.store.segment_bytes = 256 << 10;
+    c.store.chunk_log2 = 12;
+    c
+}
+
+pub fn open(dir: &Path) -> (SsdTier, Arc<RecordingSink>) {
+    let sink = Arc::new(RecordingSink::default());
+    let tier = SsdTier::open(
+        config(dir),
+        Arc::new(SystemClock::new()),
+        sink.clone() as Arc<dyn ResidencySink>,
+    )
+    .expect("open SSD tier");
+    (tier, sink)
+}
