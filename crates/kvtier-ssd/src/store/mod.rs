@@ -157,8 +157,8 @@ impl SegmentStore {
         }
         std::fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", &e))?;
         let lock = DirLock::acquire(dir)?;
-        let (segments, recovered, report) = recovery::recover(dir)?;
-        let next_id = segments.keys().next_back().map_or(1, |id| id + 1);
+        let (segments, recovered, report, max_seen) = recovery::recover(dir)?;
+        let next_id = max_seen + 1;
         let active = Arc::new(create_segment(dir, next_id)?);
         let mut table: BTreeMap<u64, Arc<Segment>> = segments;
         table.insert(next_id, active.clone());

@@ -52,7 +52,14 @@ pub struct RecoveryReport {
     pub elapsed: Duration,
 }
 
-type Recovery = (BTreeMap<u64, Arc<Segment>>, Vec<Recovered>, RecoveryReport);
+/// Kept segments, live records, the report, and the highest segment id ever seen (new
+/// segments take higher ids, so a removed segment's name is never reused).
+type Recovery = (
+    BTreeMap<u64, Arc<Segment>>,
+    Vec<Recovered>,
+    RecoveryReport,
+    u64,
+);
 
 pub(super) fn recover(dir: &Path) -> Result<Recovery> {
     let started = Instant::now();
@@ -72,6 +79,7 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
         }
     }
     seg_ids.sort_unstable();
+    let max_seen = seg_ids.iter().chain(&idx_ids).copied().max().unwrap_or(0);
     for id in idx_ids.iter().filter(|id| !seg_ids.contains(id)) {
         remove(&idx_path(dir, *id), &mut report);
     }
@@ -104,7 +112,7 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
     report.segments = segments.len() as u64;
     report.records = live.len() as u64;
     report.elapsed = started.elapsed();
-    Ok((segments, live, report))
+    Ok((segments, live, report, max_seen))
 }
 
 fn remove(path: &Path, report: &mut RecoveryReport) {
