@@ -11,6 +11,7 @@
 
 mod ram;
 mod ram_book;
+pub mod writer;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -1,0 +1,399 @@
+//! Write-behind: a bounded queue and one worker thread in front of a slow tier (the SSD
+//! tier, later the remote tier), so a caller's store returns in bounded time (seed 002).
+//!
+//! `enqueue` never waits longer than the configured short wait. Three levels:
+//! 1. a non-blocking push;
+//! 2. a push that waits up to [`WriterConfig::wait`];
+//! 3. [`Overflow::SyncWrite`]: write on the caller's thread (the caller pays the I/O but
+//!    nothing is lost), or [`Overflow::Drop`]: count the block as dropped.
+//!
+//! A hash already queued is not queued twice (pending-hash dedup). Shutdown is
+//! deterministic: stop admitting, wait for enqueues in flight, put a sentinel at the end
+//! of the queue, and wait (up to a deadline) for the worker to write everything before
+//! it; the report says whether that finished (`clean`) and what was left. Every outcome
+//! has a counter (prefix `writer_`).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use parking_lot::{Condvar, Mutex};
+
+use super::{BlockMeta, PutOutcome, Tier};
+use crate::hash::BlockHash;
+
+/// What to do when the queue stays full for the whole short wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Write on the caller's thread (default).
+    SyncWrite,
+    /// Drop the block and count it.
+    Drop,
+}
+
+/// Settings of a write-behind queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterConfig {
+    /// Blocks the queue holds (default 512).
+    pub queue_len: usize,
+    /// How long an enqueue may wait for room (default 50 ms).
+    pub wait: Duration,
+    /// What happens after that (default [`Overflow::SyncWrite`]).
+    pub overflow: Overflow,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        Self {
+            queue_len: 512,
+            wait: Duration::from_millis(50),
+            overflow: Overflow::SyncWrite,
+        }
+    }
+}
+
+/// How one enqueue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Queued for the worker.
+    Queued,
+    /// The same hash is already queued.
+    AlreadyPending,
+    /// The queue was full; written on the caller's thread with this outcome.
+    WrittenInline(Result<PutOutcome, ()>),
+    /// The queue was full and the block was dropped.
+    Dropped,
+    /// The writer is shutting down or stopped.
+    Closed,
+}
+
+/// Counters of a writer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Blocks queued.
+    pub enqueued: u64,
+    /// Enqueues skipped because the hash was already queued.
+    pub pending_dedup: u64,
+    /// Blocks the worker (or an inline write) stored.
+    pub saved: u64,
+    /// Writes the tier answered with "already held".
+    pub duplicate: u64,
+    /// Writes the tier refused (no space, collision, quarantine).
+    pub rejected: u64,
+    /// Writes that failed with an error.
+    pub failed: u64,
+    /// Enqueues written inline because the queue stayed full.
+    pub sync_fallback: u64,
+    /// Enqueues dropped because the queue stayed full.
+    pub dropped_full: u64,
+    /// Enqueues refused because the writer was closing.
+    pub dropped_closed: u64,
+    /// Blocks in the queue now.
+    pub queue_depth: u64,
+}
+
+impl WriterStats {
+    /// The counters as `(name, value)` pairs prefixed `writer_`.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        [
+            ("enqueued", self.enqueued),
+            ("pending_dedup", self.pending_dedup),
+            ("saved", self.saved),
+            ("duplicate", self.duplicate),
+            ("rejected", self.rejected),
+            ("failed", self.failed),
+            ("sync_fallback", self.sync_fallback),
+            ("dropped_full", self.dropped_full),
+            ("dropped_closed", self.dropped_closed),
+            ("queue_depth", self.queue_depth),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("writer_{k}"), v))
+        .collect()
+    }
+}
+
+/// How a shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shutdown {
+    /// Everything queued before the stop was written (or refused) in time.
+    pub clean: bool,
+    /// The deadline passed with blocks still queued or being written: they may be lost.
+    pub partial: bool,
+    /// Blocks still queued when the deadline passed.
+    pub left_in_queue: u64,
+}
+
+enum Job {
+    Put(BlockMeta, Bytes),
+    Stop,
+}
+
+#[derive(Debug, Default)]
+struct Life {
+    closing: bool,
+    inflight: u64,
+    worker_done: bool,
+    stopped: Option<Shutdown>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    enqueued: AtomicU64,
+    pending_dedup: AtomicU64,
+    saved: AtomicU64,
+    duplicate: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+    sync_fallback: AtomicU64,
+    dropped_full: AtomicU64,
+    dropped_closed: AtomicU64,
+}
+
+struct Shared {
+    target: Arc<dyn Tier>,
+    pending: Mutex<HashSet<BlockHash>>,
+    life: Mutex<Life>,
+    changed: Condvar,
+    counters: Counters,
+}
+
+impl Shared {
+    fn write(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome, ()> {
+        let c = &self.counters;
+        match self.target.put(meta, payload) {
+            Ok(PutOutcome::Stored) => {
+                c.saved.fetch_add(1, Ordering::Relaxed);
+                Ok(PutOutcome::Stored)
+            }
+            Ok(PutOutcome::Duplicate) => {
+                c.duplicate.fetch_add(1, Ordering::Relaxed);
+                Ok(PutOutcome::Duplicate)
+            }
+            Ok(other) => {
+                c.rejected.fetch_add(1, Ordering::Relaxed);
+                Ok(other)
+            }
+            Err(e) => {
+                c.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(block = %meta.hash, tier = self.target.kind().name(), error = %e, "write-behind store failed");
+                Err(())
+            }
+        }
+    }
+}
+
+/// See the module docs.
+pub struct WriteBehind {
+    shared: Arc<Shared>,
+    tx: Sender<Job>,
+    config: WriterConfig,
+}
+
+impl fmt::Debug for WriteBehind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteBehind")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WriteBehind {
+    /// Starts the worker thread writing into `target`.
+    pub fn start(target: Arc<dyn Tier>, config: WriterConfig) -> std::io::Result<Self> {
+        let (tx, rx) = bounded(config.queue_len.max(1));
+        let shared = Arc::new(Shared {
+            target,
+            pending: Mutex::new(HashSet::new()),
+            life: Mutex::new(Life::default()),
+            changed: Condvar::new(),
+            counters: Counters::default(),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("kvtier-writer-{}", worker.target.kind().name()))
+            .spawn(move || run(&worker, &rx))?;
+        Ok(Self { shared, tx, config })
+    }
+
+    /// Queues a block for the target tier; returns within the configured wait (plus the
+    /// inline write, with [`Overflow::SyncWrite`]).
+    pub fn enqueue(&self, meta: BlockMeta, payload: Bytes) -> Enqueued {
+        let s = &self.shared;
+        {
+            let mut life = s.life.lock();
+            if life.closing {
+                s.counters.dropped_closed.fetch_add(1, Ordering::Relaxed);
+                return Enqueued::Closed;
+            }
+            life.inflight += 1;
+        }
+        let outcome = self.enqueue_admitted(meta, payload);
+        let mut life = s.life.lock();
+        life.inflight -= 1;
+        if life.inflight == 0 {
+            s.changed.notify_all();
+        }
+        outcome
+    }
+
+    /// Like [`WriteBehind::enqueue`] but never waits and never writes inline: a full queue
+    /// drops the block (counted). For callers holding locks, such as eviction.
+    pub fn try_enqueue(&self, meta: BlockMeta, payload: Bytes) -> Enqueued {
+        let s = &self.shared;
+        if s.life.lock().closing {
+            s.counters.dropped_closed.fetch_add(1, Ordering::Relaxed);
+            return Enqueued::Closed;
+        }
+        if !s.pending.lock().insert(meta.hash) {
+            s.counters.pending_dedup.fetch_add(1, Ordering::Relaxed);
+            return Enqueued::AlreadyPending;
+        }
+        let hash = meta.hash;
+        match self.tx.try_send(Job::Put(meta, payload)) {
+            Ok(()) => {
+                s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                Enqueued::Queued
+            }
+            Err(_) => {
+                s.pending.lock().remove(&hash);
+                s.counters.dropped_full.fetch_add(1, Ordering::Relaxed);
+                Enqueued::Dropped
+            }
+        }
+    }
+
+    fn enqueue_admitted(&self, meta: BlockMeta, payload: Bytes) -> Enqueued {
+        let s = &self.shared;
+        if !s.pending.lock().insert(meta.hash) {
+            s.counters.pending_dedup.fetch_add(1, Ordering::Relaxed);
+            return Enqueued::AlreadyPending;
+        }
+        let hash = meta.hash;
+        let job = match self.tx.try_send(Job::Put(meta, payload)) {
+            Ok(()) => {
+                s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                return Enqueued::Queued;
+            }
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => job,
+        };
+        let job = match self.tx.send_timeout(job, self.config.wait) {
+            Ok(()) => {
+                s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                return Enqueued::Queued;
+            }
+            Err(e) => e.into_inner(),
+        };
+        s.pending.lock().remove(&hash);
+        let Job::Put(meta, payload) = job else {
+            return Enqueued::Closed;
+        };
+        match self.config.overflow {
+            Overflow::SyncWrite => {
+                s.counters.sync_fallback.fetch_add(1, Ordering::Relaxed);
+                Enqueued::WrittenInline(s.write(&meta, payload))
+            }
+            Overflow::Drop => {
+                s.counters.dropped_full.fetch_add(1, Ordering::Relaxed);
+                Enqueued::Dropped
+            }
+        }
+    }
+
+    /// Whether `hash` is queued and not yet written.
+    pub fn is_pending(&self, hash: &BlockHash) -> bool {
+        self.shared.pending.lock().contains(hash)
+    }
+
+    /// Stops admitting, lets enqueues in flight finish, drains the queue and stops the
+    /// worker, waiting at most `timeout` in all. Calling it again returns the first report.
+    pub fn stop(&self, timeout: Duration) -> Shutdown {
+        let s = &self.shared;
+        let deadline = Instant::now() + timeout;
+        let mut life = s.life.lock();
+        if let Some(done) = life.stopped {
+            return done;
+        }
+        life.closing = true;
+        while life.inflight > 0 {
+            if s.changed.wait_until(&mut life, deadline).timed_out() {
+                break;
+            }
+        }
+        drop(life);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let sentinel_sent = self.tx.send_timeout(Job::Stop, remaining).is_ok();
+        let mut life = s.life.lock();
+        while sentinel_sent && !life.worker_done {
+            if s.changed.wait_until(&mut life, deadline).timed_out() {
+                break;
+            }
+        }
+        let clean = sentinel_sent && life.worker_done && life.inflight == 0;
+        let left = self.tx.len() as u64;
+        let report = Shutdown {
+            clean,
+            partial: !clean,
+            left_in_queue: if clean { 0 } else { left },
+        };
+        if !clean {
+            tracing::error!(
+                left_in_queue = left,
+                "writer did not drain before its deadline; queued blocks may be lost"
+            );
+        }
+        life.stopped = Some(report);
+        report
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> WriterStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WriterStats {
+            enqueued: get(&c.enqueued),
+            pending_dedup: get(&c.pending_dedup),
+            saved: get(&c.saved),
+            duplicate: get(&c.duplicate),
+            rejected: get(&c.rejected),
+            failed: get(&c.failed),
+            sync_fallback: get(&c.sync_fallback),
+            dropped_full: get(&c.dropped_full),
+            dropped_closed: get(&c.dropped_closed),
+            queue_depth: self.tx.len() as u64,
+        }
+    }
+}
+
+impl Drop for WriteBehind {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+fn run(s: &Shared, rx: &Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Put(meta, payload) => {
+                // A panic inside a tier must not leave `stop` waiting forever.
+                let hash = meta.hash;
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    s.write(&meta, payload)
+                }));
+                if written.is_err() {
+                    s.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
+                }
+                s.pending.lock().remove(&hash);
+            }
+            Job::Stop => break,
+        }
+    }
+    let mut life = s.life.lock();
+    life.worker_done = true;
+    s.changed.notify_all();
+}
