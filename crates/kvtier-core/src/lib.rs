@@ -38,7 +38,9 @@ pub mod snapshot;
 pub mod stats;
 pub mod tier;
 
-pub use engine::{Engine, EngineBuilder, EngineConfig, Loaded, StoreReport};
+pub use engine::{
+    Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig, PersistMode, StoreReport,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};
 pub use index::{BlockRef, Lookup, Prompt};

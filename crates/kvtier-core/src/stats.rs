@@ -208,6 +208,16 @@ pub struct EngineStats {
     pub index: IndexStats,
     /// The RAM tier.
     pub ram: TierStats,
+    /// The persistent tier, when one is attached.
+    pub ssd: Option<TierStats>,
+    /// The persistent tier's write-behind queue, when one is attached.
+    pub writer: Option<crate::tier::writer::WriterStats>,
+    /// Blocks read from the persistent tier and promoted into RAM.
+    pub promotions: u64,
+    /// Blocks RAM evicted and queued for the persistent tier (evict-only mode).
+    pub demotions_queued: u64,
+    /// Blocks RAM evicted that could not be queued (queue full or closing).
+    pub demotions_dropped: u64,
     /// The snapshot bucket.
     pub snapshot: SnapshotStats,
     /// Bytes of the shared memory budget in use (RAM blocks plus snapshots).
@@ -221,6 +231,21 @@ impl EngineStats {
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut out = self.index.counters();
         out.extend(self.ram.counters("ram"));
+        if let Some(ssd) = &self.ssd {
+            out.extend(ssd.counters("ssd"));
+        }
+        if let Some(writer) = &self.writer {
+            out.extend(writer.counters());
+        }
+        out.push(("engine_promotions_ssd_to_ram".into(), self.promotions));
+        out.push((
+            "engine_demotions_ram_to_ssd_queued".into(),
+            self.demotions_queued,
+        ));
+        out.push((
+            "engine_demotions_ram_to_ssd_dropped".into(),
+            self.demotions_dropped,
+        ));
         out.extend(self.snapshot.counters());
         out.push(("engine_memory_used_bytes".into(), self.memory_used_bytes));
         out.push((

@@ -1,17 +1,19 @@
 //! Settings and the builder that injects components (clock) and validates everything.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
 use super::Engine;
+use super::lower::{EngineSink, Lower, Movement, PersistConfig, PersistMode, TierOpener};
 use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::index::PrefixIndex;
 use crate::snapshot::{SnapshotBucket, SnapshotConfig};
-use crate::tier::{RamConfig, RamTier};
+use crate::tier::writer::WriteBehind;
+use crate::tier::{RamConfig, RamTier, ResidencySink, Tier};
 
 /// Default for [`EngineConfig::max_tokens`]: 1,048,576 tokens.
 pub const DEFAULT_MAX_TOKENS: usize = 1 << 20;
@@ -38,11 +40,21 @@ impl Default for EngineConfig {
 }
 
 /// Builds an [`Engine`]; `build` refuses invalid settings with an error, never a panic.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct EngineBuilder {
     config: EngineConfig,
     snapshot_set: bool,
     clock: Option<Arc<dyn Clock>>,
+    persistent: Option<(PersistConfig, TierOpener)>,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("config", &self.config)
+            .field("persistent", &self.persistent.as_ref().map(|(c, _)| c))
+            .finish_non_exhaustive()
+    }
 }
 
 impl EngineBuilder {
@@ -79,6 +91,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Attaches a persistent tier below RAM (default: none). `open` is called during
+    /// `build` with the sink the tier must report residency to; a tier that recovers
+    /// blocks at open reports them there, which rebuilds the prefix index.
+    pub fn persistent_tier(
+        mut self,
+        config: PersistConfig,
+        open: impl FnOnce(Arc<dyn ResidencySink>) -> Result<Arc<dyn Tier>> + Send + 'static,
+    ) -> Self {
+        self.persistent = Some((config, Box::new(open)));
+        self
+    }
+
     /// Validates the settings and builds the engine.
     pub fn build(self) -> Result<Engine> {
         let mut config = self.config;
@@ -104,8 +128,35 @@ impl EngineBuilder {
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let budget = Arc::new(MemoryBudget::new(config.ram.capacity_bytes));
         let index = Arc::new(PrefixIndex::new());
-        let ram = Arc::new(RamTier::new(budget.clone(), clock.clone(), index.clone()));
+        let movement = Arc::new(Movement::default());
+        let sink = Arc::new(EngineSink {
+            index: index.clone(),
+            demote_to: OnceLock::new(),
+            movement: movement.clone(),
+        });
+        let ram = Arc::new(RamTier::new(budget.clone(), clock.clone(), sink.clone()));
         let snapshots = SnapshotBucket::new(config.snapshot, budget.clone(), clock)?;
+        let lower = match self.persistent {
+            None => None,
+            Some((persist, open)) => {
+                let tier = open(sink.clone())?;
+                let writer = WriteBehind::start(tier.clone(), persist.writer).map_err(|e| {
+                    Error::new(
+                        crate::ErrorKind::Unavailable,
+                        format!("cannot start the {} writer thread: {e}", tier.kind().name()),
+                    )
+                })?;
+                let writer = Arc::new(writer);
+                if persist.mode == PersistMode::EvictOnly {
+                    let _ = sink.demote_to.set(Arc::downgrade(&writer));
+                }
+                Some(Lower {
+                    tier,
+                    writer,
+                    config: persist,
+                })
+            }
+        };
         Ok(Engine {
             config,
             layouts: RwLock::new(HashMap::new()),
@@ -113,6 +164,8 @@ impl EngineBuilder {
             ram,
             snapshots,
             budget,
+            lower,
+            movement,
         })
     }
 }

@@ -7,6 +7,7 @@
 //! ```
 
 mod builder;
+mod lower;
 mod store;
 
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 pub use builder::{EngineBuilder, EngineConfig};
+pub use lower::{PersistConfig, PersistMode, TierOpener};
 pub use store::StoreReport;
 
 use crate::budget::MemoryBudget;
@@ -47,6 +49,8 @@ pub struct Engine {
     ram: Arc<RamTier>,
     snapshots: SnapshotBucket,
     budget: Arc<MemoryBudget>,
+    lower: Option<lower::Lower>,
+    movement: Arc<lower::Movement>,
 }
 
 impl fmt::Debug for Engine {
@@ -129,8 +133,65 @@ impl Engine {
     }
 
     /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
+    /// RAM is tried first (a block may have been promoted since the lookup); a block read
+    /// from the persistent tier is promoted into RAM when so configured.
     pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
-        self.load_with(refs, |tier, r| tier.get(&r.hash))
+        let mut blocks = Vec::with_capacity(refs.len());
+        for r in refs {
+            let found = match self.ram.get(&r.hash)? {
+                Some(b) => Some(b),
+                None => self.load_lower(&r.hash)?,
+            };
+            match found {
+                Some(b) => blocks.push(b),
+                None => {
+                    return Ok(Loaded {
+                        blocks,
+                        complete: false,
+                    });
+                }
+            }
+        }
+        Ok(Loaded {
+            blocks,
+            complete: true,
+        })
+    }
+
+    fn load_lower(&self, hash: &crate::hash::BlockHash) -> Result<Option<Bytes>> {
+        let Some(lower) = &self.lower else {
+            return Ok(None);
+        };
+        let Some(bytes) = lower.tier.get(hash)? else {
+            return Ok(None);
+        };
+        if lower.config.promote_on_hit
+            && let Some(meta) = self.index.meta_of(hash)
+            && self.ram.put(&meta, bytes.clone())? == crate::tier::PutOutcome::Stored
+        {
+            self.movement
+                .promotions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Stops the persistent tier's writer: no new writes, everything queued is written
+    /// (within `timeout`). Returns the writer's report, or `None` without a persistent
+    /// tier. The engine keeps serving reads afterwards; stores reach RAM only.
+    pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
+        self.lower.as_ref().map(|l| l.writer.stop(timeout))
+    }
+
+    /// Waits until every block queued for the persistent tier is written (or `timeout`
+    /// passes). Returns whether it drained; `true` without a persistent tier.
+    pub fn flush(&self, timeout: std::time::Duration) -> bool {
+        self.lower.as_ref().is_none_or(|l| l.writer.flush(timeout))
+    }
+
+    /// The persistent tier, if one is attached.
+    pub fn persistent(&self) -> Option<&Arc<dyn Tier>> {
+        self.lower.as_ref().map(|l| &l.tier)
     }
 
     /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
@@ -178,9 +239,10 @@ impl Engine {
     }
 
     fn tier(&self, kind: TierKind) -> Result<&dyn Tier> {
-        match kind {
-            TierKind::Ram => Ok(self.ram.as_ref()),
-            other => Err(Error::new(
+        match (&self.lower, kind) {
+            (_, TierKind::Ram) => Ok(self.ram.as_ref()),
+            (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.as_ref()),
+            (_, other) => Err(Error::new(
                 crate::ErrorKind::Unavailable,
                 format!("the {} tier is not attached", other.name()),
             )),
@@ -234,10 +296,24 @@ impl Engine {
     /// equals `ram_resident_blocks`, and stores minus evictions equal residency), the
     /// snapshot bucket's under its own lock.
     pub fn stats(&self) -> EngineStats {
-        let (ram, index) = self.ram.stats_and(|| self.index.stats());
+        let (ram, (index, lower)) = self.ram.stats_and(|| {
+            (
+                self.index.stats(),
+                self.lower
+                    .as_ref()
+                    .map(|l| (l.tier.stats(), l.writer.stats())),
+            )
+        });
+        let m = &self.movement;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         EngineStats {
             index,
             ram,
+            ssd: lower.map(|(t, _)| t),
+            writer: lower.map(|(_, w)| w),
+            promotions: get(&m.promotions),
+            demotions_queued: get(&m.demotions_queued),
+            demotions_dropped: get(&m.demotions_dropped),
             snapshot: self.snapshots.stats(),
             memory_used_bytes: self.budget.used(),
             memory_capacity_bytes: self.budget.capacity(),

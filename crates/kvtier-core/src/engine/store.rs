@@ -1,9 +1,11 @@
 //! Storing the blocks of a prompt.
 
 use super::Engine;
+use super::PersistMode;
 use crate::error::{Error, Result};
 use crate::index::Prompt;
-use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, copy_payload};
+use crate::tier::writer::Enqueued;
+use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, TierKind, copy_payload};
 
 /// What a store did, block by block from the start of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -12,6 +14,8 @@ pub struct StoreReport {
     pub stored: usize,
     /// Blocks already held (refreshed, not copied).
     pub duplicates: usize,
+    /// Blocks RAM refused but the persistent tier holds or has queued.
+    pub stored_lower_only: usize,
     /// Why the store stopped before the last payload, if it did. Blocks after a refused
     /// block are not kept either: they would be unreachable without it.
     pub stopped: Option<RejectReason>,
@@ -47,9 +51,15 @@ impl Engine {
             )));
         }
         let mut report = StoreReport::default();
+        let write_through = self
+            .lower
+            .as_ref()
+            .filter(|l| l.config.mode == PersistMode::WriteThrough);
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
-            if self.ram.touch(&hash) {
+            let held_lower = self.index.tiers_of(&hash) & !TierKind::Ram.bit() != 0;
+            // Held where it needs to be: refresh it, copy nothing.
+            if (held_lower || write_through.is_none()) && self.ram.touch(&hash) {
                 report.duplicates += 1;
                 continue;
             }
@@ -61,9 +71,25 @@ impl Engine {
                 tokens: prompt.block_tokens(i).into(),
                 extra_tag: prompt.extra_tag(i),
             };
-            match self.ram.put(&meta, copy_payload(payload))? {
+            let bytes = copy_payload(payload);
+            let in_ram = self.ram.put(&meta, bytes.clone())?;
+            // The persistent tier gets every block it does not hold yet in write-through
+            // mode, and in either mode a block RAM refused (a chain longer than RAM, or a
+            // parent RAM no longer holds): it keeps the chain reachable from there.
+            let refused = matches!(in_ram, PutOutcome::Rejected(_));
+            let queued = match &self.lower {
+                Some(lower) if !held_lower && (write_through.is_some() || refused) => matches!(
+                    lower.writer.enqueue(meta, bytes),
+                    Enqueued::Queued
+                        | Enqueued::AlreadyPending
+                        | Enqueued::WrittenInline(Ok(PutOutcome::Stored | PutOutcome::Duplicate))
+                ),
+                _ => false,
+            };
+            match in_ram {
                 PutOutcome::Stored => report.stored += 1,
                 PutOutcome::Duplicate => report.duplicates += 1,
+                PutOutcome::Rejected(_) if queued || held_lower => report.stored_lower_only += 1,
                 PutOutcome::Rejected(why) => {
                     report.stopped = Some(why);
                     break;

@@ -228,6 +228,11 @@ impl PrefixIndex {
         }
     }
 
+    /// The metadata of `hash`, if any tier holds it.
+    pub fn meta_of(&self, hash: &BlockHash) -> Option<BlockMeta> {
+        self.map.read(hash).get(hash).map(|e| e.cold.meta.clone())
+    }
+
     /// Whether any tier holds `hash`.
     pub fn contains(&self, hash: &BlockHash) -> bool {
         self.map.read(hash).contains_key(hash)

@@ -192,6 +192,7 @@ pub struct WriteBehind {
     shared: Arc<Shared>,
     tx: Sender<Job>,
     config: WriterConfig,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl fmt::Debug for WriteBehind {
@@ -214,10 +215,15 @@ impl WriteBehind {
             counters: Counters::default(),
         });
         let worker = shared.clone();
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name(format!("kvtier-writer-{}", worker.target.kind().name()))
             .spawn(move || run(&worker, &rx))?;
-        Ok(Self { shared, tx, config })
+        Ok(Self {
+            shared,
+            tx,
+            config,
+            worker: Mutex::new(Some(handle)),
+        })
     }
 
     /// Queues a block for the target tier; returns within the configured wait (plus the
@@ -304,6 +310,22 @@ impl WriteBehind {
         }
     }
 
+    /// Waits until everything queued so far is written (or `timeout` passes); the writer
+    /// keeps running. Returns whether the queue drained in time.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let s = &self.shared;
+        let deadline = Instant::now() + timeout;
+        let mut life = s.life.lock();
+        loop {
+            if s.pending.lock().is_empty() && life.inflight == 0 {
+                return true;
+            }
+            if life.worker_done || s.changed.wait_until(&mut life, deadline).timed_out() {
+                return s.pending.lock().is_empty();
+            }
+        }
+    }
+
     /// Whether `hash` is queued and not yet written.
     pub fn is_pending(&self, hash: &BlockHash) -> bool {
         self.shared.pending.lock().contains(hash)
@@ -347,6 +369,14 @@ impl WriteBehind {
             );
         }
         life.stopped = Some(report);
+        drop(life);
+        if clean {
+            // The worker has finished its loop; joining waits only for it to release its
+            // handle on the tier, so the tier is closed when `stop` returns.
+            if let Some(handle) = self.worker.lock().take() {
+                let _ = handle.join();
+            }
+        }
         report
     }
 
@@ -389,6 +419,8 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
                 }
                 s.pending.lock().remove(&hash);
+                let _life = s.life.lock();
+                s.changed.notify_all();
             }
             Job::Stop => break,
         }

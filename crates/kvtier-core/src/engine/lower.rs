@@ -1,0 +1,129 @@
+//! The persistent tier below RAM, and how blocks move between the two.
+//!
+//! - [`PersistMode::WriteThrough`]: every new block goes to RAM and, through the
+//!   write-behind queue, to the persistent tier.
+//! - [`PersistMode::EvictOnly`]: the persistent tier receives what RAM evicts (a
+//!   non-blocking enqueue from the eviction path; a full queue drops the block, counted).
+//! - A hit that only the persistent tier holds is promoted into RAM when
+//!   [`PersistConfig::promote_on_hit`] is set (the payload buffer is shared, not copied).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use bytes::Bytes;
+
+use crate::index::PrefixIndex;
+use crate::tier::writer::{WriteBehind, WriterConfig};
+use crate::tier::{BlockMeta, RemovalCause, ResidencySink, Tier, TierKind};
+
+/// When blocks are written to the persistent tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PersistMode {
+    /// Every new block (default).
+    WriteThrough,
+    /// Only blocks RAM evicts.
+    EvictOnly,
+}
+
+/// How the engine uses its persistent tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistConfig {
+    /// When blocks are written (default write-through).
+    pub mode: PersistMode,
+    /// Promote a block read from the persistent tier into RAM (default on).
+    pub promote_on_hit: bool,
+    /// The write-behind queue in front of the tier.
+    pub writer: WriterConfig,
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        Self {
+            mode: PersistMode::WriteThrough,
+            promote_on_hit: true,
+            writer: WriterConfig::default(),
+        }
+    }
+}
+
+/// Opens the persistent tier, given the sink it must report residency to.
+pub type TierOpener =
+    Box<dyn FnOnce(Arc<dyn ResidencySink>) -> crate::Result<Arc<dyn Tier>> + Send>;
+
+/// The attached persistent tier.
+pub(super) struct Lower {
+    pub tier: Arc<dyn Tier>,
+    pub writer: Arc<WriteBehind>,
+    pub config: PersistConfig,
+}
+
+impl fmt::Debug for Lower {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lower")
+            .field("tier", &self.tier)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Movement counters (prefix `engine_`).
+#[derive(Debug, Default)]
+pub(super) struct Movement {
+    pub promotions: AtomicU64,
+    pub demotions_queued: AtomicU64,
+    pub demotions_dropped: AtomicU64,
+}
+
+/// The engine's residency sink: keeps the prefix index current and, in evict-only mode,
+/// hands what RAM evicts to the persistent tier's writer.
+pub(super) struct EngineSink {
+    pub index: Arc<PrefixIndex>,
+    /// Weak: the writer owns the persistent tier, which owns this sink.
+    pub demote_to: OnceLock<Weak<WriteBehind>>,
+    pub movement: Arc<Movement>,
+}
+
+impl fmt::Debug for EngineSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineSink").finish_non_exhaustive()
+    }
+}
+
+impl ResidencySink for EngineSink {
+    fn inserted(&self, tier: TierKind, meta: &BlockMeta) {
+        self.index.inserted(tier, meta);
+    }
+
+    fn removed(
+        &self,
+        tier: TierKind,
+        meta: &BlockMeta,
+        cause: RemovalCause,
+        payload: Option<&Bytes>,
+    ) {
+        let already_lower = self.index.tiers_of(&meta.hash) & !TierKind::Ram.bit() != 0;
+        self.index.removed(tier, meta, cause, payload);
+        let (Some(writer), Some(payload)) = (self.demote_to.get().and_then(Weak::upgrade), payload)
+        else {
+            return;
+        };
+        if tier != TierKind::Ram || cause != RemovalCause::Budget || already_lower {
+            return;
+        }
+        // Called under the RAM tier's lock: never wait here.
+        use crate::tier::writer::Enqueued;
+        match writer.try_enqueue(meta.clone(), payload.clone()) {
+            Enqueued::Queued | Enqueued::AlreadyPending => {
+                self.movement
+                    .demotions_queued
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                self.movement
+                    .demotions_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}

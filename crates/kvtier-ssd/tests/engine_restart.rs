@@ -1,0 +1,180 @@
+//! The engine with RAM + SSD: write-through blocks survive a clean restart (100% hit),
+//! come back byte-identical and are promoted into RAM; evict-only hands RAM's victims to
+//! the SSD; a block stored under one layout is never visible under another.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code"
+)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::tier::{RamConfig, ResidencySink, Tier, TierKind};
+use kvtier_core::{Engine, ExtraKeys, KvDtype, LayoutKey, PersistConfig, PersistMode};
+use kvtier_ssd::{SsdConfig, SsdTier};
+
+fn key(dtype: KvDtype) -> LayoutKey {
+    let mut k = LayoutKey::new("restart-test", dtype, 16, 4, 2, 64); // 32 KiB blocks
+    k.weights_digest = "w".into();
+    k
+}
+
+fn engine(dir: &Path, ram: u64, mode: PersistMode) -> Engine {
+    let config = SsdConfig::new(dir);
+    Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: ram,
+        })
+        .persistent_tier(
+            PersistConfig {
+                mode,
+                ..PersistConfig::default()
+            },
+            move |sink: Arc<dyn ResidencySink>| {
+                let clock = Arc::new(kvtier_core::clock::SystemClock::new());
+                Ok(Arc::new(SsdTier::open(config, clock, sink)?) as Arc<dyn Tier>)
+            },
+        )
+        .build()
+        .expect("engine")
+}
+
+fn payload(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|b| (b * 31 + i * 7) as u8).collect()
+}
+
+#[test]
+fn write_through_blocks_all_hit_after_a_clean_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..16 * 24).collect();
+    let stored;
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+        let prompt = e
+            .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+            .unwrap();
+        let bytes: Vec<Vec<u8>> = (0..24)
+            .map(|i| payload(i, layout.block_bytes() as usize))
+            .collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let report = e.store(&prompt, &refs).unwrap();
+        assert_eq!(report.stored, 24);
+        let shutdown = e.shutdown(Duration::from_secs(10)).unwrap();
+        assert!(shutdown.clean, "{shutdown:?}");
+        let s = e.stats();
+        assert_eq!(s.writer.unwrap().saved, 24);
+        assert_eq!(s.ssd.unwrap().resident_blocks, 24);
+        stored = bytes;
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+    let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+    let prompt = e
+        .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    let hit = e.lookup(&prompt);
+    assert_eq!(hit.blocks.len(), 24, "restart hit ratio below 100%");
+    assert!(hit.blocks.iter().all(|b| b.tier == TierKind::Ssd));
+    let loaded = e.load(&hit.blocks).unwrap();
+    assert!(loaded.complete);
+    for (i, b) in loaded.blocks.iter().enumerate() {
+        assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
+    }
+    // Promoted: the next lookup finds every block in RAM.
+    assert_eq!(e.stats().promotions, 24);
+    assert!(
+        e.lookup(&prompt)
+            .blocks
+            .iter()
+            .all(|b| b.tier == TierKind::Ram)
+    );
+    // Another layout (other dtype) never sees these blocks.
+    let other = e.register_layout(key(KvDtype::Bf16)).unwrap();
+    let p2 = e
+        .prompt(other.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    assert!(e.lookup(&p2).is_miss());
+}
+
+#[test]
+fn evict_only_hands_ram_victims_to_the_ssd() {
+    let dir = tempfile::tempdir().unwrap();
+    // RAM holds 8 blocks of 32 KiB; 6 conversations of 3 blocks each do not fit.
+    let e = engine(dir.path(), 8 * 32 << 10, PersistMode::EvictOnly);
+    let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+    let conversation = |c: u32| -> Vec<u32> { (0..48).map(|t| c * 1000 + t).collect() };
+    let bytes = |c: usize| -> Vec<Vec<u8>> {
+        (0..3)
+            .map(|i| payload(c * 10 + i, layout.block_bytes() as usize))
+            .collect()
+    };
+    for c in 0..6u32 {
+        let prompt = e
+            .prompt(layout.digest(), &conversation(c), &ExtraKeys::none())
+            .unwrap();
+        let b = bytes(c as usize);
+        let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
+        e.store(&prompt, &refs).unwrap();
+    }
+    assert!(e.flush(Duration::from_secs(10)));
+    let s = e.stats();
+    assert!(s.ram.evictions.budget >= 10, "{s:?}");
+    assert_eq!(
+        s.demotions_queued, s.ram.evictions.budget,
+        "every victim goes to the SSD"
+    );
+    assert_eq!(s.demotions_dropped, 0);
+    assert_eq!(s.ssd.unwrap().resident_blocks, s.demotions_queued);
+    // Every conversation is whole somewhere and loads byte for byte.
+    for c in 0..6u32 {
+        let prompt = e
+            .prompt(layout.digest(), &conversation(c), &ExtraKeys::none())
+            .unwrap();
+        let hit = e.lookup(&prompt);
+        assert_eq!(hit.blocks.len(), 3, "conversation {c}: {:?}", e.stats());
+        let loaded = e.load(&hit.blocks).unwrap();
+        assert!(loaded.complete);
+        for (i, b) in loaded.blocks.iter().enumerate() {
+            assert_eq!(
+                &b[..],
+                &bytes(c as usize)[i][..],
+                "conversation {c} block {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_chain_longer_than_ram_continues_on_the_ssd() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path(), 8 * 32 << 10, PersistMode::EvictOnly);
+    let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+    let tokens: Vec<u32> = (0..16 * 20).collect();
+    let prompt = e
+        .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    let bytes: Vec<Vec<u8>> = (0..20)
+        .map(|i| payload(i, layout.block_bytes() as usize))
+        .collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let report = e.store(&prompt, &refs).unwrap();
+    assert_eq!((report.stored, report.stored_lower_only), (8, 12));
+    assert!(e.flush(Duration::from_secs(10)));
+    let hit = e.lookup(&prompt);
+    assert_eq!(hit.blocks.len(), 20);
+    assert_eq!(
+        hit.blocks
+            .iter()
+            .filter(|b| b.tier == TierKind::Ssd)
+            .count(),
+        12
+    );
+    let loaded = e.load(&hit.blocks).unwrap();
+    for (i, b) in loaded.blocks.iter().enumerate() {
+        assert_eq!(&b[..], &bytes[i][..]);
+    }
+}
