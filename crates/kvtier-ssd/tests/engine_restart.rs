@@ -104,7 +104,7 @@ fn write_through_blocks_all_hit_after_a_clean_restart() {
 fn evict_only_hands_ram_victims_to_the_ssd() {
     let dir = tempfile::tempdir().unwrap();
     // RAM holds 8 blocks of 32 KiB; 6 conversations of 3 blocks each do not fit.
-    let e = engine(dir.path(), 8 * 32 << 10, PersistMode::EvictOnly);
+    let e = engine(dir.path(), 8 * (32 << 10), PersistMode::EvictOnly);
     let layout = e.register_layout(key(KvDtype::F16)).unwrap();
     let conversation = |c: u32| -> Vec<u32> { (0..48).map(|t| c * 1000 + t).collect() };
     let bytes = |c: usize| -> Vec<Vec<u8>> {
@@ -151,7 +151,7 @@ fn evict_only_hands_ram_victims_to_the_ssd() {
 #[test]
 fn a_chain_longer_than_ram_continues_on_the_ssd() {
     let dir = tempfile::tempdir().unwrap();
-    let e = engine(dir.path(), 8 * 32 << 10, PersistMode::EvictOnly);
+    let e = engine(dir.path(), 8 * (32 << 10), PersistMode::EvictOnly);
     let layout = e.register_layout(key(KvDtype::F16)).unwrap();
     let tokens: Vec<u32> = (0..16 * 20).collect();
     let prompt = e
