@@ -22,6 +22,9 @@ enum Command {
     Bench(BenchArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
+    /// Test helper: store blocks until killed (used by the crash tests).
+    #[command(name = "__crash-writer", hide = true)]
+    CrashWriter(crate::crash_writer::CrashWriterArgs),
 }
 
 /// Options of `kvtier bench`.
@@ -47,6 +50,7 @@ pub struct BenchArgs {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(args) => crate::bench::run(&args),
+        Command::CrashWriter(args) => crate::crash_writer::run(&args),
         Command::Version => {
             println!("kvtier {}", env!("CARGO_PKG_VERSION"));
             println!(

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod crash_writer;
 
 use std::process::ExitCode;
 
