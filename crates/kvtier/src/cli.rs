@@ -22,6 +22,8 @@ enum Command {
     Bench(BenchArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
+    /// Show what an SSD store holds per namespace; `--verify` checks every checksum.
+    Inspect(crate::inspect::InspectArgs),
     /// Test helper: store blocks until killed (used by the crash tests).
     #[command(name = "__crash-writer", hide = true)]
     CrashWriter(crate::crash_writer::CrashWriterArgs),
@@ -51,6 +53,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(args) => crate::bench::run(&args),
         Command::CrashWriter(args) => crate::crash_writer::run(&args),
+        Command::Inspect(args) => crate::inspect::run(&args),
         Command::Version => {
             println!("kvtier {}", env!("CARGO_PKG_VERSION"));
             println!(
@@ -58,6 +61,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 kvtier_core::layout::LAYOUT_SCHEMA_VERSION
             );
             println!("block hash chain v1 (SHA-256 compression, 128-bit keys)");
+            println!("SSD store format v{}", kvtier_ssd::format::FORMAT_VERSION);
             Ok(())
         }
     }

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod crash_writer;
+mod inspect;
 
 use std::process::ExitCode;
 
