@@ -10,7 +10,11 @@
 //! the chunks it returns, and a mismatch is a miss — the record is dropped, tombstoned,
 //! quarantined and counted, and its bytes are never returned.
 
-use std::collections::HashMap;
+mod capacity;
+
+pub use capacity::Enforced;
+
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -21,6 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvtier_core::clock::Clock;
 use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
 use kvtier_core::stats::{Evictions, TierStats};
 use kvtier_core::tier::{
     BlockMeta, PutOutcome, RejectReason, RemovalCause, ResidencySink, Tier, TierKind,
@@ -41,6 +46,15 @@ pub struct SsdConfig {
     /// How long a hash stays quarantined after a collision or a corrupt read
     /// (default 1 hour).
     pub quarantine: Duration,
+    /// Payload bytes the whole store may hold (default 64 GiB).
+    pub capacity_bytes: u64,
+    /// Payload bytes one namespace (LayoutKey) may hold unless overridden
+    /// (default: no separate limit, only the store's capacity).
+    pub namespace_bytes: Option<u64>,
+    /// Per-namespace budgets that replace `namespace_bytes` for those layouts.
+    pub namespace_overrides: BTreeMap<LayoutDigest, u64>,
+    /// A block not read or stored for this long is dropped (default 7 days).
+    pub ttl: Duration,
 }
 
 impl SsdConfig {
@@ -50,6 +64,10 @@ impl SsdConfig {
             dir: dir.into(),
             store: StoreConfig::default(),
             quarantine: Duration::from_secs(3600),
+            capacity_bytes: 64 << 30,
+            namespace_bytes: None,
+            namespace_overrides: BTreeMap::new(),
+            ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -58,6 +76,7 @@ impl SsdConfig {
 struct Held {
     loc: Loc,
     meta: BlockMeta,
+    /// Last store or read, in the injected clock's nanoseconds.
     last_access: AtomicU64,
 }
 
@@ -67,9 +86,12 @@ struct Counters {
     dedup_skips: u64,
     rejected_collision: u64,
     rejected_quarantined: u64,
+    rejected_no_space: u64,
     io_errors: u64,
     evictions: Evictions,
     resident_bytes: u64,
+    /// Payload bytes held per namespace.
+    namespace_bytes: HashMap<LayoutDigest, u64>,
 }
 
 /// See the module docs.
@@ -118,6 +140,7 @@ impl SsdTier {
         let mut blocks = HashMap::with_capacity(recovered.len());
         let mut counters = Counters::default();
         let now = clock.now_nanos();
+        let wall_now = wall_ms();
         for r in recovered {
             if r.header.kind != Kind::Block {
                 continue;
@@ -131,12 +154,18 @@ impl SsdTier {
                 extra_tag: r.header.extra_tag,
             };
             counters.resident_bytes += r.loc.payload_len;
+            *counters.namespace_bytes.entry(meta.layout).or_default() += r.loc.payload_len;
+            // Across a restart the last access is not known; the store time is the best
+            // lower bound, mapped into the clock's time line.
+            let age_ns = wall_now
+                .saturating_sub(r.header.created_ms)
+                .saturating_mul(1_000_000);
             blocks.insert(
                 meta.hash,
                 Arc::new(Held {
                     loc: r.loc,
                     meta,
-                    last_access: AtomicU64::new(now),
+                    last_access: AtomicU64::new(now.saturating_sub(age_ns)),
                 }),
             );
         }
@@ -201,6 +230,9 @@ impl SsdTier {
         {
             let mut c = self.counters.lock();
             c.resident_bytes -= held.loc.payload_len;
+            if let Some(b) = c.namespace_bytes.get_mut(&held.meta.layout) {
+                *b -= held.loc.payload_len;
+            }
             match cause {
                 RemovalCause::Budget => c.evictions.budget += 1,
                 RemovalCause::Ttl => c.evictions.ttl += 1,
@@ -276,6 +308,9 @@ impl Tier for SsdTier {
             self.counters.lock().rejected_collision += 1;
             return Ok(PutOutcome::Rejected(RejectReason::Collision));
         }
+        if !self.make_room(meta.layout, payload.len() as u64)? {
+            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
+        }
         let chunk_log2 = self.config.store.chunk_log2;
         let mut key = [0u8; 32];
         key[..16].copy_from_slice(&meta.hash.0);
@@ -318,6 +353,7 @@ impl Tier for SsdTier {
             let mut c = self.counters.lock();
             c.stores += 1;
             c.resident_bytes += loc.payload_len;
+            *c.namespace_bytes.entry(meta.layout).or_default() += loc.payload_len;
         }
         // Published under the map lock, so a concurrent removal reports after this.
         self.sink.inserted(TierKind::Ssd, meta);
@@ -364,6 +400,8 @@ impl Tier for SsdTier {
             evictions: c.evictions,
             resident_blocks: blocks.len() as u64,
             resident_bytes: c.resident_bytes,
+            capacity_bytes: self.config.capacity_bytes,
+            rejected_no_space: c.rejected_no_space,
             ..TierStats::default()
         }
     }
