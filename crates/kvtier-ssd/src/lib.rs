@@ -11,4 +11,4 @@ pub mod store;
 mod tier;
 
 pub use store::{Durability, RecoveryReport, SegmentStore, StoreConfig};
-pub use tier::{Enforced, SsdConfig, SsdTier};
+pub use tier::{Compacted, Enforced, SsdConfig, SsdTier};

@@ -230,6 +230,39 @@ impl SegmentStore {
         Ok(loc)
     }
 
+    /// The id of the segment being appended to.
+    pub fn active_segment(&self) -> u64 {
+        self.active.lock().segment.id
+    }
+
+    /// The ids of every segment, oldest first.
+    pub fn segment_ids(&self) -> Vec<u64> {
+        self.segments.read().keys().copied().collect()
+    }
+
+    /// The size of segment `id`'s data file.
+    pub fn segment_len(&self, id: u64) -> Option<u64> {
+        let seg = self.segments.read().get(&id).cloned()?;
+        seg.seg.metadata().ok().map(|m| m.len())
+    }
+
+    /// Deletes sealed segment `id` (data file and index log). The caller has moved or
+    /// given up every live record in it. The active segment is never removed.
+    pub fn remove_segment(&self, id: u64) -> Result<()> {
+        if id == self.active_segment() {
+            return Err(Error::invalid("the active segment cannot be removed"));
+        }
+        self.segments.write().remove(&id);
+        for path in [seg_path(&self.dir, id), idx_path(&self.dir, id)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error(&path, "remove", &e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Marks the record at `loc` (with `key`) dead in its segment's index log.
     pub fn tombstone(&self, loc: &Loc, key: [u8; 32]) -> Result<()> {
         let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {

@@ -141,6 +141,8 @@ impl SsdTier {
         if self.counters.lock().resident_bytes > self.config.capacity_bytes {
             report.evicted += self.evict_lru(None, self.config.capacity_bytes)?;
         }
+        // Reclaim the space those drops left, by whole segments.
+        self.compact(0.5)?;
         Ok(report)
     }
 

@@ -11,8 +11,10 @@
 //! quarantined and counted, and its bytes are never returned.
 
 mod capacity;
+mod compact;
 
 pub use capacity::Enforced;
+pub use compact::Compacted;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -92,6 +94,11 @@ struct Counters {
     resident_bytes: u64,
     /// Payload bytes held per namespace.
     namespace_bytes: HashMap<LayoutDigest, u64>,
+    /// Bytes of live records per segment (record length, padding included).
+    segment_live: HashMap<u64, u64>,
+    /// Segments reclaimed by compaction, and records moved out of them.
+    segments_reclaimed: u64,
+    records_relocated: u64,
 }
 
 /// See the module docs.
@@ -155,6 +162,7 @@ impl SsdTier {
             };
             counters.resident_bytes += r.loc.payload_len;
             *counters.namespace_bytes.entry(meta.layout).or_default() += r.loc.payload_len;
+            *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
             // Across a restart the last access is not known; the store time is the best
             // lower bound, mapped into the clock's time line.
             let age_ns = wall_now
@@ -224,12 +232,35 @@ impl SsdTier {
 
     /// Drops a held block: out of the map, tombstoned on disk, reported to the sink.
     fn drop_block(&self, hash: &BlockHash, cause: RemovalCause) -> Result<bool> {
-        let Some(held) = self.blocks.write().remove(hash) else {
-            return Ok(false);
+        self.drop_if(hash, None, cause)
+    }
+
+    /// Like [`SsdTier::drop_block`], but only if the map still holds `expected` (when
+    /// given): a record that compaction moved meanwhile is not the one that failed.
+    fn drop_if(
+        &self,
+        hash: &BlockHash,
+        expected: Option<&Arc<Held>>,
+        cause: RemovalCause,
+    ) -> Result<bool> {
+        let held = {
+            let mut blocks = self.blocks.write();
+            match (blocks.get(hash), expected) {
+                (None, _) => return Ok(false),
+                (Some(now), Some(exp)) if !Arc::ptr_eq(now, exp) => return Ok(false),
+                _ => {}
+            }
+            match blocks.remove(hash) {
+                Some(h) => h,
+                None => return Ok(false),
+            }
         };
         {
             let mut c = self.counters.lock();
             c.resident_bytes -= held.loc.payload_len;
+            if let Some(live) = c.segment_live.get_mut(&held.loc.segment) {
+                *live = live.saturating_sub(held.loc.record_len);
+            }
             if let Some(b) = c.namespace_bytes.get_mut(&held.meta.layout) {
                 *b -= held.loc.payload_len;
             }
@@ -250,12 +281,31 @@ impl SsdTier {
         Ok(true)
     }
 
+    /// Writes a block record (durable as configured) and returns where it lives.
+    fn write_record(&self, meta: &BlockMeta, payload: &[u8]) -> Result<Loc> {
+        let chunk_log2 = self.config.store.chunk_log2;
+        let header = RecordHeader {
+            kind: Kind::Block,
+            layout: meta.layout,
+            key: key_of(&meta.hash),
+            parent: meta.parent,
+            position: meta.position,
+            tokens: meta.tokens.to_vec(),
+            extra_tag: meta.extra_tag,
+            payload_len: payload.len() as u64,
+            created_ms: wall_ms(),
+            chunk_log2,
+            chunk_crcs: chunk_crcs(payload, chunk_log2),
+        };
+        self.store.append(&header, payload)
+    }
+
     fn read(&self, hash: &BlockHash, range: Option<Range<u64>>) -> Result<Option<Bytes>> {
         let Some(held) = self.blocks.read().get(hash).cloned() else {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
-        match self.store.read(&held.loc, &key_of(hash), range) {
+        match self.store.read(&held.loc, &key_of(hash), range.clone()) {
             Ok(bytes) => {
                 held.last_access
                     .store(self.clock.now_nanos(), Ordering::Relaxed);
@@ -263,10 +313,19 @@ impl SsdTier {
                 Ok(Some(bytes))
             }
             Err(ReadFault::Corrupt(why)) => {
+                if self
+                    .blocks
+                    .read()
+                    .get(hash)
+                    .is_some_and(|now| !Arc::ptr_eq(now, &held))
+                {
+                    // Compaction moved the record while we read its old copy: read again.
+                    return self.read(hash, range);
+                }
                 tracing::warn!(block = %hash, %why, "corrupt record: dropping and quarantining it");
                 self.misses.fetch_add(1, Ordering::Relaxed);
                 self.quarantine(*hash);
-                self.drop_block(hash, RemovalCause::Corrupt)?;
+                self.drop_if(hash, Some(&held), RemovalCause::Corrupt)?;
                 Ok(None)
             }
             Err(ReadFault::Io(e)) => {
@@ -311,23 +370,8 @@ impl Tier for SsdTier {
         if !self.make_room(meta.layout, payload.len() as u64)? {
             return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
         }
-        let chunk_log2 = self.config.store.chunk_log2;
-        let mut key = [0u8; 32];
-        key[..16].copy_from_slice(&meta.hash.0);
-        let header = RecordHeader {
-            kind: Kind::Block,
-            layout: meta.layout,
-            key,
-            parent: meta.parent,
-            position: meta.position,
-            tokens: meta.tokens.to_vec(),
-            extra_tag: meta.extra_tag,
-            payload_len: payload.len() as u64,
-            created_ms: wall_ms(),
-            chunk_log2,
-            chunk_crcs: chunk_crcs(&payload, chunk_log2),
-        };
-        let loc = match self.store.append(&header, &payload) {
+        let key = key_of(&meta.hash);
+        let loc = match self.write_record(meta, &payload) {
             Ok(loc) => loc,
             Err(e) => {
                 self.counters.lock().io_errors += 1;
@@ -354,6 +398,7 @@ impl Tier for SsdTier {
             c.stores += 1;
             c.resident_bytes += loc.payload_len;
             *c.namespace_bytes.entry(meta.layout).or_default() += loc.payload_len;
+            *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
         }
         // Published under the map lock, so a concurrent removal reports after this.
         self.sink.inserted(TierKind::Ssd, meta);
