@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// Default: every row.
     #[arg(long, value_name = "TEXT")]
     pub filter: Option<String>,
+
+    /// Directory for the SSD rows' stores and raw files (removed afterwards); put it on
+    /// the disk you want measured. Default: a new directory in the system temp dir.
+    #[arg(long, value_name = "DIR")]
+    pub ssd_dir: Option<std::path::PathBuf>,
 }
 
 /// Runs the parsed command.

@@ -230,6 +230,22 @@ impl SegmentStore {
         Ok(loc)
     }
 
+    /// Syncs every segment's data and index log (`fdatasync`), making everything
+    /// written so far durable whatever the configured durability.
+    pub fn sync(&self) -> Result<()> {
+        let segments: Vec<Arc<Segment>> = self.segments.read().values().cloned().collect();
+        for seg in segments {
+            seg.seg
+                .sync_data()
+                .map_err(|e| io_error(&seg_path(&self.dir, seg.id), "sync", &e))?;
+            seg.idx
+                .lock()
+                .sync_data()
+                .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", &e))?;
+        }
+        Ok(())
+    }
+
     /// The id of the segment being appended to.
     pub fn active_segment(&self) -> u64 {
         self.active.lock().segment.id

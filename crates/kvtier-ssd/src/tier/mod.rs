@@ -203,6 +203,11 @@ impl SsdTier {
         })
     }
 
+    /// Makes everything stored so far durable (`fdatasync` of every segment and log).
+    pub fn sync(&self) -> Result<()> {
+        self.store.sync()
+    }
+
     /// What recovery found when the tier was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.recovery

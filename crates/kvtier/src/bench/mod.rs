@@ -8,6 +8,7 @@ mod rows_hash;
 mod rows_lookup;
 mod rows_ram;
 mod rows_snapshot;
+mod rows_ssd;
 
 use std::io::Write;
 
@@ -97,6 +98,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ("snapshot", rows_snapshot::rows),
     ];
     let mut rows = Vec::new();
+    let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id())));
     for (prefix, group) in groups {
         let got = group(effort, &wanted).with_context(|| format!("bench group `{prefix}`"))?;
         for r in &got {
@@ -104,6 +106,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         rows.extend(got);
     }
+    // The SSD rows write real files: into `--ssd-dir`, removed afterwards.
+    let got = rows_ssd::rows(effort, &wanted, &ssd_dir).context("bench group `ssd`");
+    let _ = std::fs::remove_dir_all(&ssd_dir);
+    for r in got.as_deref().unwrap_or(&[]) {
+        print_row(r);
+    }
+    rows.extend(got?);
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&rows)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
