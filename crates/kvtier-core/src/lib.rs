@@ -45,4 +45,5 @@ pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};
 pub use index::{BlockRef, Lookup, Prompt};
 pub use layout::{KvDtype, Layout, LayoutDigest, LayoutKey};
+pub use shard::PassThroughHasher;
 pub use tier::{Tier, TierKind};

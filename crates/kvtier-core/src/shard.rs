@@ -67,6 +67,11 @@ impl<V> ShardedMap<V> {
         &self.shards[shard_of(key)].0
     }
 
+    /// The number of the shard holding `key`.
+    pub fn shard_index(&self, key: &BlockHash) -> usize {
+        shard_of(key)
+    }
+
     /// A read guard on the shard holding `key`.
     pub fn read(&self, key: &BlockHash) -> ShardedLockReadGuard<'_, ShardMap<V>> {
         // A panic while holding a guard cannot leave a map half-updated in a way readers

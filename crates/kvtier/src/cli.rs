@@ -51,6 +51,11 @@ pub struct BenchArgs {
     /// the disk you want measured. Default: a new directory in the system temp dir.
     #[arg(long, value_name = "DIR")]
     pub ssd_dir: Option<std::path::PathBuf>,
+
+    /// Blocks in the store the recovery row reopens (8 KiB of disk each).
+    /// Default: 25,000 with --quick, 100,000 otherwise; the 1M row extrapolates from it.
+    #[arg(long, value_name = "N")]
+    pub recover_blocks: Option<usize>,
 }
 
 /// Runs the parsed command.

@@ -28,7 +28,13 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
     let out = kvtier().args(["bench", "--help"]).output()?;
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout)?;
-    for opt in ["--quick", "--json", "--filter"] {
+    for opt in [
+        "--quick",
+        "--json",
+        "--filter",
+        "--ssd-dir",
+        "--recover-blocks",
+    ] {
         assert!(text.contains(opt), "{opt} missing from:\n{text}");
     }
     assert_eq!(
@@ -78,6 +84,13 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "ram.load.2MiB.GBps.t2",
         "snapshot.put.us",
         "snapshot.get.us",
+        "ssd.store.256KiB.GBps",
+        "ssd.store.2MiB.GBps",
+        "ssd.load.256KiB.GBps",
+        "ssd.load.2MiB.GBps",
+        "ssd.enqueue.p99.us",
+        "ssd.recover.1M.s",
+        "ssd.restart.hit_ratio",
     ];
     for name in expected {
         assert!(names.contains(&name), "row {name} missing; got {names:?}");

@@ -95,6 +95,10 @@ impl ResidencySink for EngineSink {
         self.index.inserted(tier, meta);
     }
 
+    fn inserted_many(&self, tier: TierKind, metas: &[&BlockMeta]) {
+        self.index.inserted_many(tier, metas);
+    }
+
     fn removed(
         &self,
         tier: TierKind,

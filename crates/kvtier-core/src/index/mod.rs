@@ -276,21 +276,43 @@ impl PrefixIndex {
     }
 }
 
-impl ResidencySink for PrefixIndex {
-    fn inserted(&self, tier: TierKind, meta: &BlockMeta) {
-        let mut shard = self.map.write(&meta.hash);
+impl PrefixIndex {
+    fn insert_locked(shard: &mut crate::shard::ShardMap<Entry>, tier: TierKind, meta: &BlockMeta) {
         match shard.get_mut(&meta.hash) {
             Some(e) if e.cold.meta == *meta => e.tiers |= tier.bit(),
-            Some(e) => {
-                // Same hash, different content: a collision. Keep neither; a miss is safe.
+            Some(_) => {
+                // Same hash, different content: a collision. Index neither; a miss is safe.
                 tracing::warn!(block = %meta.hash, "two different blocks share one hash; dropping the index entry");
-                e.tiers = 0;
                 shard.remove(&meta.hash);
             }
             None => {
                 shard.insert(meta.hash, Entry::new(meta, tier.bit()));
             }
         }
+    }
+}
+
+impl ResidencySink for PrefixIndex {
+    fn inserted_many(&self, tier: TierKind, metas: &[&BlockMeta]) {
+        let mut by_shard: Vec<Vec<&BlockMeta>> = Vec::new();
+        for meta in metas {
+            let i = self.map.shard_index(&meta.hash);
+            if by_shard.len() <= i {
+                by_shard.resize_with(i + 1, Vec::new);
+            }
+            by_shard[i].push(meta);
+        }
+        for group in by_shard.iter().filter(|g| !g.is_empty()) {
+            let mut shard = self.map.write(&group[0].hash);
+            for meta in group {
+                Self::insert_locked(&mut shard, tier, meta);
+            }
+        }
+    }
+
+    fn inserted(&self, tier: TierKind, meta: &BlockMeta) {
+        let mut shard = self.map.write(&meta.hash);
+        Self::insert_locked(&mut shard, tier, meta);
     }
 
     fn removed(&self, tier: TierKind, meta: &BlockMeta, _: RemovalCause, _: Option<&Bytes>) {

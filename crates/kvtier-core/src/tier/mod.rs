@@ -133,6 +133,14 @@ pub trait ResidencySink: Send + Sync + Debug + 'static {
     /// `tier` now holds the block described by `meta`.
     fn inserted(&self, tier: TierKind, meta: &BlockMeta);
 
+    /// `tier` now holds all of `metas` (recovery reports a whole store at once). The
+    /// default reports them one by one; the index takes each shard's lock once.
+    fn inserted_many(&self, tier: TierKind, metas: &[&BlockMeta]) {
+        for meta in metas {
+            self.inserted(tier, meta);
+        }
+    }
+
     /// `tier` no longer holds `meta`'s block. `payload` is the evicted bytes when the tier
     /// still has them (so a lower tier can take them over), `None` otherwise.
     fn removed(

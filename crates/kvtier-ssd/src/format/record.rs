@@ -198,11 +198,10 @@ impl RecordHeader {
         if crc != u32_at(124) {
             return Err(DecodeError::Checksum);
         }
-        let words: Vec<u32> = tail
-            .chunks_exact(4)
-            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-            .collect();
-        let (tokens, chunk_crcs) = words.split_at(token_count as usize);
+        let word = |w: &[u8]| u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        let (token_bytes, crc_bytes) = tail.split_at(4 * token_count as usize);
+        let tokens: Vec<u32> = token_bytes.chunks_exact(4).map(word).collect();
+        let chunk_crcs: Vec<u32> = crc_bytes.chunks_exact(4).map(word).collect();
         let mut key = [0u8; 32];
         key.copy_from_slice(&fixed[24..56]);
         Ok(Self {
@@ -211,12 +210,12 @@ impl RecordHeader {
             key,
             parent: BlockHash(arr16(56)),
             position: u32_at(72),
-            tokens: tokens.to_vec(),
+            tokens,
             extra_tag: (fixed[7] & 1 == 1).then(|| arr16(80)),
             payload_len,
             created_ms: u64_at(104),
             chunk_log2,
-            chunk_crcs: chunk_crcs.to_vec(),
+            chunk_crcs,
         })
     }
 }

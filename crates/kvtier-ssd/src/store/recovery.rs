@@ -3,12 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
+use std::hash::BuildHasherDefault;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::Result;
+use kvtier_core::{PassThroughHasher, Result};
 use parking_lot::Mutex;
 
 use super::{Loc, Segment, idx_path, io_error, seg_path};
@@ -86,7 +87,8 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
 
     let mut segments = BTreeMap::new();
     // key -> (segment, position in `live`), so a later copy supersedes an earlier one.
-    let mut by_key: HashMap<[u8; 32], usize> = HashMap::new();
+    let mut by_key: HashMap<[u8; 32], usize, BuildHasherDefault<PassThroughHasher>> =
+        HashMap::default();
     let mut live: Vec<Option<Recovered>> = Vec::new();
     for id in seg_ids {
         let Some((segment, records)) = recover_segment(dir, id, &mut report)? else {
@@ -178,7 +180,9 @@ fn recover_segment(
             .map_err(|e| io_error(&ipath, "rebuild", &e))?;
     }
 
-    let mut at_offset: BTreeMap<u64, Recovered> = BTreeMap::new();
+    // Records are logged in offset order; tombstones (rare) name a record by offset.
+    let mut records: Vec<Recovered> = Vec::with_capacity(entries.len());
+    let mut dead: HashMap<u64, [u8; 32]> = HashMap::new();
     for entry in entries {
         match entry {
             IndexEntry::Record { offset, header } => {
@@ -187,19 +191,28 @@ fn recover_segment(
                     report.dropped_missing += 1;
                     continue;
                 }
-                at_offset.insert(offset, Recovered { loc, header });
+                records.push(Recovered { loc, header });
             }
             IndexEntry::Tombstone { offset, key } => {
-                if at_offset.get(&offset).is_some_and(|r| r.header.key == key) {
-                    at_offset.remove(&offset);
-                    report.tombstoned += 1;
-                }
+                dead.insert(offset, key);
             }
         }
     }
+    if !dead.is_empty() {
+        records.retain(|r| {
+            let is_dead = dead.get(&r.loc.offset).is_some_and(|k| *k == r.header.key);
+            if is_dead {
+                report.tombstoned += 1;
+            }
+            !is_dead
+        });
+    }
+    // A record written twice at one offset cannot happen (offsets only grow); sort in
+    // case a rebuilt log listed them out of order.
+    records.sort_by_key(|r| r.loc.offset);
     // Data past the last indexed record was never acknowledged: cut it off.
-    let end = at_offset
-        .values()
+    let end = records
+        .iter()
         .map(|r| align_up(r.loc.data_end()))
         .max()
         .unwrap_or(SEGMENT_HEADER_LEN);
@@ -213,7 +226,7 @@ fn recover_segment(
         seg,
         idx: Mutex::new(idx),
     };
-    Ok(Some((segment, at_offset.into_values().collect())))
+    Ok(Some((segment, records)))
 }
 
 /// Rebuilds a segment's index entries by reading every record header in order, stopping

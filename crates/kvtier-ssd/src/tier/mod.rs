@@ -18,6 +18,7 @@ pub use compact::Compacted;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use kvtier_core::stats::{Evictions, TierStats};
 use kvtier_core::tier::{
     BlockMeta, PutOutcome, RejectReason, RemovalCause, ResidencySink, Tier, TierKind,
 };
-use kvtier_core::{Error, Result};
+use kvtier_core::{Error, PassThroughHasher, Result};
 use parking_lot::{Mutex, RwLock};
 
 use crate::format::{Kind, RecordHeader, chunk_crcs};
@@ -104,7 +105,7 @@ struct Counters {
 /// See the module docs.
 pub struct SsdTier {
     store: SegmentStore,
-    blocks: RwLock<HashMap<BlockHash, Arc<Held>>>,
+    blocks: RwLock<HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>>>,
     quarantine: Mutex<HashMap<BlockHash, u64>>,
     counters: Mutex<Counters>,
     hits: AtomicU64,
@@ -144,11 +145,12 @@ impl SsdTier {
         sink: Arc<dyn ResidencySink>,
     ) -> Result<Self> {
         let (store, recovered, recovery) = SegmentStore::open(&config.dir, config.store)?;
-        let mut blocks = HashMap::with_capacity(recovered.len());
+        let mut blocks: HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>> =
+            HashMap::with_capacity_and_hasher(recovered.len(), BuildHasherDefault::default());
         let mut counters = Counters::default();
         let now = clock.now_nanos();
         let wall_now = wall_ms();
-        for r in recovered {
+        for mut r in recovered {
             if r.header.kind != Kind::Block {
                 continue;
             }
@@ -157,7 +159,7 @@ impl SsdTier {
                 hash: r.header.block_hash(),
                 parent: r.header.parent,
                 position: r.header.position,
-                tokens: r.header.tokens.clone().into(),
+                tokens: Arc::from(std::mem::take(&mut r.header.tokens)),
                 extra_tag: r.header.extra_tag,
             };
             counters.resident_bytes += r.loc.payload_len;
@@ -177,9 +179,9 @@ impl SsdTier {
                 }),
             );
         }
-        for held in blocks.values() {
-            sink.inserted(TierKind::Ssd, &held.meta);
-        }
+        let metas: Vec<&BlockMeta> = blocks.values().map(|h| &h.meta).collect();
+        sink.inserted_many(TierKind::Ssd, &metas);
+        drop(metas);
         tracing::info!(
             dir = %config.dir.display(),
             records = recovery.records,

@@ -98,7 +98,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ("snapshot", rows_snapshot::rows),
     ];
     let mut rows = Vec::new();
-    let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id())));
+    let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()))
+    });
     for (prefix, group) in groups {
         let got = group(effort, &wanted).with_context(|| format!("bench group `{prefix}`"))?;
         for r in &got {
@@ -107,7 +109,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         rows.extend(got);
     }
     // The SSD rows write real files: into `--ssd-dir`, removed afterwards.
-    let got = rows_ssd::rows(effort, &wanted, &ssd_dir).context("bench group `ssd`");
+    let recover_blocks = args.recover_blocks.unwrap_or(25_000 * effort.scale);
+    let got =
+        rows_ssd::rows(effort, &wanted, &ssd_dir, recover_blocks).context("bench group `ssd`");
     let _ = std::fs::remove_dir_all(&ssd_dir);
     for r in got.as_deref().unwrap_or(&[]) {
         print_row(r);
