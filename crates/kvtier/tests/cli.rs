@@ -39,7 +39,7 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
     }
     assert_eq!(
         text.matches("Default:").count(),
-        3,
+        5,
         "every option names its default:\n{text}"
     );
     Ok(())
