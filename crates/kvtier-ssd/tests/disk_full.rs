@@ -1,0 +1,132 @@
+//! A full disk (ENOSPC) on a real filesystem: a 1 MiB tmpfs the test mounts (root is
+//! needed; CI runs as root). Writes fail with a `NoSpace` error and are counted, nothing
+//! panics, what was stored before stays readable, and an engine over the tier keeps
+//! serving from RAM while its writer counts the failures.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::tier::{RamConfig, Tier};
+use kvtier_core::{Engine, ErrorKind, ExtraKeys, PersistConfig};
+use kvtier_ssd::{SsdConfig, SsdTier};
+
+/// A tmpfs of `size`, unmounted when dropped.
+struct SmallFs {
+    dir: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(size: &str) -> Self {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("fs");
+        std::fs::create_dir(&dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "this test mounts a small tmpfs and needs root (CI runs as root)"
+        );
+        Self {
+            dir,
+            _parent: parent,
+        }
+    }
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_an_error_not_a_crash_and_earlier_blocks_survive() {
+    let fs = SmallFs::mount("1m");
+    let (tier, _) = common::open(fs.path());
+    let blocks = common::chain(40, 9); // 40 × 36 KiB > 1 MiB
+    let mut stored = Vec::new();
+    let mut no_space = 0;
+    for (m, p) in &blocks {
+        match tier.put(m, p.clone()) {
+            Ok(_) => stored.push((m.clone(), p.clone())),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
+                no_space += 1;
+            }
+        }
+    }
+    assert!(no_space > 0, "the disk never filled");
+    assert!(!stored.is_empty());
+    assert_eq!(tier.stats().io_errors, no_space);
+    for (m, p) in &stored {
+        assert_eq!(
+            tier.get(&m.hash).unwrap().as_ref(),
+            Some(p),
+            "a block stored before the disk filled is gone"
+        );
+    }
+}
+
+#[test]
+fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
+    let fs = SmallFs::mount("1m");
+    let dir = fs.path().to_path_buf();
+    let e = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: 64 << 20,
+        })
+        .persistent_tier(PersistConfig::default(), move |sink| {
+            let mut c = SsdConfig::new(dir);
+            c.store.segment_bytes = 256 << 10;
+            Ok(Arc::new(SsdTier::open(
+                c,
+                Arc::new(kvtier_core::clock::SystemClock::new()),
+                sink,
+            )?) as Arc<dyn Tier>)
+        })
+        .build()
+        .unwrap();
+    let layout = e
+        .register_layout(kvtier_core::LayoutKey::new(
+            "full",
+            kvtier_core::KvDtype::F16,
+            16,
+            4,
+            2,
+            64,
+        ))
+        .unwrap();
+    let tokens: Vec<u32> = (0..16 * 40).collect();
+    let prompt = e
+        .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    let payload = vec![7u8; layout.block_bytes() as usize];
+    let refs: Vec<&[u8]> = (0..40).map(|_| payload.as_slice()).collect();
+    assert_eq!(e.store(&prompt, &refs).unwrap().stored, 40);
+    assert!(e.flush(Duration::from_secs(10)));
+    let s = e.stats();
+    assert!(s.writer.unwrap().failed > 0, "{s:?}");
+    // RAM serves everything.
+    let hit = e.lookup(&prompt);
+    assert_eq!(hit.blocks.len(), 40);
+    let loaded = e.load(&hit.blocks).unwrap();
+    assert!(loaded.complete && loaded.blocks.iter().all(|b| b[..] == payload[..]));
+    drop(e);
+}
