@@ -7,6 +7,8 @@
 //! to the caller, who publishes it — only after its bytes and its index entry are written
 //! and, with [`Durability::Fsync`], synced: write, make durable, then publish (seed 004).
 
+mod buffers;
+pub mod direct;
 mod lock;
 mod recovery;
 
@@ -128,6 +130,7 @@ pub struct SegmentStore {
     config: StoreConfig,
     segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     active: Mutex<Active>,
+    buffers: buffers::BufferPool,
     _lock: DirLock,
 }
 
@@ -171,6 +174,7 @@ impl SegmentStore {
                     segment: active,
                     tail: SEGMENT_HEADER_LEN,
                 }),
+                buffers: buffers::BufferPool::default(),
                 _lock: lock,
             },
             recovered,
@@ -361,14 +365,15 @@ impl SegmentStore {
         } else {
             loc.meta_len
         };
-        let mut head = vec![0u8; head_len as usize];
-        seg.seg.read_exact_at(&mut head, loc.offset).map_err(|e| {
+        let eof_or_io = |e: std::io::Error| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 corrupt("record truncated")
             } else {
                 io(e)
             }
-        })?;
+        };
+        let head =
+            read_at(&self.buffers, &seg, loc.offset, head_len as usize).map_err(eof_or_io)?;
         let header = RecordHeader::decode(&head)
             .map_err(|e| corrupt(&format!("bad record header ({e:?})")))?;
         if header.key != *key || header.payload_len != loc.payload_len {
@@ -380,19 +385,20 @@ impl SegmentStore {
         let span_start = first * chunk;
         let span_end = ((last + 1) * chunk).min(loc.payload_len);
         let (buf, base): (Bytes, u64) = if whole {
-            (Bytes::from(head), loc.payload_offset)
+            (head, loc.payload_offset)
         } else {
-            let mut span = vec![0u8; (span_end - span_start) as usize];
-            seg.seg
-                .read_exact_at(&mut span, loc.offset + loc.payload_offset + span_start)
-                .map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        corrupt("record truncated")
-                    } else {
-                        io(e)
-                    }
-                })?;
-            (Bytes::from(span), 0)
+            // Start the span read on a page boundary (chunks are at least 512 bytes, so
+            // a span can start inside a page).
+            let at = loc.offset + loc.payload_offset + span_start;
+            let lead = at % crate::format::ALIGN;
+            let span = read_at(
+                &self.buffers,
+                &seg,
+                at - lead,
+                (lead + span_end - span_start) as usize,
+            )
+            .map_err(eof_or_io)?;
+            (span, lead)
         };
         let data = buf.slice(base as usize..);
         for c in first..=last {
@@ -405,6 +411,21 @@ impl SegmentStore {
         }
         Ok(data.slice((range.start - span_start) as usize..(range.end - span_start) as usize))
     }
+}
+
+/// Reads `len` bytes at `offset` (a page boundary).
+///
+/// Cached reads, on purpose: measured here, a direct (O_DIRECT) read of one 2 MiB record
+/// at a time runs at 0.4–0.5× a cached one, because it loses the kernel's readahead. Direct
+/// reads pay off only with several requests in flight, which the prefetch path (next) will
+/// issue; `direct` is ready for it.
+fn read_at(
+    pool: &buffers::BufferPool,
+    seg: &Segment,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<Bytes> {
+    pool.filled(len, |buf| seg.seg.read_exact_at(buf, offset))
 }
 
 fn create_segment(dir: &Path, id: u64) -> Result<Segment> {
