@@ -178,3 +178,50 @@ fn a_chain_longer_than_ram_continues_on_the_ssd() {
         assert_eq!(&b[..], &bytes[i][..]);
     }
 }
+
+#[test]
+fn snapshots_survive_a_restart_and_stay_exact_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..300).collect();
+    let state: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i * 13) as u8).collect();
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        let l = e.register_layout(key(KvDtype::F32)).unwrap();
+        e.snapshot_put(l.digest(), &prompt, Some(b"chat-1"), &state)
+            .unwrap();
+        assert!(e.shutdown(Duration::from_secs(10)).unwrap().clean);
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+    let l = e.register_layout(key(KvDtype::F32)).unwrap();
+    let got = e
+        .snapshot_get(l.digest(), &prompt, Some(b"chat-1"))
+        .unwrap();
+    assert_eq!(
+        got.as_deref(),
+        Some(&state[..]),
+        "the snapshot did not survive the restart"
+    );
+    // Restored into the bucket: the next get is a bucket hit.
+    assert!(
+        e.snapshot_get(l.digest(), &prompt, Some(b"chat-1"))
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(e.stats().snapshot.hits, 1);
+    assert!(
+        e.snapshot_get(l.digest(), &prompt[..299], Some(b"chat-1"))
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        e.snapshot_get(l.digest(), &prompt, Some(b"chat-2"))
+            .unwrap()
+            .is_none()
+    );
+    let other = e.register_layout(key(KvDtype::F16)).unwrap();
+    assert!(
+        e.snapshot_get(other.digest(), &prompt, Some(b"chat-1"))
+            .unwrap()
+            .is_none()
+    );
+}

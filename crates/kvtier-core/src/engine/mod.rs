@@ -264,7 +264,14 @@ impl Engine {
         let ram = &self.ram;
         // One copy into memory the bucket will own, with the same streaming copy as blocks.
         let owned = crate::tier::copy_payload(blob);
-        Ok(self.snapshots.put(key, owned, &|n| ram.evict_bytes(n)))
+        let outcome = self
+            .snapshots
+            .put(key, owned.clone(), &|n| ram.evict_bytes(n));
+        // A persistent tier keeps it too, so it survives a restart.
+        if let Some(lower) = &self.lower {
+            lower.writer.enqueue_snapshot(key, layout, owned);
+        }
+        Ok(outcome)
     }
 
     /// The state stored for exactly `tokens` (and `session`) under `layout`, if any.
@@ -276,9 +283,21 @@ impl Engine {
     ) -> Result<Option<Bytes>> {
         self.layout(layout)?;
         self.check_token_count(tokens.len())?;
-        Ok(self
-            .snapshots
-            .get(&SnapshotKey::new(layout, tokens, session)))
+        let key = SnapshotKey::new(layout, tokens, session);
+        if let Some(blob) = self.snapshots.get(&key) {
+            return Ok(Some(blob));
+        }
+        // After a restart the bucket starts empty: restore from the persistent tier.
+        let Some(store) = self.lower.as_ref().and_then(|l| l.tier.snapshots()) else {
+            return Ok(None);
+        };
+        let Some(blob) = store.get_snapshot(&key)? else {
+            return Ok(None);
+        };
+        let ram = &self.ram;
+        self.snapshots
+            .put(key, blob.clone(), &|n| ram.evict_bytes(n));
+        Ok(Some(blob))
     }
 
     /// The RAM tier, for inspection and tests.

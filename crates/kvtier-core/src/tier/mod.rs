@@ -27,6 +27,7 @@ pub use ram::{RamConfig, RamTier, copy_payload};
 use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::layout::LayoutDigest;
+use crate::snapshot::SnapshotKey;
 use crate::stats::TierStats;
 
 /// The kinds of tier, fastest first. The discriminant is the tier's bit in residency masks.
@@ -194,4 +195,19 @@ pub trait Tier: Send + Sync + Debug + 'static {
 
     /// A consistent snapshot of the tier's counters.
     fn stats(&self) -> TierStats;
+
+    /// The tier's store for recurrent-state snapshots, if it keeps them (a persistent tier
+    /// does, so snapshots survive a restart). Default: none.
+    fn snapshots(&self) -> Option<&dyn SnapshotStore> {
+        None
+    }
+}
+
+/// Where a tier keeps snapshots of the snapshot bucket (exact-prefix recurrent state).
+pub trait SnapshotStore: Send + Sync + Debug {
+    /// Keeps `blob` under `key` (replacing what was there).
+    fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()>;
+
+    /// The blob under exactly `key`, verified, or `None`.
+    fn get_snapshot(&self, key: &SnapshotKey) -> Result<Option<Bytes>>;
 }

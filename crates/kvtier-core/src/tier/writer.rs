@@ -25,6 +25,8 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{BlockMeta, PutOutcome, Tier};
 use crate::hash::BlockHash;
+use crate::layout::LayoutDigest;
+use crate::snapshot::SnapshotKey;
 
 /// What to do when the queue stays full for the whole short wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +132,7 @@ pub struct Shutdown {
 
 enum Job {
     Put(BlockMeta, Bytes),
+    Snapshot(SnapshotKey, LayoutDigest, Bytes),
     Stop,
 }
 
@@ -163,6 +166,21 @@ struct Shared {
 }
 
 impl Shared {
+    fn write_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) {
+        let Some(store) = self.target.snapshots() else {
+            return;
+        };
+        match store.put_snapshot(key, layout, blob) {
+            Ok(()) => {
+                self.counters.saved.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "write-behind snapshot store failed");
+            }
+        }
+    }
+
     fn write(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome, ()> {
         let c = &self.counters;
         match self.target.put(meta, payload) {
@@ -310,6 +328,49 @@ impl WriteBehind {
         }
     }
 
+    /// Queues a snapshot for the target tier's snapshot store (a no-op for a tier without
+    /// one). Never waits: a full queue writes it on the caller's thread.
+    pub fn enqueue_snapshot(
+        &self,
+        key: SnapshotKey,
+        layout: LayoutDigest,
+        blob: Bytes,
+    ) -> Enqueued {
+        let s = &self.shared;
+        if s.target.snapshots().is_none() {
+            return Enqueued::Dropped;
+        }
+        {
+            let mut life = s.life.lock();
+            if life.closing {
+                s.counters.dropped_closed.fetch_add(1, Ordering::Relaxed);
+                return Enqueued::Closed;
+            }
+            life.inflight += 1;
+        }
+        let out = match self.tx.try_send(Job::Snapshot(key, layout, blob)) {
+            Ok(()) => {
+                s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                Enqueued::Queued
+            }
+            Err(
+                TrySendError::Full(Job::Snapshot(key, layout, blob))
+                | TrySendError::Disconnected(Job::Snapshot(key, layout, blob)),
+            ) => {
+                s.counters.sync_fallback.fetch_add(1, Ordering::Relaxed);
+                s.write_snapshot(&key, layout, &blob);
+                Enqueued::WrittenInline(Ok(PutOutcome::Stored))
+            }
+            Err(_) => Enqueued::Dropped,
+        };
+        let mut life = s.life.lock();
+        life.inflight -= 1;
+        if life.inflight == 0 {
+            s.changed.notify_all();
+        }
+        out
+    }
+
     /// Waits until everything queued so far is written (or `timeout` passes); the writer
     /// keeps running. Returns whether the queue drained in time.
     pub fn flush(&self, timeout: Duration) -> bool {
@@ -419,6 +480,11 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
                 }
                 s.pending.lock().remove(&hash);
+                let _life = s.life.lock();
+                s.changed.notify_all();
+            }
+            Job::Snapshot(key, layout, blob) => {
+                s.write_snapshot(&key, layout, &blob);
                 let _life = s.life.lock();
                 s.changed.notify_all();
             }

@@ -119,7 +119,10 @@ impl SsdTier {
             .filter(|h| now.saturating_sub(h.last_access.load(Ordering::Relaxed)) > ttl)
             .map(|h| h.meta.hash)
             .collect();
-        let mut report = Enforced::default();
+        let mut report = Enforced {
+            expired: self.expire_snapshots(now, ttl),
+            ..Enforced::default()
+        };
         for hash in expired {
             if self.drop_block(&hash, RemovalCause::Ttl)? {
                 report.expired += 1;

@@ -95,7 +95,9 @@ impl SsdTier {
                     let _ = self.store.tombstone(&loc, key_of(&hash));
                 }
             }
-            let left = self.blocks.read().values().any(|h| h.loc.segment == id);
+            done.relocated += self.relocate_snapshots(id)?;
+            let left = self.blocks.read().values().any(|h| h.loc.segment == id)
+                || self.snapshots.read().values().any(|h| h.loc.segment == id);
             if !left {
                 self.store.remove_segment(id)?;
                 let mut c = self.counters.lock();

@@ -12,6 +12,7 @@
 
 mod capacity;
 mod compact;
+mod snapshots;
 
 pub use capacity::Enforced;
 pub use compact::Compacted;
@@ -106,6 +107,7 @@ struct Counters {
 pub struct SsdTier {
     store: SegmentStore,
     blocks: RwLock<HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>>>,
+    snapshots: RwLock<HashMap<[u8; 32], Arc<snapshots::HeldSnapshot>>>,
     quarantine: Mutex<HashMap<BlockHash, u64>>,
     counters: Mutex<Counters>,
     hits: AtomicU64,
@@ -150,8 +152,21 @@ impl SsdTier {
         let mut counters = Counters::default();
         let now = clock.now_nanos();
         let wall_now = wall_ms();
+        let mut snapshot_map = HashMap::new();
         for mut r in recovered {
-            if r.header.kind != Kind::Block {
+            if r.header.kind == Kind::Snapshot {
+                *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
+                let age_ns = wall_now
+                    .saturating_sub(r.header.created_ms)
+                    .saturating_mul(1_000_000);
+                snapshot_map.insert(
+                    r.header.key,
+                    Arc::new(snapshots::HeldSnapshot {
+                        loc: r.loc,
+                        layout: r.header.layout,
+                        last_access: AtomicU64::new(now.saturating_sub(age_ns)),
+                    }),
+                );
                 continue;
             }
             let meta = BlockMeta {
@@ -194,6 +209,7 @@ impl SsdTier {
         Ok(Self {
             store,
             blocks: RwLock::new(blocks),
+            snapshots: RwLock::new(snapshot_map),
             quarantine: Mutex::new(HashMap::new()),
             counters: Mutex::new(counters),
             hits: AtomicU64::new(0),
@@ -436,6 +452,10 @@ impl Tier for SsdTier {
 
     fn remove(&self, hash: &BlockHash) -> Result<bool> {
         self.drop_block(hash, RemovalCause::Explicit)
+    }
+
+    fn snapshots(&self) -> Option<&dyn kvtier_core::tier::SnapshotStore> {
+        Some(self)
     }
 
     fn stats(&self) -> TierStats {

@@ -1,0 +1,145 @@
+//! Snapshots of the snapshot bucket, kept on the SSD so they survive a restart. They are
+//! records of kind 2 whose key is the 32-byte snapshot key; they expire with the same TTL
+//! as blocks (on the last access) and are verified on every read like blocks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use kvtier_core::Result;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
+use kvtier_core::snapshot::SnapshotKey;
+use kvtier_core::tier::SnapshotStore;
+
+use super::{SsdTier, wall_ms};
+use crate::format::{Kind, RecordHeader, chunk_crcs};
+use crate::store::{Loc, ReadFault};
+
+/// A snapshot the tier holds.
+#[derive(Debug)]
+pub(super) struct HeldSnapshot {
+    pub loc: Loc,
+    pub layout: LayoutDigest,
+    pub last_access: AtomicU64,
+}
+
+impl SsdTier {
+    fn drop_snapshot(&self, key: &[u8; 32]) {
+        let Some(old) = self.snapshots.write().remove(key) else {
+            return;
+        };
+        if let Some(live) = self.counters.lock().segment_live.get_mut(&old.loc.segment) {
+            *live = live.saturating_sub(old.loc.record_len);
+        }
+        if let Err(e) = self.store.tombstone(&old.loc, *key) {
+            self.counters.lock().io_errors += 1;
+            tracing::warn!(error = %e, "could not write a snapshot tombstone");
+        }
+    }
+
+    /// Drops snapshots not read or stored for longer than `ttl_ns`; returns how many.
+    pub(super) fn expire_snapshots(&self, now: u64, ttl_ns: u64) -> u64 {
+        let expired: Vec<[u8; 32]> = self
+            .snapshots
+            .read()
+            .iter()
+            .filter(|(_, h)| now.saturating_sub(h.last_access.load(Ordering::Relaxed)) > ttl_ns)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &expired {
+            self.drop_snapshot(key);
+        }
+        expired.len() as u64
+    }
+
+    /// Moves the snapshots stored in segment `id` to the active segment (compaction).
+    /// Returns how many were moved.
+    pub(super) fn relocate_snapshots(&self, id: u64) -> Result<u64> {
+        let movers: Vec<([u8; 32], Arc<HeldSnapshot>)> = self
+            .snapshots
+            .read()
+            .iter()
+            .filter(|(_, h)| h.loc.segment == id)
+            .map(|(k, h)| (*k, h.clone()))
+            .collect();
+        let mut moved = 0;
+        for (key, held) in movers {
+            match self.store.read(&held.loc, &key, None) {
+                Ok(blob) => {
+                    self.put_snapshot(&SnapshotKey(key), held.layout, &blob)?;
+                    moved += 1;
+                }
+                Err(ReadFault::Corrupt(_)) => self.drop_snapshot(&key),
+                Err(ReadFault::Io(e)) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Snapshots held now.
+    pub fn snapshot_count(&self) -> usize {
+        self.snapshots.read().len()
+    }
+}
+
+impl SnapshotStore for SsdTier {
+    fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()> {
+        let chunk_log2 = self.config.store.chunk_log2;
+        let header = RecordHeader {
+            kind: Kind::Snapshot,
+            layout,
+            key: key.0,
+            parent: BlockHash::default(),
+            position: 0,
+            tokens: Vec::new(),
+            extra_tag: None,
+            payload_len: blob.len() as u64,
+            created_ms: wall_ms(),
+            chunk_log2,
+            chunk_crcs: chunk_crcs(blob, chunk_log2),
+        };
+        let loc = self.store.append(&header, blob).inspect_err(|_| {
+            self.counters.lock().io_errors += 1;
+        })?;
+        let held = Arc::new(HeldSnapshot {
+            loc,
+            layout,
+            last_access: AtomicU64::new(self.clock.now_nanos()),
+        });
+        let old = self.snapshots.write().insert(key.0, held);
+        let mut c = self.counters.lock();
+        *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
+        if let Some(old) = old {
+            if let Some(live) = c.segment_live.get_mut(&old.loc.segment) {
+                *live = live.saturating_sub(old.loc.record_len);
+            }
+            drop(c);
+            let _ = self.store.tombstone(&old.loc, key.0);
+        }
+        Ok(())
+    }
+
+    fn get_snapshot(&self, key: &SnapshotKey) -> Result<Option<Bytes>> {
+        let Some(held) = self.snapshots.read().get(&key.0).cloned() else {
+            return Ok(None);
+        };
+        match self.store.read(&held.loc, &key.0, None) {
+            Ok(blob) => {
+                held.last_access
+                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                Ok(Some(blob))
+            }
+            Err(ReadFault::Corrupt(why)) => {
+                tracing::warn!(%why, "corrupt snapshot record: dropping it");
+                self.counters.lock().evictions.corrupt += 1;
+                self.drop_snapshot(&key.0);
+                Ok(None)
+            }
+            Err(ReadFault::Io(e)) => {
+                self.counters.lock().io_errors += 1;
+                Err(e)
+            }
+        }
+    }
+}
