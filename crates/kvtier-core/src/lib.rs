@@ -39,7 +39,8 @@ pub mod stats;
 pub mod tier;
 
 pub use engine::{
-    Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig, PersistMode, StoreReport,
+    Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig, PersistMode, Reattached,
+    StoreReport, TierOpener,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};

@@ -100,6 +100,13 @@ impl<V> ShardedMap<V> {
         }
     }
 
+    /// Runs `f` on every shard under its write lock, one shard at a time.
+    pub fn for_each_mut(&self, mut f: impl FnMut(&mut ShardMap<V>)) {
+        for shard in self.shards.iter() {
+            f(&mut shard.0.write().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+
     /// Entries in all shards (not atomic across shards).
     pub fn len(&self) -> usize {
         self.shards

@@ -1,7 +1,7 @@
 //! Settings and the builder that injects components (clock) and validates everything.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
@@ -131,7 +131,7 @@ impl EngineBuilder {
         let movement = Arc::new(Movement::default());
         let sink = Arc::new(EngineSink {
             index: index.clone(),
-            demote_to: OnceLock::new(),
+            demote_to: RwLock::new(None),
             movement: movement.clone(),
         });
         let ram = Arc::new(RamTier::new(budget.clone(), clock.clone(), sink.clone()));
@@ -139,22 +139,11 @@ impl EngineBuilder {
         let lower = match self.persistent {
             None => None,
             Some((persist, open)) => {
-                let tier = open(sink.clone())?;
-                let writer = WriteBehind::start(tier.clone(), persist.writer).map_err(|e| {
-                    Error::new(
-                        crate::ErrorKind::Unavailable,
-                        format!("cannot start the {} writer thread: {e}", tier.kind().name()),
-                    )
-                })?;
-                let writer = Arc::new(writer);
+                let (lower, writer) = open_lower(&sink, persist, open)?;
                 if persist.mode == PersistMode::EvictOnly {
-                    let _ = sink.demote_to.set(Arc::downgrade(&writer));
+                    *sink.demote_to.write() = Some(Arc::downgrade(&writer));
                 }
-                Some(Lower {
-                    tier,
-                    writer,
-                    config: persist,
-                })
+                Some(lower)
             }
         };
         Ok(Engine {
@@ -164,8 +153,31 @@ impl EngineBuilder {
             ram,
             snapshots,
             budget,
-            lower,
+            lower: RwLock::new(lower),
+            sink,
             movement,
         })
     }
+}
+
+/// Opens a persistent tier reporting to `sink` and starts its writer.
+pub(super) fn open_lower(
+    sink: &Arc<EngineSink>,
+    config: PersistConfig,
+    open: TierOpener,
+) -> Result<(Arc<Lower>, Arc<WriteBehind>)> {
+    let tier = open(sink.clone())?;
+    let writer = WriteBehind::start(tier.clone(), config.writer).map_err(|e| {
+        Error::new(
+            crate::ErrorKind::Unavailable,
+            format!("cannot start the {} writer thread: {e}", tier.kind().name()),
+        )
+    })?;
+    let writer = Arc::new(writer);
+    let lower = Arc::new(Lower {
+        tier,
+        writer: writer.clone(),
+        config,
+    });
+    Ok((lower, writer))
 }

@@ -9,7 +9,9 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::RwLock;
 
 use bytes::Bytes;
 
@@ -80,7 +82,7 @@ pub(super) struct Movement {
 pub(super) struct EngineSink {
     pub index: Arc<PrefixIndex>,
     /// Weak: the writer owns the persistent tier, which owns this sink.
-    pub demote_to: OnceLock<Weak<WriteBehind>>,
+    pub demote_to: RwLock<Option<Weak<WriteBehind>>>,
     pub movement: Arc<Movement>,
 }
 
@@ -108,8 +110,8 @@ impl ResidencySink for EngineSink {
     ) {
         let already_lower = self.index.tiers_of(&meta.hash) & !TierKind::Ram.bit() != 0;
         self.index.removed(tier, meta, cause, payload);
-        let (Some(writer), Some(payload)) = (self.demote_to.get().and_then(Weak::upgrade), payload)
-        else {
+        let writer = self.demote_to.read().as_ref().and_then(Weak::upgrade);
+        let (Some(writer), Some(payload)) = (writer, payload) else {
             return;
         };
         if tier != TierKind::Ram || cause != RemovalCause::Budget || already_lower {

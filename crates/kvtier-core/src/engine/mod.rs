@@ -20,6 +20,7 @@ use parking_lot::RwLock;
 
 pub use builder::{EngineBuilder, EngineConfig};
 pub use lower::{PersistConfig, PersistMode, TierOpener};
+
 pub use store::StoreReport;
 
 use crate::budget::MemoryBudget;
@@ -30,6 +31,21 @@ use crate::layout::{Layout, LayoutDigest, LayoutKey};
 use crate::snapshot::{SnapshotBucket, SnapshotKey, SnapshotPut};
 use crate::stats::EngineStats;
 use crate::tier::{RamTier, Tier, TierKind};
+
+/// What [`Engine::reattach_persistent`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reattached {
+    /// The old tier's writer wrote everything queued before the deadline.
+    pub drained_clean: bool,
+    /// Blocks still queued when the deadline passed (lost for the old tier).
+    pub left_in_queue: u64,
+    /// Blocks the index stopped attributing to the old tier.
+    pub detached_blocks: u64,
+    /// A new tier was attached.
+    pub attached: bool,
+    /// Blocks the new tier held when it was opened (recovered from its directory).
+    pub attached_blocks: u64,
+}
 
 /// The blocks a load returned.
 #[derive(Debug, Clone, Default)]
@@ -49,7 +65,9 @@ pub struct Engine {
     ram: Arc<RamTier>,
     snapshots: SnapshotBucket,
     budget: Arc<MemoryBudget>,
-    lower: Option<lower::Lower>,
+    /// The persistent tier; swapped by [`Engine::reattach_persistent`].
+    lower: RwLock<Option<Arc<lower::Lower>>>,
+    sink: Arc<lower::EngineSink>,
     movement: Arc<lower::Movement>,
 }
 
@@ -159,7 +177,7 @@ impl Engine {
     }
 
     fn load_lower(&self, hash: &crate::hash::BlockHash) -> Result<Option<Bytes>> {
-        let Some(lower) = &self.lower else {
+        let Some(lower) = self.lower() else {
             return Ok(None);
         };
         let Some(bytes) = lower.tier.get(hash)? else {
@@ -180,18 +198,61 @@ impl Engine {
     /// (within `timeout`). Returns the writer's report, or `None` without a persistent
     /// tier. The engine keeps serving reads afterwards; stores reach RAM only.
     pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
-        self.lower.as_ref().map(|l| l.writer.stop(timeout))
+        self.lower().map(|l| l.writer.stop(timeout))
     }
 
     /// Waits until every block queued for the persistent tier is written (or `timeout`
     /// passes). Returns whether it drained; `true` without a persistent tier.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
-        self.lower.as_ref().is_none_or(|l| l.writer.flush(timeout))
+        self.lower().is_none_or(|l| l.writer.flush(timeout))
+    }
+
+    /// Swaps the persistent tier on a running engine (seed 000's quiesce → detach →
+    /// reattach): the current tier is taken out at once (new stores reach RAM only, new
+    /// loads miss on it), its writer is drained and stopped (every acknowledged block is
+    /// written, within `drain_timeout`), the index forgets what it held, and the tier is
+    /// closed (its directory lock released). Then `new`, if given, is opened — it may be
+    /// the same directory with other settings, another directory, or another layout's
+    /// codec — and recovered blocks are reported to the index. With `None` the engine
+    /// stays detached. If opening fails the engine stays detached and the error is
+    /// returned.
+    pub fn reattach_persistent(
+        &self,
+        new: Option<(PersistConfig, TierOpener)>,
+        drain_timeout: std::time::Duration,
+    ) -> Result<Reattached> {
+        let old = self.lower.write().take();
+        *self.sink.demote_to.write() = None;
+        let mut report = Reattached::default();
+        if let Some(old) = old {
+            let drained = old.writer.stop(drain_timeout);
+            report.drained_clean = drained.clean;
+            report.left_in_queue = drained.left_in_queue;
+            report.detached_blocks = self.index.clear_tier(old.tier.kind());
+            drop(old);
+        } else {
+            report.drained_clean = true;
+        }
+        if let Some((config, open)) = new {
+            let (lower, writer) = builder::open_lower(&self.sink, config, open)?;
+            if config.mode == PersistMode::EvictOnly {
+                *self.sink.demote_to.write() = Some(Arc::downgrade(&writer));
+            }
+            report.attached_blocks = lower.tier.stats().resident_blocks;
+            *self.lower.write() = Some(lower);
+            report.attached = true;
+        }
+        Ok(report)
     }
 
     /// The persistent tier, if one is attached.
-    pub fn persistent(&self) -> Option<&Arc<dyn Tier>> {
-        self.lower.as_ref().map(|l| &l.tier)
+    pub fn persistent(&self) -> Option<Arc<dyn Tier>> {
+        self.lower().map(|l| l.tier.clone())
+    }
+
+    /// The attached persistent tier, if any (a cheap clone of a handle).
+    fn lower(&self) -> Option<Arc<lower::Lower>> {
+        self.lower.read().clone()
     }
 
     /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
@@ -222,7 +283,7 @@ impl Engine {
     ) -> Result<Loaded> {
         let mut blocks = Vec::with_capacity(refs.len());
         for r in refs {
-            match get(self.tier(r.tier)?, r)? {
+            match get(self.tier(r.tier)?.as_ref(), r)? {
                 Some(b) => blocks.push(b),
                 None => {
                     return Ok(Loaded {
@@ -238,10 +299,10 @@ impl Engine {
         })
     }
 
-    fn tier(&self, kind: TierKind) -> Result<&dyn Tier> {
-        match (&self.lower, kind) {
-            (_, TierKind::Ram) => Ok(self.ram.as_ref()),
-            (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.as_ref()),
+    fn tier(&self, kind: TierKind) -> Result<Arc<dyn Tier>> {
+        match (self.lower(), kind) {
+            (_, TierKind::Ram) => Ok(self.ram.clone()),
+            (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.clone()),
             (_, other) => Err(Error::new(
                 crate::ErrorKind::Unavailable,
                 format!("the {} tier is not attached", other.name()),
@@ -268,7 +329,7 @@ impl Engine {
             .snapshots
             .put(key, owned.clone(), &|n| ram.evict_bytes(n));
         // A persistent tier keeps it too, so it survives a restart.
-        if let Some(lower) = &self.lower {
+        if let Some(lower) = self.lower() {
             lower.writer.enqueue_snapshot(key, layout, owned);
         }
         Ok(outcome)
@@ -288,7 +349,10 @@ impl Engine {
             return Ok(Some(blob));
         }
         // After a restart the bucket starts empty: restore from the persistent tier.
-        let Some(store) = self.lower.as_ref().and_then(|l| l.tier.snapshots()) else {
+        let Some(lower) = self.lower() else {
+            return Ok(None);
+        };
+        let Some(store) = lower.tier.snapshots() else {
             return Ok(None);
         };
         let Some(blob) = store.get_snapshot(&key)? else {
@@ -318,9 +382,7 @@ impl Engine {
         let (ram, (index, lower)) = self.ram.stats_and(|| {
             (
                 self.index.stats(),
-                self.lower
-                    .as_ref()
-                    .map(|l| (l.tier.stats(), l.writer.stats())),
+                self.lower().map(|l| (l.tier.stats(), l.writer.stats())),
             )
         });
         let m = &self.movement;

@@ -51,8 +51,8 @@ impl Engine {
             )));
         }
         let mut report = StoreReport::default();
-        let write_through = self
-            .lower
+        let lower = self.lower();
+        let write_through = lower
             .as_ref()
             .filter(|l| l.config.mode == PersistMode::WriteThrough);
         for (i, payload) in payloads.iter().enumerate() {
@@ -77,7 +77,7 @@ impl Engine {
             // mode, and in either mode a block RAM refused (a chain longer than RAM, or a
             // parent RAM no longer holds): it keeps the chain reachable from there.
             let refused = matches!(in_ram, PutOutcome::Rejected(_));
-            let queued = match &self.lower {
+            let queued = match &lower {
                 Some(lower) if !held_lower && (write_through.is_some() || refused) => matches!(
                     lower.writer.enqueue(meta, bytes),
                     Enqueued::Queued

@@ -228,6 +228,22 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets that `tier` holds anything (it was detached); entries no other tier holds
+    /// go. Returns how many blocks the tier was recorded as holding.
+    pub fn clear_tier(&self, tier: TierKind) -> u64 {
+        let mut cleared = 0;
+        self.map.for_each_mut(|shard| {
+            shard.retain(|_, e| {
+                if e.tiers & tier.bit() != 0 {
+                    cleared += 1;
+                    e.tiers &= !tier.bit();
+                }
+                e.tiers != 0
+            });
+        });
+        cleared
+    }
+
     /// The metadata of `hash`, if any tier holds it.
     pub fn meta_of(&self, hash: &BlockHash) -> Option<BlockMeta> {
         self.map.read(hash).get(hash).map(|e| e.cold.meta.clone())
