@@ -214,6 +214,12 @@ pub struct EngineStats {
     pub writer: Option<crate::tier::writer::WriterStats>,
     /// Blocks read from the persistent tier and promoted into RAM.
     pub promotions: u64,
+    /// Blocks read ahead from the persistent tier after a lookup and promoted into RAM.
+    pub prefetched: u64,
+    /// Prefetched blocks that a load then found in RAM.
+    pub prefetch_used: u64,
+    /// Lookups whose prefetch was skipped (queue full).
+    pub prefetch_skipped: u64,
     /// Blocks RAM evicted and queued for the persistent tier (evict-only mode).
     pub demotions_queued: u64,
     /// Blocks RAM evicted that could not be queued (queue full or closing).
@@ -238,6 +244,9 @@ impl EngineStats {
             out.extend(writer.counters());
         }
         out.push(("engine_promotions_ssd_to_ram".into(), self.promotions));
+        out.push(("engine_prefetched_blocks".into(), self.prefetched));
+        out.push(("engine_prefetch_used_blocks".into(), self.prefetch_used));
+        out.push(("engine_prefetch_skipped".into(), self.prefetch_skipped));
         out.push((
             "engine_demotions_ram_to_ssd_queued".into(),
             self.demotions_queued,

@@ -84,8 +84,10 @@ fn write_through_blocks_all_hit_after_a_clean_restart() {
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
     }
-    // Promoted: the next lookup finds every block in RAM.
-    assert_eq!(e.stats().promotions, 24);
+    // Promoted (by the load or by the prefetch the lookup started): the next lookup finds
+    // every block in RAM.
+    let s = e.stats();
+    assert_eq!(s.promotions + s.prefetched, 24, "{s:?}");
     assert!(
         e.lookup(&prompt)
             .blocks
@@ -223,5 +225,45 @@ fn snapshots_survive_a_restart_and_stay_exact_match() {
         e.snapshot_get(other.digest(), &prompt, Some(b"chat-1"))
             .unwrap()
             .is_none()
+    );
+}
+
+#[test]
+fn a_lookup_prefetches_ssd_only_blocks_in_scan_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..16 * 32).collect();
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        let l = e.register_layout(key(KvDtype::F16)).unwrap();
+        let p = e.prompt(l.digest(), &tokens, &ExtraKeys::none()).unwrap();
+        let bytes: Vec<Vec<u8>> = (0..32)
+            .map(|i| payload(i, l.block_bytes() as usize))
+            .collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        e.store(&p, &refs).unwrap();
+        assert!(e.shutdown(Duration::from_secs(10)).unwrap().clean);
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+    let l = e.register_layout(key(KvDtype::F16)).unwrap();
+    let p = e.prompt(l.digest(), &tokens, &ExtraKeys::none()).unwrap();
+    let hit = e.lookup(&p);
+    assert!(hit.blocks.iter().all(|b| b.tier == TierKind::Ssd));
+    // The lookup returned at once; the reads proceed in the background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while e.stats().prefetched < 32 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(e.stats().prefetched, 32, "{:?}", e.stats());
+    let loaded = e.load(&hit.blocks).unwrap();
+    assert!(loaded.complete);
+    for (i, b) in loaded.blocks.iter().enumerate() {
+        assert_eq!(&b[..], &payload(i, l.block_bytes() as usize)[..]);
+    }
+    let s = e.stats();
+    assert_eq!((s.prefetch_used, s.promotions), (32, 0), "{s:?}");
+    assert_eq!(
+        s.ssd.unwrap().hits,
+        32,
+        "each block was read from the SSD once"
     );
 }

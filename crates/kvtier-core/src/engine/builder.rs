@@ -146,6 +146,18 @@ impl EngineBuilder {
                 Some(lower)
             }
         };
+        let lower = Arc::new(RwLock::new(lower));
+        let prefetcher = super::prefetch::Prefetcher::start(super::prefetch::Shared {
+            ram: ram.clone(),
+            index: index.clone(),
+            lower: Arc::downgrade(&lower),
+        })
+        .map_err(|e| {
+            Error::new(
+                crate::ErrorKind::Unavailable,
+                format!("cannot start the prefetch thread: {e}"),
+            )
+        })?;
         Ok(Engine {
             config,
             layouts: RwLock::new(HashMap::new()),
@@ -153,8 +165,9 @@ impl EngineBuilder {
             ram,
             snapshots,
             budget,
-            lower: RwLock::new(lower),
+            lower,
             sink,
+            prefetcher,
             movement,
         })
     }

@@ -35,6 +35,9 @@ pub struct PersistConfig {
     pub mode: PersistMode,
     /// Promote a block read from the persistent tier into RAM (default on).
     pub promote_on_hit: bool,
+    /// Start reading blocks a lookup found only in the persistent tier right away, in
+    /// scan order, promoting them into RAM (default on).
+    pub prefetch: bool,
     /// The write-behind queue in front of the tier.
     pub writer: WriterConfig,
 }
@@ -44,6 +47,7 @@ impl Default for PersistConfig {
         Self {
             mode: PersistMode::WriteThrough,
             promote_on_hit: true,
+            prefetch: true,
             writer: WriterConfig::default(),
         }
     }

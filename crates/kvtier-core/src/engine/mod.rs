@@ -8,6 +8,7 @@
 
 mod builder;
 mod lower;
+mod prefetch;
 mod store;
 
 use std::collections::HashMap;
@@ -66,8 +67,9 @@ pub struct Engine {
     snapshots: SnapshotBucket,
     budget: Arc<MemoryBudget>,
     /// The persistent tier; swapped by [`Engine::reattach_persistent`].
-    lower: RwLock<Option<Arc<lower::Lower>>>,
+    lower: Arc<RwLock<Option<Arc<lower::Lower>>>>,
     sink: Arc<lower::EngineSink>,
+    prefetcher: prefetch::Prefetcher,
     movement: Arc<lower::Movement>,
 }
 
@@ -147,7 +149,18 @@ impl Engine {
     /// How many leading whole blocks of `prompt` are cached, where, and handles to load
     /// them. Memory only: no tier is touched.
     pub fn lookup(&self, prompt: &Prompt) -> Lookup {
-        self.index.lookup(prompt, usize::MAX)
+        let found = self.index.lookup(prompt, usize::MAX);
+        // Blocks only the persistent tier holds: start reading them now, in scan order.
+        let cold: Vec<crate::hash::BlockHash> = found
+            .blocks
+            .iter()
+            .filter(|b| b.tier != TierKind::Ram)
+            .map(|b| b.hash)
+            .collect();
+        if !cold.is_empty() && self.lower().is_some_and(|l| l.config.prefetch) {
+            self.prefetcher.submit(cold);
+        }
+        found
     }
 
     /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
@@ -157,7 +170,10 @@ impl Engine {
         let mut blocks = Vec::with_capacity(refs.len());
         for r in refs {
             let found = match self.ram.get(&r.hash)? {
-                Some(b) => Some(b),
+                Some(b) => {
+                    self.prefetcher.note_ram_hit(&r.hash);
+                    Some(b)
+                }
                 None => self.load_lower(&r.hash)?,
             };
             match found {
@@ -393,6 +409,9 @@ impl Engine {
             ssd: lower.map(|(t, _)| t),
             writer: lower.map(|(_, w)| w),
             promotions: get(&m.promotions),
+            prefetched: get(&self.prefetcher.counters.prefetched),
+            prefetch_used: get(&self.prefetcher.counters.used),
+            prefetch_skipped: get(&self.prefetcher.counters.skipped),
             demotions_queued: get(&m.demotions_queued),
             demotions_dropped: get(&m.demotions_dropped),
             snapshot: self.snapshots.stats(),
