@@ -57,9 +57,46 @@ impl Drop for SmallFs {
 }
 
 #[test]
+fn the_free_space_watermark_stops_admission_before_the_disk_fills() {
+    let fs = SmallFs::mount("1m");
+    let mut config = common::config(fs.path());
+    config.min_free_bytes = 512 << 10;
+    let tier = SsdTier::open(
+        config,
+        Arc::new(kvtier_core::clock::SystemClock::new()),
+        Arc::new(kvtier_core::tier::NoSink),
+    )
+    .unwrap();
+    let mut refused = 0;
+    for (m, p) in &common::chain(40, 4) {
+        match tier.put(m, p.clone()).unwrap() {
+            kvtier_core::tier::PutOutcome::Rejected(kvtier_core::tier::RejectReason::NoSpace) => {
+                refused += 1
+            }
+            kvtier_core::tier::PutOutcome::Stored => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(refused > 0, "the watermark never stopped admission");
+    assert_eq!(tier.rejected_low_disk(), refused);
+    assert_eq!(
+        tier.stats().io_errors,
+        0,
+        "the disk filled despite the watermark"
+    );
+}
+
+#[test]
 fn a_full_disk_is_an_error_not_a_crash_and_earlier_blocks_survive() {
     let fs = SmallFs::mount("1m");
-    let (tier, _) = common::open(fs.path());
+    let mut config = common::config(fs.path());
+    config.min_free_bytes = 0; // let it really fill
+    let tier = SsdTier::open(
+        config,
+        Arc::new(kvtier_core::clock::SystemClock::new()),
+        Arc::new(kvtier_core::tier::NoSink),
+    )
+    .unwrap();
     let blocks = common::chain(40, 9); // 40 × 36 KiB > 1 MiB
     let mut stored = Vec::new();
     let mut no_space = 0;
@@ -95,6 +132,7 @@ fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
         .persistent_tier(PersistConfig::default(), move |sink| {
             let mut c = SsdConfig::new(dir);
             c.store.segment_bytes = 256 << 10;
+            c.min_free_bytes = 0;
             Ok(Arc::new(SsdTier::open(
                 c,
                 Arc::new(kvtier_core::clock::SystemClock::new()),

@@ -59,6 +59,9 @@ pub struct SsdConfig {
     pub namespace_overrides: BTreeMap<LayoutDigest, u64>,
     /// A block not read or stored for this long is dropped (default 7 days).
     pub ttl: Duration,
+    /// Stop admitting blocks while the filesystem has less than this many bytes free
+    /// (default 1 GiB; 0 turns the check off); what is stored keeps being served.
+    pub min_free_bytes: u64,
 }
 
 impl SsdConfig {
@@ -72,6 +75,7 @@ impl SsdConfig {
             namespace_bytes: None,
             namespace_overrides: BTreeMap::new(),
             ttl: Duration::from_secs(7 * 24 * 3600),
+            min_free_bytes: 1 << 30,
         }
     }
 }
@@ -91,6 +95,7 @@ struct Counters {
     rejected_collision: u64,
     rejected_quarantined: u64,
     rejected_no_space: u64,
+    rejected_low_disk: u64,
     io_errors: u64,
     evictions: Evictions,
     resident_bytes: u64,
@@ -219,6 +224,27 @@ impl SsdTier {
             sink,
             recovery,
         })
+    }
+
+    /// Whether writing `len` more bytes would leave less than the free-space watermark on
+    /// the store's filesystem. An unreadable filesystem status does not stop admission
+    /// (the write itself will report a full disk).
+    fn disk_nearly_full(&self, len: u64) -> bool {
+        if self.config.min_free_bytes == 0 {
+            return false;
+        }
+        match rustix::fs::statvfs(self.store.dir()) {
+            Ok(st) => {
+                st.f_bavail.saturating_mul(st.f_frsize)
+                    < self.config.min_free_bytes.saturating_add(len)
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Blocks refused because the filesystem was below the free-space watermark.
+    pub fn rejected_low_disk(&self) -> u64 {
+        self.counters.lock().rejected_low_disk
     }
 
     /// Makes everything stored so far durable (`fdatasync` of every segment and log).
@@ -389,6 +415,12 @@ impl Tier for SsdTier {
             self.quarantine(meta.hash);
             self.counters.lock().rejected_collision += 1;
             return Ok(PutOutcome::Rejected(RejectReason::Collision));
+        }
+        if self.disk_nearly_full(payload.len() as u64) {
+            let mut c = self.counters.lock();
+            c.rejected_low_disk += 1;
+            c.rejected_no_space += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
         }
         if !self.make_room(meta.layout, payload.len() as u64)? {
             return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
