@@ -90,7 +90,15 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
     let mut by_key: HashMap<[u8; 32], usize, BuildHasherDefault<PassThroughHasher>> =
         HashMap::default();
     let mut live: Vec<Option<Recovered>> = Vec::new();
+    // A bar on a terminal for stores of many segments; hidden otherwise (logs, tests).
+    let bar = if seg_ids.len() >= 32 {
+        indicatif::ProgressBar::new(seg_ids.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_message(format!("recovering {}", dir.display()));
     for id in seg_ids {
+        bar.inc(1);
         let Some((segment, records)) = recover_segment(dir, id, &mut report)? else {
             continue;
         };
@@ -110,6 +118,7 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
         }
         segments.insert(id, Arc::new(segment));
     }
+    bar.finish_and_clear();
     let live: Vec<Recovered> = live.into_iter().flatten().collect();
     report.segments = segments.len() as u64;
     report.records = live.len() as u64;
