@@ -245,6 +245,13 @@ impl Engine {
             report.drained_clean = drained.clean;
             report.left_in_queue = drained.left_in_queue;
             report.detached_blocks = self.index.clear_tier(old.tier.kind());
+            // A prefetch or load in flight may still hold the old tier; wait (within the
+            // deadline) until it lets go, so the tier is closed — its directory lock
+            // released — before a new one opens, possibly on the same directory.
+            let deadline = std::time::Instant::now() + drain_timeout;
+            while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             drop(old);
         } else {
             report.drained_clean = true;
