@@ -267,3 +267,28 @@ fn a_lookup_prefetches_ssd_only_blocks_in_scan_order() {
         "each block was read from the SSD once"
     );
 }
+
+#[test]
+fn the_next_start_knows_whether_the_last_run_shut_down_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        assert_eq!(
+            e.previous_shutdown_clean(),
+            None,
+            "a first start has no record"
+        );
+        assert!(e.shutdown(Duration::from_secs(10)).unwrap().clean);
+    }
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        assert_eq!(e.previous_shutdown_clean(), Some(true));
+        // Dropped without a shutdown: like a crash, it leaves no record.
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+    assert_eq!(
+        e.previous_shutdown_clean(),
+        None,
+        "a run that never shut down was reported clean"
+    );
+}

@@ -71,6 +71,11 @@ fn check(store: &Path, ack_log: &Path, fsync: bool) -> usize {
         sink.clone() as Arc<dyn ResidencySink>,
     )
     .expect("reopen after SIGKILL");
+    assert_eq!(
+        tier.recovery_report().previous_shutdown_clean,
+        None,
+        "a killed run was reported clean"
+    );
     let recovered: Vec<BlockHash> = sink
         .events()
         .into_iter()

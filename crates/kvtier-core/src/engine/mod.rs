@@ -214,7 +214,18 @@ impl Engine {
     /// (within `timeout`). Returns the writer's report, or `None` without a persistent
     /// tier. The engine keeps serving reads afterwards; stores reach RAM only.
     pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
-        self.lower().map(|l| l.writer.stop(timeout))
+        let lower = self.lower()?;
+        let report = lower.writer.stop(timeout);
+        if let Err(e) = lower.tier.record_shutdown(report.clean) {
+            tracing::warn!(error = %e, "could not record how the engine shut down");
+        }
+        Some(report)
+    }
+
+    /// How the previous run of the persistent tier ended (see
+    /// [`Tier::previous_shutdown_clean`]); `None` without a persistent tier.
+    pub fn previous_shutdown_clean(&self) -> Option<bool> {
+        self.lower().and_then(|l| l.tier.previous_shutdown_clean())
     }
 
     /// Waits until every block queued for the persistent tier is written (or `timeout`

@@ -201,6 +201,20 @@ pub trait Tier: Send + Sync + Debug + 'static {
     fn snapshots(&self) -> Option<&dyn SnapshotStore> {
         None
     }
+
+    /// Records how the engine shut down (`clean`: every queued write landed), durably, so
+    /// the next start can report it. Default: nothing to record (a volatile tier).
+    fn record_shutdown(&self, clean: bool) -> Result<()> {
+        let _ = clean;
+        Ok(())
+    }
+
+    /// How the previous run ended, as recorded by [`Tier::record_shutdown`]: `Some(true)`
+    /// clean, `Some(false)` a partial flush, `None` no record (a crash, a kill, a first
+    /// start, or a volatile tier).
+    fn previous_shutdown_clean(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Where a tier keeps snapshots of the snapshot bucket (exact-prefix recurrent state).

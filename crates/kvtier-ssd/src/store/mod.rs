@@ -160,7 +160,15 @@ impl SegmentStore {
         }
         std::fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", &e))?;
         let lock = DirLock::acquire(dir)?;
-        let (segments, recovered, report, max_seen) = recovery::recover(dir)?;
+        // How the previous run ended; the record is consumed, so a crash in this run
+        // leaves none for the next.
+        let shutdown_file = dir.join("SHUTDOWN");
+        let previous_clean = std::fs::read_to_string(&shutdown_file)
+            .ok()
+            .map(|s| s.trim() == "clean");
+        let _ = std::fs::remove_file(&shutdown_file);
+        let (segments, recovered, mut report, max_seen) = recovery::recover(dir)?;
+        report.previous_shutdown_clean = previous_clean;
         let next_id = max_seen + 1;
         let active = Arc::new(create_segment(dir, next_id)?);
         let mut table: BTreeMap<u64, Arc<Segment>> = segments;
@@ -248,6 +256,18 @@ impl SegmentStore {
                 .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", &e))?;
         }
         Ok(())
+    }
+
+    /// Writes (and syncs) `DIR/SHUTDOWN` with how the engine stopped.
+    pub fn record_shutdown(&self, clean: bool) -> Result<()> {
+        let path = self.dir.join("SHUTDOWN");
+        let tmp = self.dir.join("SHUTDOWN.tmp");
+        let text = if clean { "clean\n" } else { "partial\n" };
+        std::fs::write(&tmp, text)
+            .and_then(|()| File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .and_then(|()| File::open(&self.dir)?.sync_all())
+            .map_err(|e| io_error(&path, "write", &e))
     }
 
     /// The id of the segment being appended to.

@@ -51,6 +51,9 @@ pub struct RecoveryReport {
     pub removed_files: u64,
     /// Wall time recovery took.
     pub elapsed: Duration,
+    /// How the previous run ended: `Some(true)` clean shutdown, `Some(false)` partial
+    /// flush, `None` no record (crash, kill, or first start).
+    pub previous_shutdown_clean: Option<bool>,
 }
 
 /// Kept segments, live records, the report, and the highest segment id ever seen (new

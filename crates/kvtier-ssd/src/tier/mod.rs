@@ -490,6 +490,15 @@ impl Tier for SsdTier {
         Some(self)
     }
 
+    fn record_shutdown(&self, clean: bool) -> Result<()> {
+        self.store.sync()?;
+        self.store.record_shutdown(clean)
+    }
+
+    fn previous_shutdown_clean(&self) -> Option<bool> {
+        self.recovery.previous_shutdown_clean
+    }
+
     fn stats(&self) -> TierStats {
         let blocks = self.blocks.read();
         let c = self.counters.lock();
