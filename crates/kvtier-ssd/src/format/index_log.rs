@@ -11,8 +11,8 @@
 //! mode, synced). Recovery reads entries in order and stops at the first truncated or
 //! corrupt one: that is where a crash interrupted an append.
 
+use super::crc;
 use super::record::{DecodeError, RecordHeader};
-use super::{crc, crc_append};
 
 /// One decoded `.idx` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub fn encode_index_entry(entry: &IndexEntry) -> Vec<u8> {
     }
     let mut out = Vec::with_capacity(body.len() + 8);
     out.extend_from_slice(&(body.len() as u32 + 4).to_le_bytes());
-    let c = crc_append(0, &body);
+    let c = crc(&body);
     out.extend_from_slice(&body);
     out.extend_from_slice(&c.to_le_bytes());
     out

@@ -29,12 +29,18 @@ pub fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-/// CRC-32C (Castagnoli), hardware-accelerated where the CPU has it.
+/// CRC-32C (Castagnoli). `crc-fast` folds with carry-less multiplication (AVX-512
+/// where present): 29 GB/s here against 13 GB/s for the `crc32` instruction, which matters
+/// because every load verifies every chunk it returns.
 pub fn crc(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::crc32_iscsi(bytes)
 }
 
-/// Continues a CRC-32C over more bytes.
-pub fn crc_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+/// CRC-32C of the concatenation of `parts`.
+pub fn crc_of(parts: &[&[u8]]) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    for p in parts {
+        d.update(p);
+    }
+    d.finalize() as u32
 }

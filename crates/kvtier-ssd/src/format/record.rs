@@ -30,7 +30,7 @@
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 
-use super::{FORMAT_VERSION, align_up, crc_append};
+use super::{FORMAT_VERSION, align_up, crc_of};
 
 /// Bytes of the fixed part of a record header.
 pub const RECORD_HEADER_LEN: u64 = 128;
@@ -147,7 +147,7 @@ impl RecordHeader {
         for c in &self.chunk_crcs {
             tail.extend_from_slice(&c.to_le_bytes());
         }
-        let crc = crc_append(crc_append(0, &out), &tail);
+        let crc = crc_of(&[&out, &tail]);
         out.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(&tail);
         out
@@ -194,7 +194,7 @@ impl RecordHeader {
         let tail = bytes
             .get(RECORD_HEADER_LEN as usize..RECORD_HEADER_LEN as usize + tail_len)
             .ok_or(DecodeError::Truncated)?;
-        let crc = crc_append(crc_append(0, &fixed[..124]), tail);
+        let crc = crc_of(&[&fixed[..124], tail]);
         if crc != u32_at(124) {
             return Err(DecodeError::Checksum);
         }

@@ -150,37 +150,54 @@ fn io_rows(
             black_box(raw.sync_data().ok());
         });
         store_raw.push((n * size) as f64 / secs / 1e9);
-        // Loads with a cold page cache.
-        dropped &= drop_caches();
-        let secs = seconds(|| {
-            for m in &metas {
-                let got = tier.get(&m.hash);
-                black_box(got.ok());
-            }
-        });
-        load_ours.push((n * size) as f64 / secs / 1e9);
-        // The raw baseline is the better of cached and direct (O_DIRECT) reads of the
-        // same ranges, each from a cold cache.
-        dropped &= drop_caches();
-        let mut buf = vec![0u8; size];
-        let cached = seconds(|| {
-            for i in 0..n as u64 {
-                black_box(raw.read_exact_at(&mut buf, 4096 + i * stride).ok());
-            }
-        });
-        let mut best = cached;
-        if let Some(direct) = kvtier_ssd::store::direct::open_direct(&raw_path) {
-            dropped &= drop_caches();
+        // Loads with a cold page cache. Ours and the raw reads alternate which goes first,
+        // so neither always meets a disk still busy with the other's leftovers.
+        let ours = || {
+            let ok = drop_caches();
             let secs = seconds(|| {
-                for i in 0..n as u64 {
-                    let got =
-                        kvtier_ssd::store::direct::read_direct(&direct, 4096 + i * stride, size);
+                for m in &metas {
+                    let got = tier.get(&m.hash);
                     black_box(got.ok());
                 }
             });
-            best = best.min(secs);
-        }
-        load_raw.push((n * size) as f64 / best / 1e9);
+            (ok, (n * size) as f64 / secs / 1e9)
+        };
+        // The raw baseline is the better of cached and direct (O_DIRECT) reads of the
+        // same ranges, each from a cold cache.
+        let raw_reads = || {
+            let mut ok = drop_caches();
+            let mut buf = vec![0u8; size];
+            let mut best = seconds(|| {
+                for i in 0..n as u64 {
+                    black_box(raw.read_exact_at(&mut buf, 4096 + i * stride).ok());
+                }
+            });
+            if let Some(direct) = kvtier_ssd::store::direct::open_direct(&raw_path) {
+                ok &= drop_caches();
+                let secs = seconds(|| {
+                    for i in 0..n as u64 {
+                        let got = kvtier_ssd::store::direct::read_direct(
+                            &direct,
+                            4096 + i * stride,
+                            size,
+                        );
+                        black_box(got.ok());
+                    }
+                });
+                best = best.min(secs);
+            }
+            (ok, (n * size) as f64 / best / 1e9)
+        };
+        let ((ok_a, a), (ok_b, b)) = if sample % 2 == 0 {
+            let a = ours();
+            (a, raw_reads())
+        } else {
+            let b = raw_reads();
+            (ours(), b)
+        };
+        dropped &= ok_a && ok_b;
+        load_ours.push(a);
+        load_raw.push(b);
         drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }
