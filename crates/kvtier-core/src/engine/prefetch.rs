@@ -68,9 +68,15 @@ impl Prefetcher {
     }
 
     /// Notes that a load found `hash` in RAM: counts it if a prefetch put it there.
+    /// The common case — nothing prefetched and unused — reads two counters and takes no
+    /// lock, so concurrent loads do not meet here.
     pub fn note_ram_hit(&self, hash: &BlockHash) {
+        let c = &self.counters;
+        if c.prefetched.load(Ordering::Relaxed) <= c.used.load(Ordering::Relaxed) {
+            return;
+        }
         if self.fresh.lock().remove(hash) {
-            self.counters.used.fetch_add(1, Ordering::Relaxed);
+            c.used.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
