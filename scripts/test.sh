@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# README's test command: installs what the tests need, then runs every test of the workspace.
+# README's test command: installs what the tests need, then runs every test of the
+# workspace and ends with one summary line ("N passed, M failed").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --doc 2>&1 | tee "$log"
+cargo test --workspace --all-targets "$@" 2>&1 | tee -a "$log"
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
