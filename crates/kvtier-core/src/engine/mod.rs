@@ -167,28 +167,12 @@ impl Engine {
     /// RAM is tried first (a block may have been promoted since the lookup); a block read
     /// from the persistent tier is promoted into RAM when so configured.
     pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
-        let mut blocks = Vec::with_capacity(refs.len());
-        for r in refs {
-            let found = match self.ram.get(&r.hash)? {
-                Some(b) => {
-                    self.prefetcher.note_ram_hit(&r.hash);
-                    Some(b)
-                }
-                None => self.load_lower(&r.hash)?,
-            };
-            match found {
-                Some(b) => blocks.push(b),
-                None => {
-                    return Ok(Loaded {
-                        blocks,
-                        complete: false,
-                    });
-                }
+        self.load_with(refs, |r| match self.ram.get(&r.hash)? {
+            Some(b) => {
+                self.prefetcher.note_ram_hit(&r.hash);
+                Ok(Some(b))
             }
-        }
-        Ok(Loaded {
-            blocks,
-            complete: true,
+            None => self.load_lower(&r.hash),
         })
     }
 
@@ -305,19 +289,19 @@ impl Engine {
                     layout.geometry().num_layers
                 ))
             })?;
-        self.load_with(&lookup.blocks, |tier, r| {
-            tier.get_range(&r.hash, range.clone())
+        self.load_with(&lookup.blocks, |r| {
+            self.tier(r.tier)?.get_range(&r.hash, range.clone())
         })
     }
 
     fn load_with(
         &self,
         refs: &[BlockRef],
-        get: impl Fn(&dyn Tier, &BlockRef) -> Result<Option<Bytes>>,
+        mut get: impl FnMut(&BlockRef) -> Result<Option<Bytes>>,
     ) -> Result<Loaded> {
         let mut blocks = Vec::with_capacity(refs.len());
         for r in refs {
-            match get(self.tier(r.tier)?.as_ref(), r)? {
+            match get(r)? {
                 Some(b) => blocks.push(b),
                 None => {
                     return Ok(Loaded {
