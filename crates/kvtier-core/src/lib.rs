@@ -4,7 +4,8 @@
 //! - [`layout`]: what a KV byte means ([`LayoutKey`]) and the block geometry it implies.
 //! - [`hash`]: the 128-bit block hash chain seeded by the layout digest.
 //! - [`index`]: the in-memory prefix index, the only place hit or miss is decided.
-//! - [`tier`]: the [`Tier`] trait and the RAM tier; later the SSD and remote tiers.
+//! - [`tier`]: the [`Tier`] trait, the RAM tier, the write-behind queue in front of slow
+//!   tiers, and the conformance suite every tier runs (the SSD tier lives in `kvtier-ssd`).
 //! - [`snapshot`]: the exact-prefix snapshot bucket for recurrent-state models.
 //! - [`engine`]: all of the above behind one API.
 //! - [`stats`]: counters with per-component prefixes.

@@ -4,7 +4,12 @@
 //! register_layout(key) ─► Layout            prompt(layout, tokens, extras) ─► Prompt (hashed once)
 //! lookup(&Prompt) ─► Lookup (memory only)   load(&Lookup) ─► the matched blocks' bytes
 //! store(&Prompt, payloads)                  snapshot_put / snapshot_get (exact prefix)
+//! flush / shutdown / reattach_persistent    stats
 //! ```
+//!
+//! With a persistent tier (`EngineBuilder::persistent_tier`), blocks reach it through a
+//! write-behind queue (write-through or evict-only), lookups start prefetching what only
+//! it holds, and loads promote its hits into RAM; see `lower` and `prefetch`.
 
 mod builder;
 mod lower;
