@@ -125,16 +125,11 @@ fn io_rows(
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let metas = blocks(&layout, n, sample as u32);
-        // Ours: store n blocks, then sync.
+        // Stores: ours (n blocks, then sync) and raw (the same bytes at the same aligned
+        // stride, then sync). They alternate which goes first, so neither side's data is
+        // always the more recently written (the virtual disk's host may cache recent
+        // writes, which would favour whichever came last).
         let tier = open_tier(&dir.join("store"), Arc::new(NoSink))?;
-        let secs = seconds(|| {
-            for m in &metas {
-                black_box(tier.put(m, payload.clone()).ok());
-            }
-            black_box(tier.sync().ok());
-        });
-        store_ours.push((n * size) as f64 / secs / 1e9);
-        // Raw: the same bytes at the same aligned stride, then sync.
         let stride = kvtier_ssd::format::align_up(size as u64 + 4096);
         let raw_path = dir.join("raw");
         let raw = OpenOptions::new()
@@ -143,13 +138,31 @@ fn io_rows(
             .create(true)
             .truncate(true)
             .open(&raw_path)?;
-        let secs = seconds(|| {
-            for i in 0..n as u64 {
-                black_box(raw.write_all_at(&payload, 4096 + i * stride).ok());
-            }
-            black_box(raw.sync_data().ok());
-        });
-        store_raw.push((n * size) as f64 / secs / 1e9);
+        let store_tier = || {
+            seconds(|| {
+                for m in &metas {
+                    black_box(tier.put(m, payload.clone()).ok());
+                }
+                black_box(tier.sync().ok());
+            })
+        };
+        let store_file = || {
+            seconds(|| {
+                for i in 0..n as u64 {
+                    black_box(raw.write_all_at(&payload, 4096 + i * stride).ok());
+                }
+                black_box(raw.sync_data().ok());
+            })
+        };
+        let (ours_secs, raw_secs) = if sample % 2 == 0 {
+            let a = store_tier();
+            (a, store_file())
+        } else {
+            let b = store_file();
+            (store_tier(), b)
+        };
+        store_ours.push((n * size) as f64 / ours_secs / 1e9);
+        store_raw.push((n * size) as f64 / raw_secs / 1e9);
         // Loads with a cold page cache. Ours and the raw reads alternate which goes first,
         // so neither always meets a disk still busy with the other's leftovers.
         let ours = || {
