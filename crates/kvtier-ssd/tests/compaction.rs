@@ -39,6 +39,7 @@ fn mostly_dead_segments_are_rewritten_and_deleted() {
     let done = tier.compact(0.5).unwrap();
     assert!(done.segments >= 3, "{done:?}");
     assert!(done.relocated >= 3, "{done:?}");
+    assert_eq!(tier.compaction_totals(), (done.segments, done.relocated));
     let after = disk_bytes(dir.path());
     assert!(
         after < before,

@@ -269,14 +269,6 @@ impl PrefixIndex {
         self.map.is_empty()
     }
 
-    /// Whether a block of `layout` with this hash is held, for callers that check a parent.
-    pub fn holds_in_layout(&self, hash: &BlockHash, layout: LayoutDigest) -> bool {
-        self.map
-            .read(hash)
-            .get(hash)
-            .is_some_and(|e| e.cold.meta.layout == layout && e.tiers != 0)
-    }
-
     /// A snapshot of the counters.
     pub fn stats(&self) -> IndexStats {
         let lookups = self.lookups.get();

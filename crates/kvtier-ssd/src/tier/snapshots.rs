@@ -76,11 +76,6 @@ impl SsdTier {
         }
         Ok(moved)
     }
-
-    /// Snapshots held now.
-    pub fn snapshot_count(&self) -> usize {
-        self.snapshots.read().len()
-    }
 }
 
 impl SnapshotStore for SsdTier {
