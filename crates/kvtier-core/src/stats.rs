@@ -52,6 +52,14 @@ impl StripedCounter {
     }
 }
 
+/// `(name, value)` pairs as `(prefix_name, value)`: every component's counter list.
+pub(crate) fn prefixed(prefix: &str, pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (format!("{prefix}_{k}"), *v))
+        .collect()
+}
+
 /// Evictions of one tier, by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Evictions {
@@ -99,27 +107,27 @@ pub struct TierStats {
 impl TierStats {
     /// The counters as `(name, value)` pairs, each name starting with `prefix_`.
     pub fn counters(&self, prefix: &str) -> Vec<(String, u64)> {
-        [
-            ("hits", self.hits),
-            ("misses", self.misses),
-            ("stores", self.stores),
-            ("dedup_skips", self.dedup_skips),
-            ("rejected_no_space", self.rejected_no_space),
-            ("rejected_parent_missing", self.rejected_parent_missing),
-            ("rejected_collision", self.rejected_collision),
-            ("rejected_quarantined", self.rejected_quarantined),
-            ("io_errors", self.io_errors),
-            ("evictions_budget", self.evictions.budget),
-            ("evictions_ttl", self.evictions.ttl),
-            ("evictions_explicit", self.evictions.explicit),
-            ("evictions_corrupt", self.evictions.corrupt),
-            ("resident_blocks", self.resident_blocks),
-            ("resident_bytes", self.resident_bytes),
-            ("capacity_bytes", self.capacity_bytes),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("{prefix}_{k}"), v))
-        .collect()
+        prefixed(
+            prefix,
+            &[
+                ("hits", self.hits),
+                ("misses", self.misses),
+                ("stores", self.stores),
+                ("dedup_skips", self.dedup_skips),
+                ("rejected_no_space", self.rejected_no_space),
+                ("rejected_parent_missing", self.rejected_parent_missing),
+                ("rejected_collision", self.rejected_collision),
+                ("rejected_quarantined", self.rejected_quarantined),
+                ("io_errors", self.io_errors),
+                ("evictions_budget", self.evictions.budget),
+                ("evictions_ttl", self.evictions.ttl),
+                ("evictions_explicit", self.evictions.explicit),
+                ("evictions_corrupt", self.evictions.corrupt),
+                ("resident_blocks", self.resident_blocks),
+                ("resident_bytes", self.resident_bytes),
+                ("capacity_bytes", self.capacity_bytes),
+            ],
+        )
     }
 }
 
@@ -144,17 +152,17 @@ pub struct IndexStats {
 impl IndexStats {
     /// The counters as `(name, value)` pairs prefixed `index_`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        [
-            ("lookups", self.lookups),
-            ("lookup_hits", self.lookup_hits),
-            ("lookup_misses", self.lookup_misses),
-            ("matched_blocks", self.matched_blocks),
-            ("verify_mismatches", self.verify_mismatches),
-            ("entries", self.entries),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("index_{k}"), v))
-        .collect()
+        prefixed(
+            "index",
+            &[
+                ("lookups", self.lookups),
+                ("lookup_hits", self.lookup_hits),
+                ("lookup_misses", self.lookup_misses),
+                ("matched_blocks", self.matched_blocks),
+                ("verify_mismatches", self.verify_mismatches),
+                ("entries", self.entries),
+            ],
+        )
     }
 }
 
@@ -184,20 +192,20 @@ pub struct SnapshotStats {
 impl SnapshotStats {
     /// The counters as `(name, value)` pairs prefixed `snapshot_`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        [
-            ("hits", self.hits),
-            ("misses", self.misses),
-            ("stores", self.stores),
-            ("rejected", self.rejected),
-            ("evictions_entries", self.evictions_entries),
-            ("evictions_bytes", self.evictions_bytes),
-            ("evictions_ttl", self.evictions_ttl),
-            ("resident_entries", self.resident_entries),
-            ("resident_bytes", self.resident_bytes),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("snapshot_{k}"), v))
-        .collect()
+        prefixed(
+            "snapshot",
+            &[
+                ("hits", self.hits),
+                ("misses", self.misses),
+                ("stores", self.stores),
+                ("rejected", self.rejected),
+                ("evictions_entries", self.evictions_entries),
+                ("evictions_bytes", self.evictions_bytes),
+                ("evictions_ttl", self.evictions_ttl),
+                ("resident_entries", self.resident_entries),
+                ("resident_bytes", self.resident_bytes),
+            ],
+        )
     }
 }
 

@@ -112,15 +112,17 @@ impl ResidencySink for EngineSink {
         cause: RemovalCause,
         payload: Option<&Bytes>,
     ) {
-        let already_lower = self.index.tiers_of(&meta.hash) & !TierKind::Ram.bit() != 0;
+        let demote = tier == TierKind::Ram && cause == RemovalCause::Budget && payload.is_some();
+        // Only a RAM budget eviction can demote; ask the index only then.
+        let already_lower = demote && self.index.tiers_of(&meta.hash) & !TierKind::Ram.bit() != 0;
         self.index.removed(tier, meta, cause, payload);
+        if !demote || already_lower {
+            return;
+        }
         let writer = self.demote_to.read().as_ref().and_then(Weak::upgrade);
         let (Some(writer), Some(payload)) = (writer, payload) else {
             return;
         };
-        if tier != TierKind::Ram || cause != RemovalCause::Budget || already_lower {
-            return;
-        }
         // Called under the RAM tier's lock: never wait here.
         use crate::tier::writer::Enqueued;
         match writer.try_enqueue(meta.clone(), payload.clone()) {

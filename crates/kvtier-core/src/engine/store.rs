@@ -57,7 +57,8 @@ impl Engine {
             .filter(|l| l.config.mode == PersistMode::WriteThrough);
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
-            let held_lower = self.index.tiers_of(&hash) & !TierKind::Ram.bit() != 0;
+            let held_lower =
+                lower.is_some() && self.index.tiers_of(&hash) & !TierKind::Ram.bit() != 0;
             // Held where it needs to be: refresh it, copy nothing.
             if (held_lower || write_through.is_none()) && self.ram.touch(&hash) {
                 report.duplicates += 1;

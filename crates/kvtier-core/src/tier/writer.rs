@@ -27,6 +27,7 @@ use super::{BlockMeta, PutOutcome, Tier};
 use crate::hash::BlockHash;
 use crate::layout::LayoutDigest;
 use crate::snapshot::SnapshotKey;
+use crate::stats::prefixed;
 
 /// What to do when the queue stays full for the whole short wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,21 +102,21 @@ pub struct WriterStats {
 impl WriterStats {
     /// The counters as `(name, value)` pairs prefixed `writer_`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        [
-            ("enqueued", self.enqueued),
-            ("pending_dedup", self.pending_dedup),
-            ("saved", self.saved),
-            ("duplicate", self.duplicate),
-            ("rejected", self.rejected),
-            ("failed", self.failed),
-            ("sync_fallback", self.sync_fallback),
-            ("dropped_full", self.dropped_full),
-            ("dropped_closed", self.dropped_closed),
-            ("queue_depth", self.queue_depth),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("writer_{k}"), v))
-        .collect()
+        prefixed(
+            "writer",
+            &[
+                ("enqueued", self.enqueued),
+                ("pending_dedup", self.pending_dedup),
+                ("saved", self.saved),
+                ("duplicate", self.duplicate),
+                ("rejected", self.rejected),
+                ("failed", self.failed),
+                ("sync_fallback", self.sync_fallback),
+                ("dropped_full", self.dropped_full),
+                ("dropped_closed", self.dropped_closed),
+                ("queue_depth", self.queue_depth),
+            ],
+        )
     }
 }
 
@@ -247,6 +248,12 @@ impl WriteBehind {
     /// Queues a block for the target tier; returns within the configured wait (plus the
     /// inline write, with [`Overflow::SyncWrite`]).
     pub fn enqueue(&self, meta: BlockMeta, payload: Bytes) -> Enqueued {
+        self.admitted(|| self.enqueue_admitted(meta, payload))
+    }
+
+    /// Runs `f` as one enqueue in flight (so `stop` waits for it), or refuses with
+    /// [`Enqueued::Closed`] once the writer is closing.
+    fn admitted(&self, f: impl FnOnce() -> Enqueued) -> Enqueued {
         let s = &self.shared;
         {
             let mut life = s.life.lock();
@@ -256,7 +263,7 @@ impl WriteBehind {
             }
             life.inflight += 1;
         }
-        let outcome = self.enqueue_admitted(meta, payload);
+        let outcome = f();
         let mut life = s.life.lock();
         life.inflight -= 1;
         if life.inflight == 0 {
@@ -340,35 +347,23 @@ impl WriteBehind {
         if s.target.snapshots().is_none() {
             return Enqueued::Dropped;
         }
-        {
-            let mut life = s.life.lock();
-            if life.closing {
-                s.counters.dropped_closed.fetch_add(1, Ordering::Relaxed);
-                return Enqueued::Closed;
-            }
-            life.inflight += 1;
-        }
-        let out = match self.tx.try_send(Job::Snapshot(key, layout, blob)) {
-            Ok(()) => {
-                s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
-                Enqueued::Queued
-            }
-            Err(
-                TrySendError::Full(Job::Snapshot(key, layout, blob))
-                | TrySendError::Disconnected(Job::Snapshot(key, layout, blob)),
-            ) => {
-                s.counters.sync_fallback.fetch_add(1, Ordering::Relaxed);
-                s.write_snapshot(&key, layout, &blob);
-                Enqueued::WrittenInline(Ok(PutOutcome::Stored))
-            }
-            Err(_) => Enqueued::Dropped,
-        };
-        let mut life = s.life.lock();
-        life.inflight -= 1;
-        if life.inflight == 0 {
-            s.changed.notify_all();
-        }
-        out
+        self.admitted(
+            || match self.tx.try_send(Job::Snapshot(key, layout, blob)) {
+                Ok(()) => {
+                    s.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                    Enqueued::Queued
+                }
+                Err(
+                    TrySendError::Full(Job::Snapshot(key, layout, blob))
+                    | TrySendError::Disconnected(Job::Snapshot(key, layout, blob)),
+                ) => {
+                    s.counters.sync_fallback.fetch_add(1, Ordering::Relaxed);
+                    s.write_snapshot(&key, layout, &blob);
+                    Enqueued::WrittenInline(Ok(PutOutcome::Stored))
+                }
+                Err(_) => Enqueued::Dropped,
+            },
+        )
     }
 
     /// Waits until everything queued so far is written (or `timeout` passes); the writer
