@@ -18,7 +18,8 @@ use kvtier_core::hash::BlockHash;
 use kvtier_core::stats::TierStats;
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_core::tier::writer::{Enqueued, Overflow, WriteBehind, WriterConfig};
-use kvtier_core::tier::{BlockMeta, PutOutcome, RamConfig, RamTier, Tier, TierKind};
+use kvtier_core::tier::{BlockMeta, PutOutcome, RamConfig, RamTier, ResidencySink, Tier, TierKind};
+use kvtier_core::{Engine, ExtraKeys, Layout, PersistConfig, PersistMode};
 use parking_lot::{Condvar, Mutex};
 
 /// A RAM tier whose writes from the writer's worker thread wait until the gate opens.
@@ -31,10 +32,12 @@ struct Gated {
 
 impl Gated {
     fn new(open: bool) -> Arc<Self> {
+        Self::with_capacity(open, 64 << 20)
+    }
+    /// A gated tier of `capacity_bytes` (smaller than a block: it refuses every block).
+    fn with_capacity(open: bool, capacity_bytes: u64) -> Arc<Self> {
         Arc::new(Self {
-            inner: RamTier::standalone(RamConfig {
-                capacity_bytes: 64 << 20,
-            }),
+            inner: RamTier::standalone(RamConfig { capacity_bytes }),
             open: Mutex::new(open),
             opened: Condvar::new(),
         })
@@ -214,4 +217,137 @@ fn a_hung_tier_makes_shutdown_report_a_partial_flush() {
     assert!(report.left_in_queue >= 3, "{report:?}");
     // Let the worker finish so the test leaves no thread behind.
     target.open();
+}
+
+#[test]
+fn queued_bytes_stay_readable_until_written() {
+    let target = Gated::new(false);
+    let w = WriteBehind::start(target.clone(), WriterConfig::default()).unwrap();
+    let chain = blocks(3);
+    for (m, p) in &chain {
+        w.enqueue(m.clone(), p.clone());
+    }
+    for (m, p) in &chain {
+        assert!(target.get(&m.hash).unwrap().is_none(), "not written yet");
+        assert_eq!(w.pending_payload(&m.hash).as_ref(), Some(p));
+    }
+    target.open();
+    assert!(w.flush(Duration::from_secs(10)));
+    for (m, p) in &chain {
+        assert_eq!(
+            w.pending_payload(&m.hash),
+            None,
+            "written: no longer pending"
+        );
+        assert_eq!(target.get(&m.hash).unwrap().as_ref(), Some(p));
+    }
+}
+
+#[test]
+fn a_refused_write_is_reported_to_the_lost_hook_and_a_stored_one_is_not() {
+    // 100 bytes hold no block: every write is refused (no space).
+    let refusing = Gated::with_capacity(true, 100);
+    let w = WriteBehind::start(refusing, WriterConfig::default()).unwrap();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let seen = lost.clone();
+    w.on_lost(Box::new(move |m| seen.lock().push(m.hash)));
+    let chain = blocks(2);
+    for (m, p) in &chain {
+        w.enqueue(m.clone(), p.clone());
+    }
+    assert!(w.flush(Duration::from_secs(10)));
+    let want: Vec<BlockHash> = chain.iter().map(|(m, _)| m.hash).collect();
+    assert_eq!(*lost.lock(), want);
+    assert_eq!(w.stats().rejected, 2);
+
+    let accepting = Gated::new(true);
+    let w = WriteBehind::start(accepting, WriterConfig::default()).unwrap();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let seen = lost.clone();
+    w.on_lost(Box::new(move |m| seen.lock().push(m.hash)));
+    for (m, p) in &chain {
+        w.enqueue(m.clone(), p.clone());
+    }
+    assert!(w.flush(Duration::from_secs(10)));
+    assert!(lost.lock().is_empty());
+}
+
+/// An evict-only engine over a gated tier: what RAM evicts waits in the writer's queue.
+fn evict_only_engine(lower: Arc<Gated>, ram_blocks: u64) -> (Engine, Arc<Layout>) {
+    let layout = test_layout().unwrap();
+    let e = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: ram_blocks * layout.block_bytes(),
+        })
+        .persistent_tier(
+            PersistConfig {
+                mode: PersistMode::EvictOnly,
+                prefetch: false,
+                ..PersistConfig::default()
+            },
+            move |_sink: Arc<dyn ResidencySink>| Ok(lower as Arc<dyn Tier>),
+        )
+        .build()
+        .unwrap();
+    let layout = e.register_layout(layout.key().clone()).unwrap();
+    (e, layout)
+}
+
+fn store_conversations(e: &Engine, layout: &Layout, n: u32) -> Vec<(Vec<u32>, Vec<u8>)> {
+    let per = layout.tokens_per_block() as u32;
+    (0..n)
+        .map(|c| {
+            let tokens: Vec<u32> = (0..per).map(|t| 7000 + c * 100 + t).collect();
+            let bytes: Vec<u8> = (0..layout.block_bytes())
+                .map(|i| (i as u32 * 13 + c) as u8)
+                .collect();
+            let prompt = e
+                .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+                .unwrap();
+            e.store(&prompt, &[&bytes]).unwrap();
+            (tokens, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn a_block_on_its_way_down_is_found_and_loads_byte_for_byte() {
+    let lower = Gated::new(false);
+    let (e, layout) = evict_only_engine(lower.clone(), 2);
+    // Four one-block conversations in a RAM of two: two are evicted into the held queue.
+    let convs = store_conversations(&e, &layout, 4);
+    assert_eq!(e.stats().demotions_queued, 2);
+    for (tokens, bytes) in &convs {
+        let prompt = e
+            .prompt(layout.digest(), tokens, &ExtraKeys::none())
+            .unwrap();
+        let hit = e.lookup(&prompt);
+        assert_eq!(
+            hit.blocks.len(),
+            1,
+            "every block is findable while the writer is held"
+        );
+        let loaded = e.load(&hit.blocks).unwrap();
+        assert!(loaded.complete);
+        assert_eq!(&loaded.blocks[0][..], &bytes[..]);
+    }
+    lower.open();
+    assert!(e.flush(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_demotion_the_tier_refuses_leaves_the_index() {
+    let lower = Gated::with_capacity(false, 100);
+    let (e, layout) = evict_only_engine(lower.clone(), 1);
+    let convs = store_conversations(&e, &layout, 2);
+    let first = e
+        .prompt(layout.digest(), &convs[0].0, &ExtraKeys::none())
+        .unwrap();
+    assert_eq!(e.lookup(&first).blocks.len(), 1, "queued: still findable");
+    lower.open();
+    assert!(e.flush(Duration::from_secs(10)));
+    assert!(
+        e.lookup(&first).is_miss(),
+        "refused by the tier: no longer claimed"
+    );
 }

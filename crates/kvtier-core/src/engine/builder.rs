@@ -186,6 +186,14 @@ pub(super) fn open_lower(
             format!("cannot start the {} writer thread: {e}", tier.kind().name()),
         )
     })?;
+    // A queued block whose write fails or is refused leaves the index again.
+    let index = Arc::downgrade(&sink.index);
+    let kind = tier.kind();
+    writer.on_lost(Box::new(move |meta| {
+        if let Some(index) = index.upgrade() {
+            index.removed(kind, meta, crate::tier::RemovalCause::Explicit, None);
+        }
+    }));
     let writer = Arc::new(writer);
     let lower = Arc::new(Lower {
         tier,

@@ -4,6 +4,10 @@
 //!   write-behind queue, to the persistent tier.
 //! - [`PersistMode::EvictOnly`]: the persistent tier receives what RAM evicts (a
 //!   non-blocking enqueue from the eviction path; a full queue drops the block, counted).
+//! - A block queued for the persistent tier but not yet written is served from the
+//!   writer's queue, and the index names the persistent tier for it from the moment it is
+//!   queued; a write that fails or is refused takes that entry back (the writer's lost
+//!   hook).
 //! - A hit that only the persistent tier holds is promoted into RAM when
 //!   [`PersistConfig::promote_on_hit`] is set (the payload buffer is shared, not copied).
 
@@ -123,6 +127,11 @@ impl ResidencySink for EngineSink {
         let (Some(writer), Some(payload)) = (writer, payload) else {
             return;
         };
+        // The block stays findable on its way down: the index names the lower tier now
+        // (before the worker can write or lose it, so its report lands after this), and
+        // loads read the queued bytes until the write is done.
+        let lower = writer.target_kind();
+        self.index.inserted(lower, meta);
         // Called under the RAM tier's lock: never wait here.
         use crate::tier::writer::Enqueued;
         match writer.try_enqueue(meta.clone(), payload.clone()) {
@@ -132,6 +141,8 @@ impl ResidencySink for EngineSink {
                     .fetch_add(1, Ordering::Relaxed);
             }
             _ => {
+                self.index
+                    .removed(lower, meta, RemovalCause::Explicit, None);
                 self.movement
                     .demotions_dropped
                     .fetch_add(1, Ordering::Relaxed);

@@ -185,7 +185,12 @@ impl Engine {
         let Some(lower) = self.lower() else {
             return Ok(None);
         };
-        let Some(bytes) = lower.tier.get(hash)? else {
+        // Not written yet: the queued bytes (a block RAM evicted moments ago).
+        let Some(bytes) = lower
+            .tier
+            .get(hash)?
+            .or_else(|| lower.writer.pending_payload(hash))
+        else {
             return Ok(None);
         };
         if lower.config.promote_on_hit

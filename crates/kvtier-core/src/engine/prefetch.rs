@@ -98,7 +98,11 @@ fn run(
             if s.ram.contains(&hash) {
                 continue;
             }
-            let Ok(Some(bytes)) = lower.tier.get(&hash) else {
+            let read = lower
+                .tier
+                .get(&hash)
+                .map(|got| got.or_else(|| lower.writer.pending_payload(&hash)));
+            let Ok(Some(bytes)) = read else {
                 break; // gone or failing: the load will find out and recompute
             };
             let Some(meta) = s.index.meta_of(&hash) else {

@@ -7,13 +7,16 @@
 //! 3. [`Overflow::SyncWrite`]: write on the caller's thread (the caller pays the I/O but
 //!    nothing is lost), or [`Overflow::Drop`]: count the block as dropped.
 //!
-//! A hash already queued is not queued twice (pending-hash dedup). Shutdown is
+//! A hash already queued is not queued twice (pending-hash dedup), and its bytes stay
+//! readable ([`WriteBehind::pending_payload`]) until the write is done, so a block on its
+//! way down is never invisible; a block whose write fails or is refused is reported to the
+//! hook set with [`WriteBehind::on_lost`]. Shutdown is
 //! deterministic: stop admitting, wait for enqueues in flight, put a sentinel at the end
 //! of the queue, and wait (up to a deadline) for the worker to write everything before
 //! it; the report says whether that finished (`clean`) and what was left. Every outcome
 //! has a counter (prefix `writer_`).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::{BlockMeta, PutOutcome, Tier};
 use crate::hash::BlockHash;
@@ -158,15 +161,37 @@ struct Counters {
     dropped_closed: AtomicU64,
 }
 
+/// Told about a queued block that did not reach the tier (write failed or refused).
+pub type LostHook = Box<dyn Fn(&BlockMeta) + Send + Sync>;
+
 struct Shared {
     target: Arc<dyn Tier>,
-    pending: Mutex<HashSet<BlockHash>>,
+    /// Queued blocks not yet written, with their bytes.
+    pending: Mutex<HashMap<BlockHash, Bytes>>,
+    lost: RwLock<Option<LostHook>>,
     life: Mutex<Life>,
     changed: Condvar,
     counters: Counters,
 }
 
 impl Shared {
+    /// Marks `meta` as queued; false if it already is.
+    fn add_pending(&self, meta: &BlockMeta, payload: &Bytes) -> bool {
+        match self.pending.lock().entry(meta.hash) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(payload.clone());
+                true
+            }
+        }
+    }
+
+    fn report_lost(&self, meta: &BlockMeta) {
+        if let Some(hook) = self.lost.read().as_ref() {
+            hook(meta);
+        }
+    }
+
     fn write_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) {
         let Some(store) = self.target.snapshots() else {
             return;
@@ -228,7 +253,8 @@ impl WriteBehind {
         let (tx, rx) = bounded(config.queue_len.max(1));
         let shared = Arc::new(Shared {
             target,
-            pending: Mutex::new(HashSet::new()),
+            pending: Mutex::new(HashMap::new()),
+            lost: RwLock::new(None),
             life: Mutex::new(Life::default()),
             changed: Condvar::new(),
             counters: Counters::default(),
@@ -280,7 +306,7 @@ impl WriteBehind {
             s.counters.dropped_closed.fetch_add(1, Ordering::Relaxed);
             return Enqueued::Closed;
         }
-        if !s.pending.lock().insert(meta.hash) {
+        if !s.add_pending(&meta, &payload) {
             s.counters.pending_dedup.fetch_add(1, Ordering::Relaxed);
             return Enqueued::AlreadyPending;
         }
@@ -300,7 +326,7 @@ impl WriteBehind {
 
     fn enqueue_admitted(&self, meta: BlockMeta, payload: Bytes) -> Enqueued {
         let s = &self.shared;
-        if !s.pending.lock().insert(meta.hash) {
+        if !s.add_pending(&meta, &payload) {
             s.counters.pending_dedup.fetch_add(1, Ordering::Relaxed);
             return Enqueued::AlreadyPending;
         }
@@ -384,7 +410,24 @@ impl WriteBehind {
 
     /// Whether `hash` is queued and not yet written.
     pub fn is_pending(&self, hash: &BlockHash) -> bool {
-        self.shared.pending.lock().contains(hash)
+        self.shared.pending.lock().contains_key(hash)
+    }
+
+    /// The kind of tier this writer writes to.
+    pub fn target_kind(&self) -> super::TierKind {
+        self.shared.target.kind()
+    }
+
+    /// The bytes of `hash` if it is queued and not yet written.
+    pub fn pending_payload(&self, hash: &BlockHash) -> Option<Bytes> {
+        self.shared.pending.lock().get(hash).cloned()
+    }
+
+    /// Sets the hook told about every queued block whose write fails or is refused (not
+    /// about blocks dropped before they were queued: the caller sees those). Cleared by
+    /// [`WriteBehind::stop`]: after it, nothing is reported.
+    pub fn on_lost(&self, hook: LostHook) {
+        *self.shared.lost.write() = Some(hook);
     }
 
     /// Stops admitting, lets enqueues in flight finish, drains the queue and stops the
@@ -397,6 +440,8 @@ impl WriteBehind {
             return done;
         }
         life.closing = true;
+        // Whoever owns the hook may reuse what it points at once the writer is stopped.
+        *s.lost.write() = None;
         while life.inflight > 0 {
             if s.changed.wait_until(&mut life, deadline).timed_out() {
                 break;
@@ -470,9 +515,17 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     s.write(&meta, payload)
                 }));
-                if written.is_err() {
-                    s.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
+                let kept = match written {
+                    Ok(Ok(PutOutcome::Stored | PutOutcome::Duplicate)) => true,
+                    Ok(_) => false,
+                    Err(_) => {
+                        s.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
+                        false
+                    }
+                };
+                if !kept {
+                    s.report_lost(&meta);
                 }
                 s.pending.lock().remove(&hash);
                 let _life = s.life.lock();
