@@ -41,11 +41,11 @@ impl Drop for Pooled {
 impl BufferPool {
     /// Fills a buffer of `len` bytes with `fill` and returns it as `Bytes`; the buffer
     /// returns to the pool when the last clone of the `Bytes` is dropped.
-    pub fn filled(
+    pub fn filled<E>(
         &self,
         len: usize,
-        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<Bytes> {
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Bytes, E> {
         let reused = {
             let mut free = self.free.lock();
             free.iter()

@@ -10,16 +10,15 @@
 mod buffers;
 pub mod direct;
 mod lock;
+mod read;
 mod recovery;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use kvtier_core::{Error, Result};
 use parking_lot::{Mutex, RwLock};
 
@@ -347,105 +346,6 @@ impl SegmentStore {
             }
         }
     }
-
-    /// Reads the payload of the record at `loc` (or only `range` of it), verifying the
-    /// header against `key` and the checksum of every chunk it returns.
-    pub fn read(
-        &self,
-        loc: &Loc,
-        key: &[u8; 32],
-        range: Option<Range<u64>>,
-    ) -> Result<Bytes, ReadFault> {
-        let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
-            return Err(ReadFault::Corrupt(format!(
-                "segment {} is gone",
-                loc.segment
-            )));
-        };
-        let path = || seg_path(&self.dir, seg.id);
-        let io = |e: std::io::Error| ReadFault::Io(io_error(&path(), "read", &e));
-        let corrupt = |what: &str| {
-            ReadFault::Corrupt(format!(
-                "{what}: segment `{}` offset {}",
-                path().display(),
-                loc.offset
-            ))
-        };
-        let range = range.unwrap_or(0..loc.payload_len);
-        if range.start >= range.end || range.end > loc.payload_len {
-            return Err(ReadFault::Io(Error::invalid(format!(
-                "byte range {}..{} is empty or past the end of a {}-byte payload",
-                range.start, range.end, loc.payload_len
-            ))));
-        }
-        let whole = range.start == 0 && range.end == loc.payload_len;
-        // A whole-payload read takes header and payload in one positioned read.
-        let head_len = if whole {
-            loc.payload_offset + loc.payload_len
-        } else {
-            loc.meta_len
-        };
-        let eof_or_io = |e: std::io::Error| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                corrupt("record truncated")
-            } else {
-                io(e)
-            }
-        };
-        let head =
-            read_at(&self.buffers, &seg, loc.offset, head_len as usize).map_err(eof_or_io)?;
-        let header = RecordHeader::decode(&head)
-            .map_err(|e| corrupt(&format!("bad record header ({e:?})")))?;
-        if header.key != *key || header.payload_len != loc.payload_len {
-            return Err(corrupt("record header names another block"));
-        }
-        let chunk = 1u64 << header.chunk_log2;
-        let first = range.start / chunk;
-        let last = (range.end - 1) / chunk;
-        let span_start = first * chunk;
-        let span_end = ((last + 1) * chunk).min(loc.payload_len);
-        let (buf, base): (Bytes, u64) = if whole {
-            (head, loc.payload_offset)
-        } else {
-            // Start the span read on a page boundary (chunks are at least 512 bytes, so
-            // a span can start inside a page).
-            let at = loc.offset + loc.payload_offset + span_start;
-            let lead = at % crate::format::ALIGN;
-            let span = read_at(
-                &self.buffers,
-                &seg,
-                at - lead,
-                (lead + span_end - span_start) as usize,
-            )
-            .map_err(eof_or_io)?;
-            (span, lead)
-        };
-        let data = buf.slice(base as usize..);
-        for c in first..=last {
-            let lo = (c * chunk - span_start) as usize;
-            let hi = (((c + 1) * chunk).min(loc.payload_len) - span_start) as usize;
-            let want = header.chunk_crcs.get(c as usize).copied();
-            if Some(crate::format::crc(&data[lo..hi])) != want {
-                return Err(corrupt(&format!("checksum mismatch in chunk {c}")));
-            }
-        }
-        Ok(data.slice((range.start - span_start) as usize..(range.end - span_start) as usize))
-    }
-}
-
-/// Reads `len` bytes at `offset` (a page boundary).
-///
-/// Cached reads, on purpose: measured here, a direct (O_DIRECT) read of one 2 MiB record
-/// at a time runs at 0.4–0.5× a cached one, because it loses the kernel's readahead. Direct
-/// reads pay off only with several requests in flight, which the prefetch path (next) will
-/// issue; `direct` is ready for it.
-fn read_at(
-    pool: &buffers::BufferPool,
-    seg: &Segment,
-    offset: u64,
-    len: usize,
-) -> std::io::Result<Bytes> {
-    pool.filled(len, |buf| seg.seg.read_exact_at(buf, offset))
 }
 
 fn create_segment(dir: &Path, id: u64) -> Result<Segment> {

@@ -1,0 +1,184 @@
+//! Verified reads: a record's bytes are returned only after the header names the block
+//! asked for and every checksum chunk they touch matches.
+//!
+//! Reads are cached `pread`s on purpose: measured here, a direct (O_DIRECT) read of one
+//! 2 MiB record at a time runs at 0.4–0.5× a cached one, because it loses the kernel's
+//! readahead (8 MiB on this machine's disk). Direct reads would pay off only with several
+//! requests in flight.
+//!
+//! A whole record is read in pieces of [`PIECE`] bytes, and each piece's chunks are
+//! verified right after it lands, while they are still in the CPU's cache. Checksumming a
+//! 2 MiB buffer after one big read instead streams it back from memory a second time;
+//! that cost about 10% of a load at disk speed (measured: 16 ms of 165 ms for 64 MiB).
+
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+
+use bytes::Bytes;
+use kvtier_core::Error;
+
+use super::{Loc, ReadFault, Segment, SegmentStore, seg_path};
+use crate::format::{ALIGN, RecordHeader, crc};
+
+/// Bytes per `pread` of a whole-record read: small enough to stay in L2 until verified,
+/// large enough that the extra system calls cost nothing measurable.
+const PIECE: usize = 256 << 10;
+
+impl SegmentStore {
+    /// Reads the payload of the record at `loc` (or only `range` of it), verifying the
+    /// header against `key` and the checksum of every chunk it returns.
+    pub fn read(
+        &self,
+        loc: &Loc,
+        key: &[u8; 32],
+        range: Option<Range<u64>>,
+    ) -> Result<Bytes, ReadFault> {
+        let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
+            return Err(ReadFault::Corrupt(format!(
+                "segment {} is gone",
+                loc.segment
+            )));
+        };
+        let reader = Reader {
+            store: self,
+            seg: &seg,
+            loc,
+            key,
+        };
+        let range = range.unwrap_or(0..loc.payload_len);
+        if range.start >= range.end || range.end > loc.payload_len {
+            return Err(ReadFault::Io(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of a {}-byte payload",
+                range.start, range.end, loc.payload_len
+            ))));
+        }
+        if range.start == 0 && range.end == loc.payload_len {
+            reader.whole()
+        } else {
+            reader.part(range)
+        }
+    }
+}
+
+/// One read of one record.
+struct Reader<'a> {
+    store: &'a SegmentStore,
+    seg: &'a Segment,
+    loc: &'a Loc,
+    key: &'a [u8; 32],
+}
+
+impl Reader<'_> {
+    fn corrupt(&self, what: &str) -> ReadFault {
+        ReadFault::Corrupt(format!(
+            "{what}: segment `{}` offset {}",
+            seg_path(&self.store.dir, self.seg.id).display(),
+            self.loc.offset
+        ))
+    }
+
+    fn io(&self, e: std::io::Error) -> ReadFault {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            self.corrupt("record truncated")
+        } else {
+            let path = seg_path(&self.store.dir, self.seg.id);
+            ReadFault::Io(super::io_error(&path, "read", &e))
+        }
+    }
+
+    /// The header, checked against the block asked for.
+    fn header(&self, meta: &[u8]) -> Result<RecordHeader, ReadFault> {
+        let header = RecordHeader::decode(meta)
+            .map_err(|e| self.corrupt(&format!("bad record header ({e:?})")))?;
+        if header.key != *self.key || header.payload_len != self.loc.payload_len {
+            return Err(self.corrupt("record header names another block"));
+        }
+        Ok(header)
+    }
+
+    /// Checks chunk `c`, whose bytes are `bytes`.
+    fn verify(&self, header: &RecordHeader, c: usize, bytes: &[u8]) -> Result<(), ReadFault> {
+        if header.chunk_crcs.get(c).copied() == Some(crc(bytes)) {
+            Ok(())
+        } else {
+            Err(self.corrupt(&format!("checksum mismatch in chunk {c}")))
+        }
+    }
+
+    /// The whole payload: header and payload in one buffer, read piece by piece, each
+    /// chunk verified as soon as it is complete.
+    fn whole(&self) -> Result<Bytes, ReadFault> {
+        let loc = self.loc;
+        let start = loc.payload_offset as usize;
+        let total = start + loc.payload_len as usize;
+        let buf = self.store.buffers.filled(total, |buf| {
+            let mut header: Option<RecordHeader> = None;
+            let mut done = 0;
+            let mut next_chunk = 0;
+            while done < total {
+                let n = (total - done).min(PIECE);
+                self.seg
+                    .seg
+                    .read_exact_at(&mut buf[done..done + n], loc.offset + done as u64)
+                    .map_err(|e| self.io(e))?;
+                done += n;
+                if header.is_none() && done >= loc.meta_len as usize {
+                    header = Some(self.header(&buf[..done])?);
+                }
+                let Some(h) = &header else { continue };
+                let chunk = 1usize << h.chunk_log2;
+                loop {
+                    let lo = start + next_chunk * chunk;
+                    let hi = (lo + chunk).min(total);
+                    if lo >= total || hi > done {
+                        break;
+                    }
+                    self.verify(h, next_chunk, &buf[lo..hi])?;
+                    next_chunk += 1;
+                }
+            }
+            match header {
+                Some(_) => Ok(()),
+                None => Err(self.corrupt("record shorter than its header")),
+            }
+        })?;
+        Ok(buf.slice(start..))
+    }
+
+    /// Part of the payload: the header, then the chunks covering `range`, all verified.
+    fn part(&self, range: Range<u64>) -> Result<Bytes, ReadFault> {
+        let loc = self.loc;
+        let meta = self
+            .store
+            .buffers
+            .filled(loc.meta_len as usize, |buf| {
+                self.seg.seg.read_exact_at(buf, loc.offset)
+            })
+            .map_err(|e| self.io(e))?;
+        let header = self.header(&meta)?;
+        drop(meta);
+        let chunk = 1u64 << header.chunk_log2;
+        let first = range.start / chunk;
+        let last = (range.end - 1) / chunk;
+        let span_start = first * chunk;
+        let span_end = ((last + 1) * chunk).min(loc.payload_len);
+        // Start the span read on a page boundary (chunks are at least 512 bytes, so a span
+        // can start inside a page).
+        let at = loc.offset + loc.payload_offset + span_start;
+        let lead = at % ALIGN;
+        let span = self
+            .store
+            .buffers
+            .filled((lead + span_end - span_start) as usize, |buf| {
+                self.seg.seg.read_exact_at(buf, at - lead)
+            })
+            .map_err(|e| self.io(e))?;
+        let data = span.slice(lead as usize..);
+        for c in first..=last {
+            let lo = (c * chunk - span_start) as usize;
+            let hi = (((c + 1) * chunk).min(loc.payload_len) - span_start) as usize;
+            self.verify(&header, c as usize, &data[lo..hi])?;
+        }
+        Ok(data.slice((range.start - span_start) as usize..(range.end - span_start) as usize))
+    }
+}
