@@ -5,6 +5,7 @@
 //! lookup(&Prompt) ─► Lookup (memory only)   load(&Lookup) ─► the matched blocks' bytes
 //! store(&Prompt, payloads)                  snapshot_put / snapshot_get (exact prefix)
 //! flush / shutdown / reattach_persistent    stats
+//! resolve(layout, hashes) ─► Lookup         delete_namespace(layout)
 //! ```
 //!
 //! With a persistent tier (`EngineBuilder::persistent_tier`), blocks reach it through a
@@ -13,7 +14,9 @@
 
 mod builder;
 mod lower;
+mod namespace;
 mod prefetch;
+mod resolve;
 mod store;
 
 use std::collections::HashMap;

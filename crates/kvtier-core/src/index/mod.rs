@@ -244,6 +244,20 @@ impl PrefixIndex {
         cleared
     }
 
+    /// Every block of `layout` the index knows of (for deleting a namespace).
+    pub fn hashes_of_layout(&self, layout: LayoutDigest) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        self.map.for_each_mut(|shard| {
+            out.extend(
+                shard
+                    .iter()
+                    .filter(|(_, e)| e.cold.meta.layout == layout)
+                    .map(|(h, _)| *h),
+            );
+        });
+        out
+    }
+
     /// The metadata of `hash`, if any tier holds it.
     pub fn meta_of(&self, hash: &BlockHash) -> Option<BlockMeta> {
         self.map.read(hash).get(hash).map(|e| e.cold.meta.clone())
