@@ -17,6 +17,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run kvtier as a daemon: RAM + SSD under a data directory, with the network API,
+    /// Prometheus metrics, health and the admin control plane (docs/API.md). Settings come
+    /// from defaults, then --config FILE, then environment variables and flags.
+    Serve(kvtier_server::ServeArgs),
     /// Measure kvtier against the machine's physical baselines (memcpy, a plain hash, a plain
     /// hash map) in the same run, and print every figure beside its baseline and the ratio.
     Bench(BenchArgs),
@@ -61,6 +65,7 @@ pub struct BenchArgs {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(args) => serve(&args),
         Command::Bench(args) => crate::bench::run(&args),
         Command::CrashWriter(args) => crate::crash_writer::run(&args),
         Command::Inspect(args) => crate::inspect::run(&args),
@@ -74,5 +79,29 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("SSD store format v{}", kvtier_ssd::format::FORMAT_VERSION);
             Ok(())
         }
+    }
+}
+
+fn serve(args: &kvtier_server::ServeArgs) -> anyhow::Result<()> {
+    let settings = args.settings().map_err(anyhow::Error::msg)?;
+    if args.print_config {
+        print!(
+            "{}",
+            settings.to_toml_redacted().map_err(anyhow::Error::msg)?
+        );
+        return Ok(());
+    }
+    crate::logging::init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvtier-serve")
+        .build()?;
+    let stopped = runtime
+        .block_on(kvtier_server::run(settings))
+        .map_err(anyhow::Error::msg)?;
+    if stopped.requests_finished && stopped.writer_clean {
+        Ok(())
+    } else {
+        anyhow::bail!("shutdown was not clean: {stopped:?}")
     }
 }

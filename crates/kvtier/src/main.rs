@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod crash_writer;
 mod inspect;
+mod logging;
 
 use std::process::ExitCode;
 

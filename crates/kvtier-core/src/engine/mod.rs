@@ -27,7 +27,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-pub use builder::{EngineBuilder, EngineConfig};
+pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
 pub use lower::{PersistConfig, PersistMode, TierOpener};
 
 pub use store::StoreReport;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::Engine;
 use crate::error::Result;
 use crate::layout::LayoutDigest;
+use crate::tier::Tier;
 
 /// How long a namespace delete waits for blocks already queued for the persistent tier
 /// (written first, then deleted, so none comes back after the delete).

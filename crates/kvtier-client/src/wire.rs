@@ -1,0 +1,390 @@
+//! The network API's wire format (docs/API.md is the prose version).
+//!
+//! JSON carries requests and small answers. Block bytes never go through JSON: a load
+//! answers with a framed binary stream, and a store or snapshot put sends a framed binary
+//! body, both described here. All integers are little-endian.
+
+use serde::{Deserialize, Serialize};
+
+/// Content type of a load response (block frames).
+pub const BLOCKS_CONTENT_TYPE: &str = "application/vnd.kvtier.blocks";
+/// Content type of a store or snapshot-put request (JSON head, then payload bytes).
+pub const UPLOAD_CONTENT_TYPE: &str = "application/vnd.kvtier.upload";
+
+/// A layout key as JSON: everything that decides what a KV byte means.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayoutSpec {
+    /// Model identifier.
+    pub model_id: String,
+    /// Weights revision or digest.
+    #[serde(default)]
+    pub weights_digest: String,
+    /// Tokenizer digest.
+    #[serde(default)]
+    pub tokenizer_digest: String,
+    /// `f32`, `f16`, `bf16`, `fp8_e4m3`, `fp8_e5m2` or `i8`.
+    pub dtype: String,
+    /// Tokens per block.
+    pub tokens_per_block: u32,
+    /// Layers held by this shard.
+    pub num_layers: u32,
+    /// KV heads held by this shard.
+    pub num_kv_heads: u32,
+    /// Elements per head.
+    pub head_dim: u32,
+    /// Tensor-parallel rank (default 0).
+    #[serde(default)]
+    pub tp_rank: u32,
+    /// Tensor-parallel size (default 1).
+    #[serde(default = "one")]
+    pub tp_size: u32,
+    /// Pipeline stage (default 0).
+    #[serde(default)]
+    pub pp_stage: u32,
+    /// Pipeline stages (default 1).
+    #[serde(default = "one")]
+    pub pp_size: u32,
+    /// LoRA adapter id.
+    #[serde(default)]
+    pub lora_id: Option<String>,
+    /// Tenant salt, hex.
+    #[serde(default)]
+    pub tenant_salt: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The answer to registering a layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutInfo {
+    /// The layout digest (hex), used by every other call.
+    pub layout: String,
+    /// Bytes of one block.
+    pub block_bytes: u64,
+    /// Tokens per block.
+    pub tokens_per_block: u32,
+    /// Layers per block.
+    pub num_layers: u32,
+}
+
+/// Extra keys of one block (e.g. digests of images its tokens stand for), hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockExtraKeys {
+    /// Block index in the prompt.
+    pub block: usize,
+    /// The block's keys, in order, hex.
+    pub keys: Vec<String>,
+}
+
+/// A token sequence under a layout: the request of lookup and the head of a store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSpec {
+    /// Layout digest (hex).
+    pub layout: String,
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Per-block extra keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_keys: Vec<BlockExtraKeys>,
+}
+
+/// One matched block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockHandle {
+    /// The block hash (hex): the handle a load asks for.
+    pub hash: String,
+    /// The fastest tier holding it at lookup time (`ram`, `ssd`).
+    pub tier: String,
+}
+
+/// The answer to a lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupAnswer {
+    /// Tokens covered by the matched blocks.
+    pub matched_tokens: usize,
+    /// The matched leading blocks, in order.
+    pub blocks: Vec<BlockHandle>,
+}
+
+/// A load request: handles from a lookup, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadRequest {
+    /// Layout digest (hex).
+    pub layout: String,
+    /// Block hashes (hex), the leading blocks of one prompt, in order.
+    pub blocks: Vec<String>,
+    /// Only these layers `[start, end)` of every block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<[u32; 2]>,
+}
+
+/// The answer to a store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreAnswer {
+    /// Blocks newly kept.
+    pub stored: usize,
+    /// Blocks already held.
+    pub duplicates: usize,
+    /// Blocks kept only below RAM.
+    pub stored_lower_only: usize,
+    /// Why the store stopped early, if it did (`no_space`, `parent_missing`, ...).
+    pub stopped: Option<String>,
+}
+
+/// The head of a snapshot put, or the request of a snapshot get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSpec {
+    /// Layout digest (hex).
+    pub layout: String,
+    /// The exact token prefix the state was reached after.
+    pub tokens: Vec<u32>,
+    /// Optional session key, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// A stable machine-readable code (`bad_json`, `unknown_layout`, ...).
+    pub code: String,
+    /// What was wrong, for people.
+    pub message: String,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// Tiers attached now (`ram`, `ssd`).
+    pub tiers: Vec<String>,
+    /// How the previous run ended: true after a clean shutdown, false after a partial
+    /// flush, null after a crash or on first start.
+    pub previous_shutdown_clean: Option<bool>,
+}
+
+/// `POST /admin/ssd`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SsdAdmin {
+    /// `enable` (attach with the settings given, or the current ones), `disable`
+    /// (detach, stay detached), `reconfigure` (detach and reattach with changes).
+    pub action: String,
+    /// New store directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// New capacity, e.g. `64GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+    /// `write_through` or `evict_only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// `best_effort`, `persistent` or `fsync`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// New TTL, e.g. `7d`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+}
+
+/// The answer to `POST /admin/ssd`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SsdAdminAnswer {
+    /// The old tier's writer wrote everything queued in time.
+    pub drained_clean: bool,
+    /// Blocks still queued when the drain deadline passed.
+    pub left_in_queue: u64,
+    /// Blocks the index stopped attributing to the old tier.
+    pub detached_blocks: u64,
+    /// A tier is attached now.
+    pub attached: bool,
+    /// Blocks the new tier held when opened.
+    pub attached_blocks: u64,
+    /// The SSD settings now in force (null when detached).
+    pub ssd: Option<serde_json::Value>,
+}
+
+/// Binary framing of load responses and upload requests.
+pub mod frame {
+    /// First bytes of a load response.
+    pub const STREAM_MAGIC: [u8; 4] = *b"KVTL";
+    /// First bytes of an upload body.
+    pub const UPLOAD_MAGIC: [u8; 4] = *b"KVTU";
+    /// Version of both framings.
+    pub const VERSION: u16 = 1;
+    /// Bytes of the stream header and of every frame header.
+    pub const HEADER_LEN: usize = 32;
+    /// Frame tag: one block's bytes follow.
+    pub const TAG_BLOCK: u8 = 1;
+    /// Frame tag: the end of the stream.
+    pub const TAG_END: u8 = 2;
+
+    /// How a load stream ended.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u32)]
+    pub enum EndStatus {
+        /// Every requested block was sent.
+        Complete = 0,
+        /// The block after the last one sent is no longer held (evicted since the
+        /// lookup, or its handle did not resolve): recompute from there.
+        Lost = 1,
+        /// The server failed reading the block after the last one sent.
+        Failed = 2,
+    }
+
+    impl EndStatus {
+        /// From its wire value.
+        pub fn from_u32(v: u32) -> Option<Self> {
+            match v {
+                0 => Some(Self::Complete),
+                1 => Some(Self::Lost),
+                2 => Some(Self::Failed),
+                _ => None,
+            }
+        }
+    }
+
+    /// The stream header: magic, version, blocks requested.
+    pub fn stream_header(requested: u32) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&STREAM_MAGIC);
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&requested.to_le_bytes());
+        h
+    }
+
+    /// A block frame header: tag, block index, byte length, block hash.
+    pub fn block_header(index: u32, len: u64, hash: &[u8; 16]) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = TAG_BLOCK;
+        h[4..8].copy_from_slice(&index.to_le_bytes());
+        h[8..16].copy_from_slice(&len.to_le_bytes());
+        h[16..32].copy_from_slice(hash);
+        h
+    }
+
+    /// The end frame: tag, blocks sent, status.
+    pub fn end_frame(sent: u32, status: EndStatus) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = TAG_END;
+        h[4..8].copy_from_slice(&sent.to_le_bytes());
+        h[8..12].copy_from_slice(&(status as u32).to_le_bytes());
+        h
+    }
+
+    /// The head of an upload body: magic, version, then the JSON head's length; the
+    /// JSON head and the payload bytes follow.
+    pub fn upload_head(json_len: u32) -> [u8; 12] {
+        let mut h = [0u8; 12];
+        h[..4].copy_from_slice(&UPLOAD_MAGIC);
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&json_len.to_le_bytes());
+        h
+    }
+
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[at..at + 4]);
+        u32::from_le_bytes(w)
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(w)
+    }
+
+    /// Splits an upload body into its JSON head and its payload bytes.
+    pub fn split_upload(body: &[u8]) -> Result<(&[u8], &[u8]), String> {
+        if body.len() < 12 || body[..4] != UPLOAD_MAGIC {
+            return Err("upload body does not start with the KVTU magic".into());
+        }
+        let version = u16::from_le_bytes([body[4], body[5]]);
+        if version != VERSION {
+            return Err(format!(
+                "upload framing version {version} (this server speaks {VERSION})"
+            ));
+        }
+        let json_len = u32_at(body, 8) as usize;
+        let rest = &body[12..];
+        if json_len > rest.len() {
+            return Err(format!(
+                "upload head says {json_len} bytes of JSON but only {} bytes follow",
+                rest.len()
+            ));
+        }
+        Ok(rest.split_at(json_len))
+    }
+
+    /// A decoded frame header.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Frame {
+        /// A block of `len` bytes follows.
+        Block {
+            /// Block index in the request.
+            index: u32,
+            /// Bytes that follow.
+            len: u64,
+            /// Its hash.
+            hash: [u8; 16],
+        },
+        /// The stream ends.
+        End {
+            /// Blocks sent.
+            sent: u32,
+            /// Why it ended.
+            status: EndStatus,
+        },
+    }
+
+    /// Decodes the stream header; returns the number of blocks requested.
+    pub fn parse_stream_header(h: &[u8; HEADER_LEN]) -> Result<u32, String> {
+        if h[..4] != STREAM_MAGIC {
+            return Err("load stream does not start with the KVTL magic".into());
+        }
+        let version = u16::from_le_bytes([h[4], h[5]]);
+        if version != VERSION {
+            return Err(format!("load stream framing version {version}"));
+        }
+        Ok(u32_at(h, 8))
+    }
+
+    /// Decodes a frame header.
+    pub fn parse_frame(h: &[u8; HEADER_LEN]) -> Result<Frame, String> {
+        match h[0] {
+            TAG_BLOCK => {
+                let mut hash = [0u8; 16];
+                hash.copy_from_slice(&h[16..32]);
+                Ok(Frame::Block {
+                    index: u32_at(h, 4),
+                    len: u64_at(h, 8),
+                    hash,
+                })
+            }
+            TAG_END => {
+                let status = EndStatus::from_u32(u32_at(h, 8))
+                    .ok_or_else(|| format!("unknown end status {}", u32_at(h, 8)))?;
+                Ok(Frame::End {
+                    sent: u32_at(h, 4),
+                    status,
+                })
+            }
+            t => Err(format!("unknown frame tag {t}")),
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! `kvtier serve` settings: defaults, then a TOML file, then environment variables and
+//! flags (a flag and its variable are one clap argument; the flag wins).
+//!
+//! Every setting has a flag; `kvtier serve --help` lists them with their defaults and
+//! `--print-config` prints the effective settings as TOML (tokens redacted), which reads
+//! back as a configuration file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use crate::units::{ByteSize, HumanDuration};
+
+/// When blocks reach the SSD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum SsdMode {
+    /// Every new block goes to RAM and the SSD.
+    WriteThrough,
+    /// The SSD receives what RAM evicts.
+    EvictOnly,
+}
+
+/// When an SSD write counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DurabilityName {
+    /// One attempt; the page cache decides when bytes reach the disk.
+    BestEffort,
+    /// Up to `retries` further attempts; no sync.
+    Persistent,
+    /// Data and index synced before the write is acknowledged.
+    Fsync,
+}
+
+/// What a full write queue does after the short wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum OverflowName {
+    /// Write on the caller's thread.
+    SyncWrite,
+    /// Drop the block (counted).
+    Drop,
+}
+
+/// The SSD tier.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SsdSettings {
+    /// Attach the SSD tier at start.
+    pub enabled: bool,
+    /// Store directory (default: `ssd` under the data directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    /// Payload bytes the store may hold.
+    pub capacity: ByteSize,
+    /// Payload bytes one layout may hold (default: only the store's capacity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_budget: Option<ByteSize>,
+    /// Blocks unread for this long are dropped.
+    pub ttl: HumanDuration,
+    /// When blocks reach the SSD.
+    pub mode: SsdMode,
+    /// When a write counts as done.
+    pub durability: DurabilityName,
+    /// Extra attempts with `persistent` durability.
+    pub retries: u32,
+    /// Stop admitting while the filesystem has less free space (0 = off).
+    pub min_free: ByteSize,
+    /// Promote SSD hits into RAM.
+    pub promote_on_hit: bool,
+    /// Read SSD-only blocks right after a lookup finds them.
+    pub prefetch: bool,
+    /// Blocks the write queue holds.
+    pub queue_len: usize,
+    /// How long a store may wait for room in the queue.
+    pub writer_wait: HumanDuration,
+    /// What a full queue does after the wait.
+    pub overflow: OverflowName,
+    /// How long shutdown and reattach wait for the queue to drain.
+    pub drain_timeout: HumanDuration,
+}
+
+impl Default for SsdSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: None,
+            capacity: ByteSize(64 << 30),
+            namespace_budget: None,
+            ttl: HumanDuration(Duration::from_secs(7 * 86_400)),
+            mode: SsdMode::WriteThrough,
+            durability: DurabilityName::BestEffort,
+            retries: 3,
+            min_free: ByteSize(1 << 30),
+            promote_on_hit: true,
+            prefetch: true,
+            queue_len: 512,
+            writer_wait: HumanDuration(Duration::from_millis(50)),
+            overflow: OverflowName::SyncWrite,
+            drain_timeout: HumanDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Bearer tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    /// Token the admin endpoints require (without one they are disabled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<String>,
+    /// Token the data endpoints require (default: none required).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_token: Option<String>,
+    /// Listen on a non-loopback address without tokens.
+    pub allow_insecure_listen: bool,
+}
+
+/// Everything `kvtier serve` can be told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address to listen on (port 0: any free port, printed at start).
+    pub listen: SocketAddr,
+    /// Data directory (the SSD store lives under it).
+    pub data_dir: PathBuf,
+    /// RAM tier capacity (blocks and snapshots share it).
+    pub ram: ByteSize,
+    /// Longest prompt accepted, in tokens.
+    pub max_tokens: usize,
+    /// Largest request body accepted.
+    pub max_body: ByteSize,
+    /// How long shutdown waits for requests in flight.
+    pub shutdown_timeout: HumanDuration,
+    /// The SSD tier.
+    pub ssd: SsdSettings,
+    /// Tokens.
+    pub auth: AuthSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            data_dir: PathBuf::from("kvtier-data"),
+            ram: ByteSize(4 << 30),
+            max_tokens: kvtier_core::DEFAULT_MAX_TOKENS,
+            max_body: ByteSize(1 << 30),
+            shutdown_timeout: HumanDuration(Duration::from_secs(30)),
+            ssd: SsdSettings::default(),
+            auth: AuthSettings::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// The SSD store directory.
+    pub fn ssd_dir(&self) -> PathBuf {
+        self.ssd
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("ssd"))
+    }
+
+    /// The settings as TOML, tokens replaced by `<redacted>`.
+    pub fn to_toml_redacted(&self) -> Result<String, String> {
+        let mut shown = self.clone();
+        for t in [&mut shown.auth.admin_token, &mut shown.auth.data_token] {
+            if t.is_some() {
+                *t = Some("<redacted>".into());
+            }
+        }
+        toml::to_string(&shown).map_err(|e| e.to_string())
+    }
+
+    /// Refuses settings the server must not run with.
+    pub fn validate(&self) -> Result<(), String> {
+        let open = !self.listen.ip().is_loopback();
+        let tokens = self.auth.admin_token.is_some() && self.auth.data_token.is_some();
+        if open && !tokens && !self.auth.allow_insecure_listen {
+            return Err(format!(
+                "refusing to listen on {} (not a loopback address) without an admin token \
+                 and a data token: set --admin-token and --data-token, or pass \
+                 --allow-insecure-listen to accept anyone who can reach the port",
+                self.listen
+            ));
+        }
+        for (name, t) in [
+            ("admin token", &self.auth.admin_token),
+            ("data token", &self.auth.data_token),
+        ] {
+            if t.as_deref().is_some_and(|t| t.len() < 16) {
+                return Err(format!("the {name} must be at least 16 characters"));
+            }
+        }
+        if self.ram.0 == 0 {
+            return Err("ram must be larger than 0".into());
+        }
+        if self.max_body.0 < 1024 {
+            return Err("max_body must be at least 1KiB".into());
+        }
+        Ok(())
+    }
+}
+
+/// `kvtier serve` arguments. Each overrides the configuration file; unset ones keep
+/// the file's value, or the default shown.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys as printed by --print-config).
+    #[arg(long, env = "KVTIER_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700].
+    #[arg(long, env = "KVTIER_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Data directory [default: kvtier-data].
+    #[arg(long, env = "KVTIER_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// RAM tier capacity [default: 4GiB].
+    #[arg(long, env = "KVTIER_RAM", value_name = "SIZE")]
+    pub ram: Option<ByteSize>,
+    /// Longest prompt accepted, in tokens [default: 1048576].
+    #[arg(long, env = "KVTIER_MAX_TOKENS", value_name = "N")]
+    pub max_tokens: Option<usize>,
+    /// Largest request body accepted [default: 1GiB].
+    #[arg(long, env = "KVTIER_MAX_BODY", value_name = "SIZE")]
+    pub max_body: Option<ByteSize>,
+    /// How long shutdown waits for requests in flight [default: 30s].
+    #[arg(long, env = "KVTIER_SHUTDOWN_TIMEOUT", value_name = "DURATION")]
+    pub shutdown_timeout: Option<HumanDuration>,
+    /// Attach the SSD tier at start [default: true].
+    #[arg(long, env = "KVTIER_SSD_ENABLED", value_name = "BOOL")]
+    pub ssd_enabled: Option<bool>,
+    /// SSD store directory [default: DATA_DIR/ssd].
+    #[arg(long, env = "KVTIER_SSD_DIR", value_name = "DIR")]
+    pub ssd_dir: Option<PathBuf>,
+    /// SSD capacity [default: 64GiB].
+    #[arg(long, env = "KVTIER_SSD_CAPACITY", value_name = "SIZE")]
+    pub ssd_capacity: Option<ByteSize>,
+    /// SSD bytes one layout may hold [default: only the capacity].
+    #[arg(long, env = "KVTIER_SSD_NAMESPACE_BUDGET", value_name = "SIZE")]
+    pub ssd_namespace_budget: Option<ByteSize>,
+    /// SSD blocks unread for this long are dropped [default: 7d].
+    #[arg(long, env = "KVTIER_SSD_TTL", value_name = "DURATION")]
+    pub ssd_ttl: Option<HumanDuration>,
+    /// When blocks reach the SSD [default: write_through].
+    #[arg(long, env = "KVTIER_SSD_MODE", value_name = "MODE")]
+    pub ssd_mode: Option<SsdMode>,
+    /// When an SSD write counts as done [default: best_effort].
+    #[arg(long, env = "KVTIER_SSD_DURABILITY", value_name = "D")]
+    pub ssd_durability: Option<DurabilityName>,
+    /// Extra write attempts with persistent durability [default: 3].
+    #[arg(long, env = "KVTIER_SSD_RETRIES", value_name = "N")]
+    pub ssd_retries: Option<u32>,
+    /// Stop SSD admission below this much free space, 0 = off [default: 1GiB].
+    #[arg(long, env = "KVTIER_SSD_MIN_FREE", value_name = "SIZE")]
+    pub ssd_min_free: Option<ByteSize>,
+    /// Promote SSD hits into RAM [default: true].
+    #[arg(long, env = "KVTIER_SSD_PROMOTE_ON_HIT", value_name = "BOOL")]
+    pub ssd_promote_on_hit: Option<bool>,
+    /// Read SSD-only blocks right after a lookup [default: true].
+    #[arg(long, env = "KVTIER_SSD_PREFETCH", value_name = "BOOL")]
+    pub ssd_prefetch: Option<bool>,
+    /// Blocks the SSD write queue holds [default: 512].
+    #[arg(long, env = "KVTIER_SSD_QUEUE_LEN", value_name = "N")]
+    pub ssd_queue_len: Option<usize>,
+    /// How long a store waits for room in the queue [default: 50ms].
+    #[arg(long, env = "KVTIER_SSD_WRITER_WAIT", value_name = "DURATION")]
+    pub ssd_writer_wait: Option<HumanDuration>,
+    /// What a full queue does after the wait [default: sync_write].
+    #[arg(long, env = "KVTIER_SSD_OVERFLOW", value_name = "O")]
+    pub ssd_overflow: Option<OverflowName>,
+    /// How long shutdown and reattach wait for the SSD queue [default: 30s].
+    #[arg(long, env = "KVTIER_SSD_DRAIN_TIMEOUT", value_name = "DURATION")]
+    pub ssd_drain_timeout: Option<HumanDuration>,
+    /// Bearer token for the admin endpoints; without one they are disabled.
+    #[arg(
+        long,
+        env = "KVTIER_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// Bearer token the data endpoints require [default: none].
+    #[arg(
+        long,
+        env = "KVTIER_DATA_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub data_token: Option<String>,
+    /// Allow a non-loopback listen address without tokens [default: false].
+    #[arg(long, env = "KVTIER_ALLOW_INSECURE_LISTEN", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_insecure_listen: Option<bool>,
+}
+
+impl ServeArgs {
+    /// Defaults, then the file, then these arguments.
+    pub fn settings(&self) -> Result<Settings, String> {
+        let mut s = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => Settings::default(),
+        };
+        fn set<T: Clone>(slot: &mut T, v: &Option<T>) {
+            if let Some(v) = v {
+                *slot = v.clone();
+            }
+        }
+        set(&mut s.listen, &self.listen);
+        set(&mut s.data_dir, &self.data_dir);
+        set(&mut s.ram, &self.ram);
+        set(&mut s.max_tokens, &self.max_tokens);
+        set(&mut s.max_body, &self.max_body);
+        set(&mut s.shutdown_timeout, &self.shutdown_timeout);
+        let ssd = &mut s.ssd;
+        set(&mut ssd.enabled, &self.ssd_enabled);
+        if self.ssd_dir.is_some() {
+            ssd.dir = self.ssd_dir.clone();
+        }
+        set(&mut ssd.capacity, &self.ssd_capacity);
+        if self.ssd_namespace_budget.is_some() {
+            ssd.namespace_budget = self.ssd_namespace_budget;
+        }
+        set(&mut ssd.ttl, &self.ssd_ttl);
+        set(&mut ssd.mode, &self.ssd_mode);
+        set(&mut ssd.durability, &self.ssd_durability);
+        set(&mut ssd.retries, &self.ssd_retries);
+        set(&mut ssd.min_free, &self.ssd_min_free);
+        set(&mut ssd.promote_on_hit, &self.ssd_promote_on_hit);
+        set(&mut ssd.prefetch, &self.ssd_prefetch);
+        set(&mut ssd.queue_len, &self.ssd_queue_len);
+        set(&mut ssd.writer_wait, &self.ssd_writer_wait);
+        set(&mut ssd.overflow, &self.ssd_overflow);
+        set(&mut ssd.drain_timeout, &self.ssd_drain_timeout);
+        if self.admin_token.is_some() {
+            s.auth.admin_token = self.admin_token.clone();
+        }
+        if self.data_token.is_some() {
+            s.auth.data_token = self.data_token.clone();
+        }
+        set(
+            &mut s.auth.allow_insecure_listen,
+            &self.allow_insecure_listen,
+        );
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn printed_settings_read_back_the_same() {
+        let mut s = Settings::default();
+        s.ssd.namespace_budget = Some(ByteSize(3 << 30));
+        s.ssd.mode = SsdMode::EvictOnly;
+        let text = s.to_toml_redacted().unwrap();
+        let back: Settings = toml::from_str(&text).unwrap();
+        assert_eq!(back, s);
+        assert!(text.contains("capacity = \"64GiB\""), "{text}");
+        assert!(text.contains("ttl = \"7d\""), "{text}");
+    }
+
+    #[test]
+    fn the_file_is_read_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("kvtier-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("kvtier.toml");
+        std::fs::write(
+            &file,
+            "ram = \"2GiB\"\n[ssd]\ncapacity = \"10GB\"\nttl = \"1h\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(file.clone()),
+            ssd_ttl: Some("2h".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let s = args.settings().unwrap();
+        assert_eq!(s.ram, ByteSize(2 << 30));
+        assert_eq!(s.ssd.capacity, ByteSize(10_000_000_000));
+        assert_eq!(s.ssd.ttl.0, Duration::from_secs(7200));
+        std::fs::write(&file, "rma = \"2GiB\"\n").unwrap();
+        let err = args.settings().unwrap_err();
+        assert!(err.contains("rma"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_open_address_needs_tokens_or_the_explicit_flag() {
+        let mut s = Settings {
+            listen: "0.0.0.0:7700".parse().unwrap(),
+            ..Settings::default()
+        };
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .contains("--allow-insecure-listen")
+        );
+        s.auth.admin_token = Some("a".repeat(20));
+        s.auth.data_token = Some("d".repeat(20));
+        s.validate().unwrap();
+        s.auth = AuthSettings {
+            allow_insecure_listen: true,
+            ..AuthSettings::default()
+        };
+        s.validate().unwrap();
+    }
+}

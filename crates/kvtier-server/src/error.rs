@@ -1,0 +1,70 @@
+//! Errors as answers: a status and `{"error": {"code", "message"}}`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use kvtier_client::wire::{ErrorBody, ErrorDetail};
+use kvtier_core::ErrorKind;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable code (documented in docs/API.md).
+    pub code: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with `status` and `code`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 with `code`.
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 503: retry later (a tier is being reattached, or the server is stopping).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl From<kvtier_core::Error> for ApiError {
+    fn from(e: kvtier_core::Error) -> Self {
+        let (status, code) = match e.kind() {
+            ErrorKind::Invalid => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+            ErrorKind::Corrupt => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
+            ErrorKind::Unavailable | ErrorKind::Closed => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        Self::new(status, code, e.message().to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.into(),
+                message: self.message,
+            },
+        };
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,113 @@
+//! The admin control plane: `POST /admin/ssd` and `POST /admin/flush`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use kvtier_client::wire::{SsdAdmin, SsdAdminAnswer};
+
+use super::input::{self, blocking, read_body};
+use crate::config::SsdSettings;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Admin request bodies are small.
+const ADMIN_BODY_LIMIT: u64 = 64 << 10;
+
+/// Parses one optional setting from its wire text.
+fn parse<T: serde::de::DeserializeOwned>(
+    what: &str,
+    v: &Option<String>,
+) -> Result<Option<T>, ApiError> {
+    v.as_ref()
+        .map(|s| {
+            serde_json::from_value(serde_json::Value::String(s.clone()))
+                .map_err(|e| ApiError::bad("bad_setting", format!("{what} `{s}`: {e}")))
+        })
+        .transpose()
+}
+
+/// The SSD settings `req` asks for, starting from `current`.
+fn next_settings(current: &SsdSettings, req: &SsdAdmin) -> Result<SsdSettings, ApiError> {
+    let mut next = current.clone();
+    next.enabled = match req.action.as_str() {
+        "enable" | "reconfigure" => true,
+        "disable" => false,
+        other => {
+            return Err(ApiError::bad(
+                "bad_action",
+                format!("unknown action `{other}` (enable, disable, reconfigure)"),
+            ));
+        }
+    };
+    if let Some(dir) = &req.dir {
+        next.dir = Some(dir.into());
+    }
+    if let Some(v) = parse("capacity", &req.capacity)? {
+        next.capacity = v;
+    }
+    if let Some(v) = parse("mode", &req.mode)? {
+        next.mode = v;
+    }
+    if let Some(v) = parse("durability", &req.durability)? {
+        next.durability = v;
+    }
+    if let Some(v) = parse("ttl", &req.ttl)? {
+        next.ttl = v;
+    }
+    Ok(next)
+}
+
+/// `POST /admin/ssd`: quiesce, drain and close the SSD tier, then reattach it with the
+/// changes asked for (or leave it detached). Data requests keep being served; during the
+/// swap, blocks only the SSD held load as lost (recompute) and layer loads of them answer
+/// 503 (retry).
+pub async fn ssd(
+    State(app): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Json<SsdAdminAnswer>, ApiError> {
+    let req: SsdAdmin = input::json(&read_body(body, ADMIN_BODY_LIMIT).await?)?;
+    let _one_at_a_time = app.admin.lock().await;
+    let next = next_settings(&app.settings.read().ssd, &req)?;
+    let worker = app.clone();
+    let done = blocking(move || {
+        worker.reattach_ssd(next).map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "reattach_failed",
+                e,
+            )
+        })
+    })
+    .await?;
+    let ssd = {
+        let s = app.settings.read();
+        s.ssd.enabled.then(|| {
+            let mut shown = serde_json::to_value(&s.ssd).unwrap_or_default();
+            if let Some(obj) = shown.as_object_mut() {
+                obj.insert(
+                    "dir".into(),
+                    serde_json::Value::String(s.ssd_dir().display().to_string()),
+                );
+            }
+            shown
+        })
+    };
+    Ok(Json(SsdAdminAnswer {
+        drained_clean: done.drained_clean,
+        left_in_queue: done.left_in_queue,
+        detached_blocks: done.detached_blocks,
+        attached: done.attached,
+        attached_blocks: done.attached_blocks,
+        ssd,
+    }))
+}
+
+/// `POST /admin/flush`: waits until everything queued for the SSD is written.
+pub async fn flush(State(app): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let timeout = app.settings.read().ssd.drain_timeout.0;
+    let engine = app.engine.clone();
+    let drained = blocking(move || Ok(engine.flush(timeout))).await?;
+    Ok(Json(serde_json::json!({ "drained": drained })))
+}

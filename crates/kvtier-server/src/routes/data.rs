@@ -1,0 +1,293 @@
+//! The data endpoints: layouts, lookup, load, store, snapshots, namespace delete, stats.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use kvtier_client::wire::frame::{self, EndStatus};
+use kvtier_client::wire::{
+    BLOCKS_CONTENT_TYPE, BlockHandle, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
+    PromptSpec, SnapshotSpec, StoreAnswer,
+};
+use kvtier_core::tier::RejectReason;
+use kvtier_core::{KvDtype, LayoutKey};
+
+use super::input::{self, blocking, known_layout, read_body};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+type App = State<Arc<AppState>>;
+
+fn limit(app: &AppState) -> u64 {
+    app.settings.read().max_body.0
+}
+
+/// `POST /v1/layouts`: registers a layout (idempotent).
+pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutInfo>, ApiError> {
+    let spec: LayoutSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let dtype: KvDtype = spec
+        .dtype
+        .parse()
+        .map_err(|e: kvtier_core::Error| ApiError::bad("bad_layout", e.message().to_string()))?;
+    let mut key = LayoutKey::new(
+        spec.model_id,
+        dtype,
+        spec.tokens_per_block,
+        spec.num_layers,
+        spec.num_kv_heads,
+        spec.head_dim,
+    );
+    key.weights_digest = spec.weights_digest;
+    key.tokenizer_digest = spec.tokenizer_digest;
+    key.tp_rank = spec.tp_rank;
+    key.tp_size = spec.tp_size;
+    key.pp_stage = spec.pp_stage;
+    key.pp_size = spec.pp_size;
+    key.lora_id = spec.lora_id;
+    key.tenant_salt = input::hex_bytes("tenant salt", &spec.tenant_salt)?;
+    let layout = app.engine.register_layout(key).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_layout",
+            e.message().to_string(),
+        )
+    })?;
+    Ok(Json(LayoutInfo {
+        layout: layout.digest().to_hex(),
+        block_bytes: layout.block_bytes(),
+        tokens_per_block: layout.tokens_per_block() as u32,
+        num_layers: layout.geometry().num_layers,
+    }))
+}
+
+/// `POST /v1/lookup`: how much of a prompt is cached, from memory.
+pub async fn lookup(State(app): App, body: Body) -> Result<Json<LookupAnswer>, ApiError> {
+    let spec: PromptSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let layout = known_layout(&app, &spec.layout)?;
+    let extras = input::extra_keys(&spec.extra_keys)?;
+    let prompt = app.engine.prompt(layout.digest(), &spec.tokens, &extras)?;
+    let found = app.engine.lookup(&prompt);
+    Ok(Json(LookupAnswer {
+        matched_tokens: found.matched_tokens,
+        blocks: found
+            .blocks
+            .iter()
+            .map(|b| BlockHandle {
+                hash: b.hash.to_hex(),
+                tier: b.tier.name().to_string(),
+            })
+            .collect(),
+    }))
+}
+
+/// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.
+pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
+    let req: LoadRequest = input::json(&read_body(body, limit(&app)).await?)?;
+    let layout = known_layout(&app, &req.layout)?;
+    let most = app.settings.read().max_tokens / layout.tokens_per_block();
+    if req.blocks.len() > most {
+        return Err(ApiError::bad(
+            "too_many_blocks",
+            format!(
+                "{} handles; at most {most} blocks fit in max_tokens",
+                req.blocks.len()
+            ),
+        ));
+    }
+    let hashes = req
+        .blocks
+        .iter()
+        .map(|h| input::block_hash(h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layers = match req.layers {
+        None => None,
+        Some([a, b]) if a < b && b <= layout.geometry().num_layers => Some(a..b),
+        Some([a, b]) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_layers",
+                format!(
+                    "layer range {a}..{b} is empty or past the layout's {} layers",
+                    layout.geometry().num_layers
+                ),
+            ));
+        }
+    };
+    let engine = app.engine.clone();
+    let digest = layout.digest();
+    let requested = hashes.len();
+    let (resolved, loaded) = blocking(move || {
+        let found = engine.resolve(digest, &hashes)?;
+        let loaded = match layers {
+            Some(r) => engine.load_layers(&found, r)?,
+            None => engine.load(&found.blocks)?,
+        };
+        Ok((found, loaded))
+    })
+    .await?;
+    let status = if loaded.complete && resolved.blocks.len() == requested {
+        EndStatus::Complete
+    } else {
+        EndStatus::Lost
+    };
+    let mut parts: Vec<Bytes> = Vec::with_capacity(2 * loaded.blocks.len() + 2);
+    parts.push(Bytes::copy_from_slice(&frame::stream_header(
+        requested as u32,
+    )));
+    for (i, (bytes, r)) in loaded.blocks.iter().zip(&resolved.blocks).enumerate() {
+        parts.push(Bytes::copy_from_slice(&frame::block_header(
+            i as u32,
+            bytes.len() as u64,
+            &r.hash.0,
+        )));
+        parts.push(bytes.clone());
+    }
+    parts.push(Bytes::copy_from_slice(&frame::end_frame(
+        loaded.blocks.len() as u32,
+        status,
+    )));
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    let stream = futures_util::stream::iter(parts.into_iter().map(Ok::<_, std::io::Error>));
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(BLOCKS_CONTENT_TYPE),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
+    Ok(resp)
+}
+
+/// Splits an upload body into its JSON head and payload bytes.
+fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), ApiError> {
+    let (head, payload) = frame::split_upload(body).map_err(|e| ApiError::bad("bad_upload", e))?;
+    let head = input::json(head)?;
+    let start = body.len() - payload.len();
+    Ok((head, body.slice(start..)))
+}
+
+/// `POST /v1/store`: the blocks of a token sequence, all validated before any is kept.
+pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, ApiError> {
+    let body = read_body(body, limit(&app)).await?;
+    let (spec, payload): (PromptSpec, Bytes) = upload(&body)?;
+    let layout = known_layout(&app, &spec.layout)?;
+    let extras = input::extra_keys(&spec.extra_keys)?;
+    let prompt = app.engine.prompt(layout.digest(), &spec.tokens, &extras)?;
+    let block = layout.block_bytes() as usize;
+    if payload.len() % block != 0 {
+        return Err(ApiError::bad(
+            "bad_payload_length",
+            format!(
+                "{} payload bytes are not a whole number of {block}-byte blocks of layout {}",
+                payload.len(),
+                spec.layout
+            ),
+        ));
+    }
+    let n = payload.len() / block;
+    if n > prompt.num_blocks() {
+        return Err(ApiError::bad(
+            "bad_payload_length",
+            format!(
+                "{n} blocks of payload for {} tokens, which make {} whole blocks",
+                spec.tokens.len(),
+                prompt.num_blocks()
+            ),
+        ));
+    }
+    let engine = app.engine.clone();
+    let report = blocking(move || {
+        let slices: Vec<&[u8]> = payload.chunks_exact(block).collect();
+        Ok(engine.store(&prompt, &slices)?)
+    })
+    .await?;
+    Ok(Json(StoreAnswer {
+        stored: report.stored,
+        duplicates: report.duplicates,
+        stored_lower_only: report.stored_lower_only,
+        stopped: report.stopped.map(|r| {
+            match r {
+                RejectReason::NoSpace => "no_space",
+                RejectReason::ParentMissing => "parent_missing",
+                RejectReason::Collision => "collision",
+                RejectReason::Quarantined => "quarantined",
+            }
+            .to_string()
+        }),
+    }))
+}
+
+fn session(spec: &SnapshotSpec) -> Result<Option<Vec<u8>>, ApiError> {
+    spec.session
+        .as_deref()
+        .map(|s| input::hex_bytes("session", s))
+        .transpose()
+}
+
+/// `PUT /v1/snapshot`: recurrent state after exactly these tokens.
+pub async fn snapshot_put(State(app): App, body: Body) -> Result<Response, ApiError> {
+    let body = read_body(body, limit(&app)).await?;
+    let (spec, blob): (SnapshotSpec, Bytes) = upload(&body)?;
+    let layout = known_layout(&app, &spec.layout)?;
+    let session = session(&spec)?;
+    let engine = app.engine.clone();
+    let outcome = blocking(move || {
+        Ok(engine.snapshot_put(layout.digest(), &spec.tokens, session.as_deref(), &blob)?)
+    })
+    .await?;
+    let stored = !matches!(outcome, kvtier_core::snapshot::SnapshotPut::Rejected);
+    let status = if stored {
+        StatusCode::OK
+    } else {
+        StatusCode::INSUFFICIENT_STORAGE
+    };
+    Ok((status, Json(serde_json::json!({ "stored": stored }))).into_response())
+}
+
+/// `POST /v1/snapshot/get`: the state stored for exactly these tokens, or 404.
+pub async fn snapshot_get(State(app): App, body: Body) -> Result<Response, ApiError> {
+    let spec: SnapshotSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let layout = known_layout(&app, &spec.layout)?;
+    let session = session(&spec)?;
+    let engine = app.engine.clone();
+    let got = blocking(move || {
+        Ok(engine.snapshot_get(layout.digest(), &spec.tokens, session.as_deref())?)
+    })
+    .await?;
+    match got {
+        Some(blob) => Ok((
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            )],
+            blob,
+        )
+            .into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "snapshot_miss",
+            "no snapshot is stored for exactly this prefix",
+        )),
+    }
+}
+
+/// `DELETE /v1/layouts/{layout}`: every block of a layout, in every tier.
+pub async fn delete_layout(
+    State(app): App,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    let layout = known_layout(&app, &digest)?;
+    let engine = app.engine.clone();
+    let removed = blocking(move || Ok(engine.delete_namespace(layout.digest())?)).await?;
+    Ok(Json(serde_json::json!({ "removed_blocks": removed })).into_response())
+}
+
+/// `GET /v1/stats`: every engine counter.
+pub async fn stats(State(app): App) -> Json<BTreeMap<String, u64>> {
+    Json(app.engine.stats().counters().into_iter().collect())
+}

@@ -1,0 +1,121 @@
+//! Reading and checking request input: bodies within the size limit, JSON with named
+//! errors, hex handles, known layouts.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use kvtier_client::wire::BlockExtraKeys;
+use kvtier_core::{BlockHash, ExtraKeys, Layout, LayoutDigest};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Reads the whole body, refusing more than `limit` bytes (413) and cut-off bodies (400).
+pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is larger than the limit of {limit} bytes (max_body)"),
+        )
+    };
+    let mut stream = body.into_data_stream();
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad(
+                "body_unreadable",
+                format!("the request body could not be read: {e}"),
+            )
+        })?;
+        total += chunk.len() as u64;
+        if total > limit {
+            return Err(too_large());
+        }
+        chunks.push(chunk);
+    }
+    // One chunk needs no copy; more are gathered into one buffer.
+    if chunks.len() == 1 {
+        return Ok(chunks.swap_remove(0));
+    }
+    let mut buf = BytesMut::with_capacity(total as usize);
+    for c in &chunks {
+        buf.extend_from_slice(c);
+    }
+    Ok(buf.freeze())
+}
+
+/// Parses JSON, naming what was wrong.
+pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad("bad_json", format!("malformed JSON: {e}")))
+}
+
+/// Decodes hex of any length.
+pub fn hex_bytes(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
+    let bad = || ApiError::bad("bad_hex", format!("{what} `{s}` is not hex"));
+    if s.len() % 2 != 0 {
+        return Err(bad());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
+}
+
+/// Decodes 32 hex digits.
+pub fn hex16(what: &str, s: &str) -> Result<[u8; 16], ApiError> {
+    let v = hex_bytes(what, s)?;
+    v.try_into()
+        .map_err(|_| ApiError::bad("bad_hex", format!("{what} `{s}` is not 32 hex digits")))
+}
+
+/// A block handle.
+pub fn block_hash(s: &str) -> Result<BlockHash, ApiError> {
+    hex16("block handle", s).map(BlockHash)
+}
+
+/// A registered layout, or 404 `unknown_layout`.
+pub fn known_layout(app: &AppState, digest_hex: &str) -> Result<Arc<Layout>, ApiError> {
+    let digest = LayoutDigest(hex16("layout", digest_hex)?);
+    app.engine.layout(digest).map_err(|_| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_layout",
+            format!("layout {digest_hex} is not registered (POST /v1/layouts first)"),
+        )
+    })
+}
+
+/// Per-block extra keys from the wire.
+pub fn extra_keys(blocks: &[BlockExtraKeys]) -> Result<ExtraKeys, ApiError> {
+    let mut extras = ExtraKeys::none();
+    for b in blocks {
+        for k in &b.keys {
+            extras.push(b.block, hex_bytes("extra key", k)?);
+        }
+    }
+    Ok(extras)
+}
+
+/// Runs blocking engine work off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("worker failed: {e}"),
+        )
+    })?
+}

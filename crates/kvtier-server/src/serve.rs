@@ -1,0 +1,132 @@
+//! Running the server: open the engine, listen, serve until SIGTERM or SIGINT, then stop
+//! accepting, finish requests in flight (within `shutdown_timeout`), drain the SSD writer,
+//! flush, and record the shutdown so the next start reports `shutdown_clean`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::routes;
+use crate::state::AppState;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Requests in flight all finished before the deadline.
+    pub requests_finished: bool,
+    /// The SSD writer drained completely (true without an SSD tier).
+    pub writer_clean: bool,
+}
+
+/// A server that is listening.
+pub struct Running {
+    /// The bound address (port 0 resolved).
+    pub addr: SocketAddr,
+    app: Arc<AppState>,
+    listener: TcpListener,
+}
+
+impl Running {
+    /// Opens the engine (recovering the SSD store) and binds the listen address.
+    pub async fn start(settings: Settings) -> Result<Self, String> {
+        settings.validate()?;
+        let listen = settings.listen;
+        let app = tokio::task::spawn_blocking(move || AppState::open(settings))
+            .await
+            .map_err(|e| format!("engine start failed: {e}"))??;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        Ok(Self {
+            addr,
+            app,
+            listener,
+        })
+    }
+
+    /// The shared state (for in-process use such as the bench).
+    pub fn state(&self) -> Arc<AppState> {
+        self.app.clone()
+    }
+
+    /// Serves until `stop` resolves, then shuts down in order.
+    pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
+        let app = self.app;
+        let deadline = app.settings.read().shutdown_timeout.0;
+        // Small answers (lookups) must not wait for Nagle's algorithm.
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+        let graceful = {
+            let mut rx = stopping_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let server = axum::serve(listener, routes::router(app.clone()))
+            .with_graceful_shutdown(graceful)
+            .into_future();
+        let server = tokio::spawn(server);
+        stop.await;
+        tracing::info!("stopping: no new connections; finishing requests in flight");
+        let _ = stopping_tx.send(true);
+        let requests_finished =
+            matches!(tokio::time::timeout(deadline, server).await, Ok(Ok(Ok(()))));
+        if !requests_finished {
+            tracing::warn!(
+                ?deadline,
+                "requests still in flight at the shutdown deadline"
+            );
+        }
+        let engine = app.engine.clone();
+        let drain = app.settings.read().ssd.drain_timeout.0;
+        let report = tokio::task::spawn_blocking(move || engine.shutdown(drain))
+            .await
+            .ok()
+            .flatten();
+        let writer_clean = report.is_none_or(|r| r.clean);
+        tracing::info!(?report, "stopped");
+        Stopped {
+            requests_finished,
+            writer_clean,
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// `kvtier serve`: runs until a signal. Prints `listening on http://ADDR` on stdout once
+/// requests are accepted (tests and scripts wait for that line).
+pub async fn run(settings: Settings) -> Result<Stopped, String> {
+    let running = Running::start(settings).await?;
+    println!("kvtier serve: listening on http://{}", running.addr);
+    let _ = std::io::stdout().flush();
+    let stopped = running.serve(signal()).await;
+    println!(
+        "kvtier serve: stopped (requests finished: {}, SSD writer drained: {})",
+        stopped.requests_finished, stopped.writer_clean
+    );
+    Ok(stopped)
+}

@@ -1,0 +1,135 @@
+//! What every request handler shares: the engine, the settings in force, the metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::clock::SystemClock;
+use kvtier_core::tier::writer::{Overflow, WriterConfig};
+use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
+use kvtier_core::{Engine, PersistConfig, PersistMode, Reattached, TierOpener};
+use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{DurabilityName, OverflowName, Settings, SsdMode, SsdSettings};
+use crate::metrics::Metrics;
+
+/// How often the SSD tier enforces budgets and TTL in the background.
+const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
+
+/// Shared by all handlers.
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// Settings in force (admin calls change the SSD part).
+    pub settings: RwLock<Settings>,
+    /// Request metrics.
+    pub metrics: Metrics,
+    /// What the SSD tier's recovery found when it was last opened.
+    pub recovery: Arc<Mutex<Option<RecoveryReport>>>,
+    /// One admin change at a time.
+    pub admin: tokio::sync::Mutex<()>,
+    /// How the run before this one ended (read when the SSD tier was first opened).
+    pub previous_shutdown_clean: Option<bool>,
+}
+
+impl AppState {
+    /// Builds the engine: RAM, and the SSD tier when enabled (recovering what its
+    /// directory holds).
+    pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
+        let recovery = Arc::new(Mutex::new(None));
+        let mut builder = Engine::builder()
+            .ram(RamConfig {
+                capacity_bytes: settings.ram.0,
+            })
+            .max_tokens(settings.max_tokens);
+        if settings.ssd.enabled {
+            let dir = settings.ssd_dir();
+            let (persist, open) = ssd_opener(&settings.ssd, dir, recovery.clone());
+            builder = builder.persistent_tier(persist, open);
+        }
+        let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
+        let metrics = Metrics::new();
+        metrics.attach(&engine, recovery.clone());
+        Ok(Arc::new(Self {
+            previous_shutdown_clean: engine.previous_shutdown_clean(),
+            engine,
+            settings: RwLock::new(settings),
+            metrics,
+            recovery,
+            admin: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// Quiesce, drain, close and reopen the SSD tier with `ssd` (or leave it detached
+    /// when `ssd.enabled` is false). Blocking: call from a blocking thread.
+    pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, String> {
+        let (drain, dir) = {
+            let s = self.settings.read();
+            let mut next = s.clone();
+            next.ssd = ssd.clone();
+            (s.ssd.drain_timeout.0, next.ssd_dir())
+        };
+        let new = ssd
+            .enabled
+            .then(|| ssd_opener(&ssd, dir, self.recovery.clone()));
+        if new.is_none() {
+            *self.recovery.lock() = None;
+        }
+        let result = self
+            .engine
+            .reattach_persistent(new, drain)
+            .map_err(|e| e.to_string());
+        // Record what is in force: the new settings if attached; detached otherwise.
+        let mut s = self.settings.write();
+        s.ssd = ssd;
+        if result.is_err() {
+            s.ssd.enabled = false;
+        }
+        result
+    }
+}
+
+/// The engine's view of the SSD settings, and the function that opens the tier.
+fn ssd_opener(
+    ssd: &SsdSettings,
+    dir: std::path::PathBuf,
+    recovery: Arc<Mutex<Option<RecoveryReport>>>,
+) -> (PersistConfig, TierOpener) {
+    let persist = PersistConfig {
+        mode: match ssd.mode {
+            SsdMode::WriteThrough => PersistMode::WriteThrough,
+            SsdMode::EvictOnly => PersistMode::EvictOnly,
+        },
+        promote_on_hit: ssd.promote_on_hit,
+        prefetch: ssd.prefetch,
+        writer: WriterConfig {
+            queue_len: ssd.queue_len.max(1),
+            wait: ssd.writer_wait.0,
+            overflow: match ssd.overflow {
+                OverflowName::SyncWrite => Overflow::SyncWrite,
+                OverflowName::Drop => Overflow::Drop,
+            },
+        },
+    };
+    let mut config = SsdConfig::new(dir);
+    config.capacity_bytes = ssd.capacity.0;
+    config.namespace_bytes = ssd.namespace_budget.map(|b| b.0);
+    config.ttl = ssd.ttl.0;
+    config.min_free_bytes = ssd.min_free.0;
+    config.store.durability = match ssd.durability {
+        DurabilityName::BestEffort => Durability::BestEffort,
+        DurabilityName::Persistent => Durability::Persistent {
+            retries: ssd.retries,
+        },
+        DurabilityName::Fsync => Durability::Fsync,
+    };
+    let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
+        let tier = Arc::new(SsdTier::open(config, Arc::new(SystemClock::new()), sink)?);
+        *recovery.lock() = Some(tier.recovery_report().clone());
+        if let Err(e) = SsdTier::spawn_maintenance(&tier, MAINTENANCE_EVERY) {
+            tracing::warn!(error = %e, "cannot start the SSD maintenance thread; budgets are enforced on writes only");
+        }
+        Ok(tier as Arc<dyn Tier>)
+    });
+    (persist, open)
+}
