@@ -28,7 +28,9 @@ pub struct AppState {
     pub recovery: Arc<Mutex<Option<RecoveryReport>>>,
     /// One admin change at a time.
     pub admin: tokio::sync::Mutex<()>,
-    /// How the run before this one ended (read when the SSD tier was first opened).
+    /// How the run before this one ended, read when the SSD tier was first opened: true
+    /// after a clean shutdown, false after a partial flush or a crash (the store holds
+    /// data but no shutdown record), `None` on a first start or without an SSD tier.
     pub previous_shutdown_clean: Option<bool>,
 }
 
@@ -50,8 +52,18 @@ impl AppState {
         let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
         let metrics = Metrics::new();
         metrics.attach(&engine, recovery.clone());
+        // No shutdown record: a first start if the store held nothing, a crash otherwise.
+        let existed = recovery
+            .lock()
+            .as_ref()
+            .is_some_and(|r| r.segments > 0 || r.removed_files > 0 || r.records > 0);
+        let previous_shutdown_clean = match engine.previous_shutdown_clean() {
+            Some(clean) => Some(clean),
+            None if existed => Some(false),
+            None => None,
+        };
         Ok(Arc::new(Self {
-            previous_shutdown_clean: engine.previous_shutdown_clean(),
+            previous_shutdown_clean,
             engine,
             settings: RwLock::new(settings),
             metrics,

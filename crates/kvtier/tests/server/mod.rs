@@ -1,0 +1,181 @@
+//! A real `kvtier serve` process on an ephemeral loopback port, for the server tests.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    dead_code,
+    reason = "test code: a failed expectation is a failed test; not every test uses every helper"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvtier_client::Client;
+use kvtier_client::wire::{LayoutInfo, LayoutSpec, PromptSpec};
+
+/// The admin token the helpers start servers with.
+pub const ADMIN: &str = "admin-token-for-tests-0001";
+
+/// A running server; killed (SIGKILL) when dropped unless stopped before.
+pub struct Server {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `kvtier serve` on `data_dir` with `extra` arguments and waits until it
+    /// listens.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--ram",
+                "256MiB",
+                "--ssd-min-free",
+                "0",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--admin-token", ADMIN])
+            .args(extra)
+            .env_remove("KVTIER_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kvtier serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(url) = line.strip_prefix("kvtier serve: listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("kvtier serve did not start listening within 60 s");
+            }
+        };
+        Server {
+            child: Some(child),
+            url,
+        }
+    }
+
+    /// A client without tokens.
+    pub fn client(&self) -> Client {
+        Client::new(&self.url).unwrap()
+    }
+
+    /// A client sending the admin token.
+    pub fn admin(&self) -> Client {
+        self.client().with_token(ADMIN)
+    }
+
+    /// Sends SIGTERM and waits (at most 60 s) for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        let ok = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("kvtier serve did not stop within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, now.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A small layout: 16 tokens per block, 1 KiB per block... scaled by `layers`.
+pub fn layout_spec(model: &str, layers: u32) -> LayoutSpec {
+    LayoutSpec {
+        model_id: model.into(),
+        weights_digest: "w1".into(),
+        tokenizer_digest: "t1".into(),
+        dtype: "f16".into(),
+        tokens_per_block: 16,
+        num_layers: layers,
+        num_kv_heads: 2,
+        head_dim: 64,
+        tp_rank: 0,
+        tp_size: 1,
+        pp_stage: 0,
+        pp_size: 1,
+        lora_id: None,
+        tenant_salt: String::new(),
+    }
+}
+
+/// A prompt of `blocks` whole blocks, distinct per `seed`.
+pub fn prompt(layout: &LayoutInfo, seed: u32, blocks: usize) -> PromptSpec {
+    PromptSpec {
+        layout: layout.layout.clone(),
+        tokens: (0..blocks as u32 * layout.tokens_per_block)
+            .map(|t| seed.wrapping_mul(1_000_003).wrapping_add(t))
+            .collect(),
+        extra_keys: Vec::new(),
+    }
+}
+
+/// The bytes block `i` of prompt `seed` must hold: any mix-up shows.
+pub fn payload(layout: &LayoutInfo, seed: u32, i: usize) -> Bytes {
+    let mut x = (seed as u64) << 32 | i as u64 | 1;
+    (0..layout.block_bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// Every payload of prompt `seed`.
+pub fn payloads(layout: &LayoutInfo, seed: u32, blocks: usize) -> Vec<Bytes> {
+    (0..blocks).map(|i| payload(layout, seed, i)).collect()
+}
+
+/// A runtime for one test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
