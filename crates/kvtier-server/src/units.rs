@@ -84,7 +84,7 @@ impl fmt::Display for ByteSize {
         // Binary units first: capacities are usually powers of two.
         let (unit, mult) = SIZE_UNITS
             .iter()
-            .find(|(_, m)| self.0 % m == 0)
+            .find(|(_, m)| self.0.is_multiple_of(*m))
             .copied()
             .unwrap_or(("B", 1));
         write!(f, "{}{unit}", self.0 / mult)
@@ -117,7 +117,7 @@ impl fmt::Display for HumanDuration {
         }
         let (unit, mult) = TIME_UNITS
             .iter()
-            .find(|(_, m)| ms % m == 0)
+            .find(|(_, m)| ms.is_multiple_of(*m))
             .copied()
             .unwrap_or(("ms", 1));
         write!(f, "{}{unit}", ms / mult)

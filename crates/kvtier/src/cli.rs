@@ -20,7 +20,7 @@ enum Command {
     /// Run kvtier as a daemon: RAM + SSD under a data directory, with the network API,
     /// Prometheus metrics, health and the admin control plane (docs/API.md). Settings come
     /// from defaults, then --config FILE, then environment variables and flags.
-    Serve(kvtier_server::ServeArgs),
+    Serve(Box<kvtier_server::ServeArgs>),
     /// Measure kvtier against the machine's physical baselines (memcpy, a plain hash, a plain
     /// hash map) in the same run, and print every figure beside its baseline and the ratio.
     Bench(BenchArgs),

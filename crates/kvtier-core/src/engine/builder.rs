@@ -166,6 +166,7 @@ impl EngineBuilder {
             snapshots,
             budget,
             lower,
+            admission: RwLock::new(()),
             sink,
             prefetcher,
             movement,

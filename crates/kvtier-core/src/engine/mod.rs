@@ -76,6 +76,10 @@ pub struct Engine {
     budget: Arc<MemoryBudget>,
     /// The persistent tier; swapped by [`Engine::reattach_persistent`].
     lower: Arc<RwLock<Option<Arc<lower::Lower>>>>,
+    /// Stores and snapshot puts hold it shared; a reattach holds it exclusively, so an
+    /// admission either lands before the swap (and is drained into the old tier) or
+    /// waits for the new tier — none is acknowledged into the gap between them.
+    admission: RwLock<()>,
     sink: Arc<lower::EngineSink>,
     prefetcher: prefetch::Prefetcher,
     movement: Arc<lower::Movement>,
@@ -232,8 +236,9 @@ impl Engine {
     }
 
     /// Swaps the persistent tier on a running engine (seed 000's quiesce → detach →
-    /// reattach): the current tier is taken out at once (new stores reach RAM only, new
-    /// loads miss on it), its writer is drained and stopped (every acknowledged block is
+    /// reattach): stores in flight finish and new stores and snapshot puts wait until the
+    /// swap is done (so every acknowledged write reaches the old tier or the new one); the
+    /// current tier is taken out at once (loads miss on it meanwhile), its writer is drained and stopped (every acknowledged block is
     /// written, within `drain_timeout`), the index forgets what it held, and the tier is
     /// closed (its directory lock released). Then `new`, if given, is opened — it may be
     /// the same directory with other settings, another directory, or another layout's
@@ -245,6 +250,8 @@ impl Engine {
         new: Option<(PersistConfig, TierOpener)>,
         drain_timeout: std::time::Duration,
     ) -> Result<Reattached> {
+        // Quiesce: wait for stores in flight; new ones wait until the swap is done.
+        let _quiesced = self.admission.write();
         let old = self.lower.write().take();
         *self.sink.demote_to.write() = None;
         let mut report = Reattached::default();
@@ -353,6 +360,7 @@ impl Engine {
         self.layout(layout)?;
         self.check_token_count(tokens.len())?;
         let key = SnapshotKey::new(layout, tokens, session);
+        let _admitted = self.admission.read();
         let ram = &self.ram;
         // One copy into memory the bucket will own, with the same streaming copy as blocks.
         let owned = crate::tier::copy_payload(blob);

@@ -51,6 +51,8 @@ impl Engine {
             )));
         }
         let mut report = StoreReport::default();
+        // Not across a reattach (see `Engine::admission`).
+        let _admitted = self.admission.read();
         let lower = self.lower();
         let write_through = lower
             .as_ref()

@@ -59,7 +59,7 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// Decodes hex of any length.
 pub fn hex_bytes(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
     let bad = || ApiError::bad("bad_hex", format!("{what} `{s}` is not hex"));
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(bad());
     }
     (0..s.len())

@@ -31,16 +31,16 @@ impl Server {
     /// Starts `kvtier serve` on `data_dir` with `extra` arguments and waits until it
     /// listens.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--ram",
-                "256MiB",
-                "--ssd-min-free",
-                "0",
-            ])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        // Test defaults, unless the test sets them: a small RAM, no free-space watermark
+        // (the test machine's disk may be nearly full).
+        for (flag, value) in [("--ram", "256MiB"), ("--ssd-min-free", "0")] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
+        let mut child = cmd
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--admin-token", ADMIN])
@@ -62,9 +62,10 @@ impl Server {
         });
         let url = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(url) => url,
-            Err(_) => {
+            Err(e) => {
                 let _ = child.kill();
-                panic!("kvtier serve did not start listening within 60 s");
+                let status = child.wait();
+                panic!("kvtier serve did not start listening ({e}; exit: {status:?})");
             }
         };
         Server {
