@@ -6,15 +6,13 @@ use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::wire::frame::{self, EndStatus, Frame, HEADER_LEN};
+use crate::conn::{Pool, Response};
+use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
+use crate::wire::frame::{self, EndStatus};
 use crate::wire::{
     ErrorBody, Health, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer, PromptSpec, SnapshotSpec,
     SsdAdmin, SsdAdminAnswer, StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
-
-/// Largest block a client accepts in a load stream (a corrupt or hostile length must not
-/// make it allocate without bound).
-const MAX_BLOCK_BYTES: u64 = 1 << 32;
 
 /// What went wrong with a call.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +62,8 @@ pub struct LoadedPrefix {
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// Lookups and loads: read straight from the socket (see `conn`).
+    pool: std::sync::Arc<Pool>,
     base: String,
     token: Option<String>,
 }
@@ -75,8 +75,12 @@ impl Client {
             .tcp_nodelay(true)
             .pool_max_idle_per_host(64)
             .build()?;
+        let pool = Pool::new(base_url).ok_or_else(|| {
+            ClientError::Protocol(format!("`{base_url}` is not an http://host:port address"))
+        })?;
         Ok(Self {
             http,
+            pool: std::sync::Arc::new(pool),
             base: base_url.trim_end_matches('/').to_string(),
             token: None,
         })
@@ -103,18 +107,7 @@ impl Client {
             return Ok(resp);
         }
         let body = resp.bytes().await.unwrap_or_default();
-        let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
-            Ok(e) => (e.error.code, e.error.message),
-            Err(_) => (
-                "unknown".into(),
-                String::from_utf8_lossy(&body).into_owned(),
-            ),
-        };
-        Err(ClientError::Api {
-            status: status.as_u16(),
-            code,
-            message,
-        })
+        Err(api_error(status.as_u16(), &body))
     }
 
     async fn json<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T> {
@@ -143,31 +136,82 @@ impl Client {
 
     /// How much of a prompt is cached, answered from memory.
     pub async fn lookup(&self, prompt: &PromptSpec) -> Result<LookupAnswer> {
-        self.post_json("/v1/lookup", prompt).await
+        let body = serde_json::to_vec(&prompt.compact())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let r = self.fast("/v1/lookup", &body).await?;
+        let answer = self
+            .pool
+            .body(r)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("/v1/lookup: {e}")))?;
+        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
-    /// Loads the blocks named by a lookup's handles, in one response.
+    /// Loads the blocks named by a lookup's handles, in one response; each block in a
+    /// buffer of its own.
     pub async fn load(&self, request: &LoadRequest) -> Result<LoadedPrefix> {
-        let resp = self
-            .request(reqwest::Method::POST, "/v1/load")
-            .json(request)
-            .send()
-            .await?;
-        let mut resp = Self::check(resp).await?;
-        let mut reader = FrameReader::default();
-        while let Some(chunk) = resp.chunk().await? {
-            reader.push(chunk)?;
-            if reader.status.is_some() {
-                break;
-            }
+        let mut sink = OwnedBlocks::default();
+        let status = self.load_with(request, &mut sink).await?;
+        Ok(LoadedPrefix {
+            blocks: sink.blocks,
+            status,
+        })
+    }
+
+    /// Loads the blocks named by a lookup's handles into `dst`, one after another (block
+    /// `i` of `n`-byte blocks at `i·n`), as an engine fills its own staging memory. Returns
+    /// how many blocks arrived and why the stream ended. A stream that would overrun
+    /// `dst` is refused before any byte past its end is written.
+    pub async fn load_into(
+        &self,
+        request: &LoadRequest,
+        dst: &mut [u8],
+    ) -> Result<(usize, EndStatus)> {
+        let mut sink = IntoSlice::new(dst);
+        let status = self.load_with(request, &mut sink).await?;
+        Ok((sink.blocks, status))
+    }
+
+    async fn load_with(
+        &self,
+        request: &LoadRequest,
+        sink: &mut dyn BlockSink,
+    ) -> Result<EndStatus> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let r = self.fast("/v1/load", &body).await?;
+        read_stream(&self.pool, r, sink).await
+    }
+
+    /// Sends a JSON body over the fast connection pool; an error status becomes
+    /// [`ClientError::Api`].
+    async fn fast(&self, path: &str, body: &[u8]) -> Result<Response> {
+        let r = self
+            .pool
+            .send(
+                "POST",
+                path,
+                self.token.as_deref(),
+                "application/json",
+                body,
+            )
+            .await
+            .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+        if r.status == 200 {
+            return Ok(r);
         }
-        reader.finish()
+        let status = r.status;
+        let body = self
+            .pool
+            .body(r)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+        Err(api_error(status, &body))
     }
 
     /// Stores `payloads[i]` as block `i` of `prompt` (each exactly one block of its
     /// layout). The payloads are sent as they are, without a copy.
     pub async fn store(&self, prompt: &PromptSpec, payloads: Vec<Bytes>) -> Result<StoreAnswer> {
-        let body = upload_body(prompt, payloads)?;
+        let body = upload_body(&prompt.compact(), payloads)?;
         let resp = self
             .request(reqwest::Method::POST, "/v1/store")
             .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
@@ -275,145 +319,15 @@ fn upload_body<H: Serialize>(head: &H, payloads: Vec<Bytes>) -> Result<reqwest::
     Ok(reqwest::Body::wrap_stream(stream))
 }
 
-/// Decodes a load stream as its chunks arrive.
-#[derive(Debug, Default)]
-struct FrameReader {
-    /// Bytes of an incomplete header.
-    head: Vec<u8>,
-    started: bool,
-    /// The block being filled, and how many bytes it still needs.
-    current: Option<(BytesMut, usize)>,
-    blocks: Vec<Bytes>,
-    status: Option<EndStatus>,
-}
-
-impl FrameReader {
-    fn push(&mut self, mut chunk: Bytes) -> Result<()> {
-        while !chunk.is_empty() {
-            if self.status.is_some() {
-                return Err(ClientError::Protocol("bytes after the end frame".into()));
-            }
-            if let Some((buf, left)) = &mut self.current {
-                let n = (*left).min(chunk.len());
-                buf.extend_from_slice(&chunk.split_to(n));
-                *left -= n;
-                if *left == 0
-                    && let Some((buf, _)) = self.current.take()
-                {
-                    self.blocks.push(buf.freeze());
-                }
-                continue;
-            }
-            let need = HEADER_LEN - self.head.len();
-            let n = need.min(chunk.len());
-            self.head.extend_from_slice(&chunk.split_to(n));
-            if self.head.len() < HEADER_LEN {
-                continue;
-            }
-            let mut h = [0u8; HEADER_LEN];
-            h.copy_from_slice(&self.head);
-            self.head.clear();
-            if !self.started {
-                frame::parse_stream_header(&h).map_err(ClientError::Protocol)?;
-                self.started = true;
-                continue;
-            }
-            match frame::parse_frame(&h).map_err(ClientError::Protocol)? {
-                Frame::Block { index, len, .. } => {
-                    if index as usize != self.blocks.len() {
-                        return Err(ClientError::Protocol(format!(
-                            "block frame {index} where {} was due",
-                            self.blocks.len()
-                        )));
-                    }
-                    if len > MAX_BLOCK_BYTES {
-                        return Err(ClientError::Protocol(format!("block of {len} bytes")));
-                    }
-                    if len == 0 {
-                        self.blocks.push(Bytes::new());
-                    } else {
-                        self.current = Some((BytesMut::with_capacity(len as usize), len as usize));
-                    }
-                }
-                Frame::End { sent, status } => {
-                    if sent as usize != self.blocks.len() {
-                        return Err(ClientError::Protocol(format!(
-                            "end frame counts {sent} blocks, {} arrived",
-                            self.blocks.len()
-                        )));
-                    }
-                    self.status = Some(status);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self) -> Result<LoadedPrefix> {
-        match self.status {
-            Some(status) => Ok(LoadedPrefix {
-                blocks: self.blocks,
-                status,
-            }),
-            None => Err(ClientError::Protocol(format!(
-                "load stream cut off after {} blocks, without its end frame",
-                self.blocks.len()
-            ))),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, reason = "test code")]
-
-    use super::*;
-
-    fn stream(blocks: &[&[u8]], status: EndStatus) -> Vec<u8> {
-        let mut out = frame::stream_header(blocks.len() as u32).to_vec();
-        for (i, b) in blocks.iter().enumerate() {
-            out.extend_from_slice(&frame::block_header(i as u32, b.len() as u64, &[7; 16]));
-            out.extend_from_slice(b);
-        }
-        out.extend_from_slice(&frame::end_frame(blocks.len() as u32, status));
-        out
-    }
-
-    #[test]
-    fn frames_decode_whatever_the_chunking() {
-        let a = vec![1u8; 1000];
-        let b = vec![2u8; 77];
-        let bytes = stream(&[&a, &b], EndStatus::Lost);
-        for chunk in [1, 7, 31, 32, 33, 500, bytes.len()] {
-            let mut r = FrameReader::default();
-            for c in bytes.chunks(chunk) {
-                r.push(Bytes::copy_from_slice(c)).unwrap();
-            }
-            let got = r.finish().unwrap();
-            assert_eq!(got.status, EndStatus::Lost);
-            assert_eq!(
-                got.blocks,
-                vec![Bytes::from(a.clone()), Bytes::from(b.clone())]
-            );
-        }
-    }
-
-    #[test]
-    fn a_stream_without_its_end_frame_is_an_error() {
-        let a = vec![1u8; 100];
-        let bytes = stream(&[&a], EndStatus::Complete);
-        let mut r = FrameReader::default();
-        r.push(Bytes::copy_from_slice(&bytes[..bytes.len() - HEADER_LEN]))
-            .unwrap();
-        assert!(matches!(r.finish(), Err(ClientError::Protocol(_))));
-        let mut r = FrameReader::default();
-        r.push(Bytes::copy_from_slice(&bytes[..50])).unwrap();
-        assert!(matches!(r.finish(), Err(ClientError::Protocol(_))));
-    }
-
-    #[test]
-    fn garbage_is_refused() {
-        let mut r = FrameReader::default();
-        assert!(r.push(Bytes::from_static(&[0u8; 64])).is_err());
+/// An error answer's status and body as [`ClientError::Api`].
+fn api_error(status: u16, body: &[u8]) -> ClientError {
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => (e.error.code, e.error.message),
+        Err(_) => ("unknown".into(), String::from_utf8_lossy(body).into_owned()),
+    };
+    ClientError::Api {
+        status,
+        code,
+        message,
     }
 }

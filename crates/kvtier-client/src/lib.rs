@@ -8,5 +8,7 @@
 pub mod wire;
 
 mod client;
+mod conn;
+mod reader;
 
 pub use client::{Client, ClientError, LoadedPrefix};

@@ -81,34 +81,102 @@ pub struct BlockExtraKeys {
 }
 
 /// A token sequence under a layout: the request of lookup and the head of a store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Tokens go either as a JSON array (`tokens`) or, cheaper to encode and parse, as
+/// standard base64 of their little-endian `u32` bytes (`tokens_b64`); not both.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PromptSpec {
     /// Layout digest (hex).
     pub layout: String,
     /// Token ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<u32>,
+    /// Token ids as base64 of little-endian `u32`s (instead of `tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_b64: Option<String>,
     /// Per-block extra keys.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_keys: Vec<BlockExtraKeys>,
 }
 
-/// One matched block.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockHandle {
-    /// The block hash (hex): the handle a load asks for.
-    pub hash: String,
-    /// The fastest tier holding it at lookup time (`ram`, `ssd`).
-    pub tier: String,
+impl PromptSpec {
+    /// A prompt with its tokens as a JSON array.
+    pub fn new(layout: impl Into<String>, tokens: Vec<u32>) -> Self {
+        Self {
+            layout: layout.into(),
+            tokens,
+            ..Self::default()
+        }
+    }
+
+    /// The same prompt with its tokens in the compact base64 form.
+    pub fn compact(&self) -> Self {
+        let mut out = self.clone();
+        if !out.tokens.is_empty() {
+            out.tokens_b64 = Some(tokens_to_b64(&out.tokens));
+            out.tokens = Vec::new();
+        }
+        out
+    }
+
+    /// The tokens, from whichever form was sent.
+    pub fn token_ids(&self) -> Result<Vec<u32>, String> {
+        match (&self.tokens_b64, self.tokens.is_empty()) {
+            (None, _) => Ok(self.tokens.clone()),
+            (Some(b), true) => tokens_from_b64(b),
+            (Some(_), false) => Err("give `tokens` or `tokens_b64`, not both".into()),
+        }
+    }
 }
+
+/// Base64 of little-endian `u32`s.
+pub fn tokens_to_b64(tokens: &[u32]) -> String {
+    use base64::Engine as _;
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Decodes [`tokens_to_b64`].
+pub fn tokens_from_b64(b: &str) -> Result<Vec<u32>, String> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b)
+        .map_err(|e| format!("tokens_b64 is not base64: {e}"))?;
+    if !bytes.len().is_multiple_of(4) {
+        return Err(format!(
+            "tokens_b64 holds {} bytes, not whole u32s",
+            bytes.len()
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Digits of one block handle in [`LookupAnswer::handles`].
+pub const HANDLE_HEX_LEN: usize = 32;
 
 /// The answer to a lookup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LookupAnswer {
     /// Tokens covered by the matched blocks.
     pub matched_tokens: usize,
-    /// The matched leading blocks, in order.
-    pub blocks: Vec<BlockHandle>,
+    /// Handles of the matched leading blocks, in order: 32 hex digits per block,
+    /// concatenated (one string, cheap to produce, parse and pass back to load; its
+    /// first `32·k` digits name the first `k` blocks).
+    pub handles: String,
+    /// The fastest tier holding each block at lookup time, one letter per block:
+    /// `r` RAM, `s` SSD, `o` object storage.
+    pub tiers: String,
+}
+
+impl LookupAnswer {
+    /// Blocks matched.
+    pub fn blocks(&self) -> usize {
+        self.handles.len() / HANDLE_HEX_LEN
+    }
 }
 
 /// A load request: handles from a lookup, in order.
@@ -117,8 +185,9 @@ pub struct LookupAnswer {
 pub struct LoadRequest {
     /// Layout digest (hex).
     pub layout: String,
-    /// Block hashes (hex), the leading blocks of one prompt, in order.
-    pub blocks: Vec<String>,
+    /// Block handles as a lookup returned them (32 hex digits per block, concatenated),
+    /// or a prefix of them.
+    pub handles: String,
     /// Only these layers `[start, end)` of every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<[u32; 2]>,

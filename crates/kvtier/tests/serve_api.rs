@@ -20,10 +20,6 @@ use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LoadRequest, SnapshotSpec};
 use server::{Server, layout_spec, payloads, prompt, runtime};
 
-fn handles(answer: &kvtier_client::wire::LookupAnswer) -> Vec<String> {
-    answer.blocks.iter().map(|b| b.hash.clone()).collect()
-}
-
 #[test]
 fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,11 +36,11 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         assert_eq!(stored.stored, 8);
         let hit = c.lookup(&p).await.unwrap();
         assert_eq!(hit.matched_tokens, 128);
-        assert!(hit.blocks.iter().all(|b| b.tier == "ram"));
+        assert!(hit.tiers.chars().all(|t| t == 'r'), "{}", hit.tiers);
         let got = c
             .load(&LoadRequest {
                 layout: layout.layout.clone(),
-                blocks: handles(&hit),
+                handles: hit.handles.clone(),
                 layers: None,
             })
             .await
@@ -55,7 +51,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         let part = c
             .load(&LoadRequest {
                 layout: layout.layout.clone(),
-                blocks: handles(&hit),
+                handles: hit.handles.clone(),
                 layers: Some([1, 3]),
             })
             .await
@@ -85,7 +81,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         let got = c
             .load(&LoadRequest {
                 layout: layout.layout.clone(),
-                blocks: handles(&hit),
+                handles: hit.handles.clone(),
                 layers: None,
             })
             .await
@@ -147,7 +143,7 @@ fn after_kill_9_the_next_start_reports_an_unclean_shutdown_and_recovers() {
         let got = c
             .load(&LoadRequest {
                 layout: layout.layout.clone(),
-                blocks: handles(&hit),
+                handles: hit.handles.clone(),
                 layers: None,
             })
             .await
@@ -273,14 +269,30 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
         // Bad handles and layer ranges.
         let bad_load = LoadRequest {
             layout: layout.layout.clone(),
-            blocks: vec!["nothex".into()],
+            handles: "zz".repeat(16),
             layers: None,
         };
         let (s, code) = api_error(c.load(&bad_load).await.unwrap_err());
         assert_eq!((s, code.as_str()), (400, "bad_hex"));
+        let ragged = LoadRequest {
+            handles: "abc".into(),
+            ..bad_load.clone()
+        };
+        let (s, code) = api_error(c.load(&ragged).await.unwrap_err());
+        assert_eq!((s, code.as_str()), (400, "bad_handles"));
+        // Tokens in both forms, or base64 that is not whole u32s.
+        let mut both = p.compact();
+        both.tokens = vec![1, 2];
+        let (s, code) = http.post("/v1/lookup", &serde_json::to_vec(&both).unwrap());
+        assert_eq!((s, code.as_str()), (400, "bad_tokens"));
+        let mut odd = p.clone();
+        odd.tokens = Vec::new();
+        odd.tokens_b64 = Some("AAAA".into());
+        let (s, code) = http.post("/v1/lookup", &serde_json::to_vec(&odd).unwrap());
+        assert_eq!((s, code.as_str()), (400, "bad_tokens"));
         let bad_layers = LoadRequest {
             layout: layout.layout.clone(),
-            blocks: vec![],
+            handles: String::new(),
             layers: Some([1, 9]),
         };
         let (s, code) = api_error(c.load(&bad_layers).await.unwrap_err());
@@ -288,7 +300,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
         // Handles that are not a chain of this layout load nothing, marked lost.
         let forged = LoadRequest {
             layout: layout.layout.clone(),
-            blocks: vec!["ab".repeat(16)],
+            handles: "ab".repeat(16),
             layers: None,
         };
         let got = c.load(&forged).await.unwrap();
@@ -312,7 +324,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
         let got = c
             .load(&LoadRequest {
                 layout: layout.layout.clone(),
-                blocks: handles(&hit),
+                handles: hit.handles.clone(),
                 layers: None,
             })
             .await

@@ -32,12 +32,12 @@ async fn lookup_and_check(
     let got = c
         .load(&LoadRequest {
             layout: layout.layout.clone(),
-            blocks: hit.blocks.iter().map(|b| b.hash.clone()).collect(),
+            handles: hit.handles.clone(),
             layers: None,
         })
         .await?;
     if got.status == EndStatus::Complete {
-        assert_eq!(got.blocks.len(), hit.blocks.len());
+        assert_eq!(got.blocks.len(), hit.blocks());
     } else {
         assert_eq!(
             got.status,

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kvtier_client::wire::frame::{self, EndStatus};
 use kvtier_client::wire::{
-    BLOCKS_CONTENT_TYPE, BlockHandle, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
+    BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
     PromptSpec, SnapshotSpec, StoreAnswer,
 };
 use kvtier_core::tier::RejectReason;
@@ -65,23 +65,35 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
     }))
 }
 
+/// The prompt a request names: its layout, tokens (either form) and extra keys.
+fn prompt_of(app: &AppState, spec: &PromptSpec) -> Result<kvtier_core::Prompt, ApiError> {
+    let layout = known_layout(app, &spec.layout)?;
+    let tokens = spec
+        .token_ids()
+        .map_err(|e| ApiError::bad("bad_tokens", e))?;
+    let extras = input::extra_keys(&spec.extra_keys)?;
+    Ok(app.engine.prompt(layout.digest(), &tokens, &extras)?)
+}
+
 /// `POST /v1/lookup`: how much of a prompt is cached, from memory.
 pub async fn lookup(State(app): App, body: Body) -> Result<Json<LookupAnswer>, ApiError> {
     let spec: PromptSpec = input::json(&read_body(body, limit(&app)).await?)?;
-    let layout = known_layout(&app, &spec.layout)?;
-    let extras = input::extra_keys(&spec.extra_keys)?;
-    let prompt = app.engine.prompt(layout.digest(), &spec.tokens, &extras)?;
+    let prompt = prompt_of(&app, &spec)?;
     let found = app.engine.lookup(&prompt);
+    let mut handles = String::with_capacity(found.blocks.len() * HANDLE_HEX_LEN);
+    let mut tiers = String::with_capacity(found.blocks.len());
+    for b in &found.blocks {
+        input::push_hex(&mut handles, &b.hash.0);
+        tiers.push(match b.tier {
+            kvtier_core::TierKind::Ram => 'r',
+            kvtier_core::TierKind::Ssd => 's',
+            _ => 'o',
+        });
+    }
     Ok(Json(LookupAnswer {
         matched_tokens: found.matched_tokens,
-        blocks: found
-            .blocks
-            .iter()
-            .map(|b| BlockHandle {
-                hash: b.hash.to_hex(),
-                tier: b.tier.name().to_string(),
-            })
-            .collect(),
+        handles,
+        tiers,
     }))
 }
 
@@ -89,20 +101,30 @@ pub async fn lookup(State(app): App, body: Body) -> Result<Json<LookupAnswer>, A
 pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
     let req: LoadRequest = input::json(&read_body(body, limit(&app)).await?)?;
     let layout = known_layout(&app, &req.layout)?;
-    let most = app.settings.read().max_tokens / layout.tokens_per_block();
-    if req.blocks.len() > most {
+    if !req.handles.len().is_multiple_of(HANDLE_HEX_LEN) {
         return Err(ApiError::bad(
-            "too_many_blocks",
+            "bad_handles",
             format!(
-                "{} handles; at most {most} blocks fit in max_tokens",
-                req.blocks.len()
+                "handles are {HANDLE_HEX_LEN} hex digits per block; got {} digits",
+                req.handles.len()
             ),
         ));
     }
-    let hashes = req
-        .blocks
-        .iter()
-        .map(|h| input::block_hash(h))
+    let count = req.handles.len() / HANDLE_HEX_LEN;
+    let most = app.settings.read().max_tokens / layout.tokens_per_block();
+    if count > most {
+        return Err(ApiError::bad(
+            "too_many_blocks",
+            format!("{count} handles; at most {most} blocks fit in max_tokens"),
+        ));
+    }
+    let hashes = (0..count)
+        .map(|i| {
+            let h = req
+                .handles
+                .get(i * HANDLE_HEX_LEN..(i + 1) * HANDLE_HEX_LEN);
+            input::block_hash(h.unwrap_or(""))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let layers = match req.layers {
         None => None,
@@ -176,8 +198,7 @@ pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, Api
     let body = read_body(body, limit(&app)).await?;
     let (spec, payload): (PromptSpec, Bytes) = upload(&body)?;
     let layout = known_layout(&app, &spec.layout)?;
-    let extras = input::extra_keys(&spec.extra_keys)?;
-    let prompt = app.engine.prompt(layout.digest(), &spec.tokens, &extras)?;
+    let prompt = prompt_of(&app, &spec)?;
     let block = layout.block_bytes() as usize;
     if payload.len() % block != 0 {
         return Err(ApiError::bad(
@@ -195,7 +216,7 @@ pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, Api
             "bad_payload_length",
             format!(
                 "{n} blocks of payload for {} tokens, which make {} whole blocks",
-                spec.tokens.len(),
+                prompt.tokens().len(),
                 prompt.num_blocks()
             ),
         ));

@@ -72,6 +72,15 @@ pub fn hex_bytes(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
         .collect()
 }
 
+/// Appends `bytes` as lowercase hex.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+}
+
 /// Decodes 32 hex digits.
 pub fn hex16(what: &str, s: &str) -> Result<[u8; 16], ApiError> {
     let v = hex_bytes(what, s)?;

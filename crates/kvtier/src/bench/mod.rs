@@ -7,6 +7,7 @@ mod measure;
 mod rows_hash;
 mod rows_lookup;
 mod rows_ram;
+mod rows_server;
 mod rows_snapshot;
 mod rows_ssd;
 
@@ -91,11 +92,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 4] = [
+    let groups: [(&str, RowGroup); 5] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
+        ("server", rows_server::rows),
     ];
     let mut rows = Vec::new();
     let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| {

@@ -144,13 +144,12 @@ pub fn layout_spec(model: &str, layers: u32) -> LayoutSpec {
 
 /// A prompt of `blocks` whole blocks, distinct per `seed`.
 pub fn prompt(layout: &LayoutInfo, seed: u32, blocks: usize) -> PromptSpec {
-    PromptSpec {
-        layout: layout.layout.clone(),
-        tokens: (0..blocks as u32 * layout.tokens_per_block)
+    PromptSpec::new(
+        layout.layout.clone(),
+        (0..blocks as u32 * layout.tokens_per_block)
             .map(|t| seed.wrapping_mul(1_000_003).wrapping_add(t))
             .collect(),
-        extra_keys: Vec::new(),
-    }
+    )
 }
 
 /// The bytes block `i` of prompt `seed` must hold: any mix-up shows.

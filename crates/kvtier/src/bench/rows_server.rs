@@ -1,0 +1,316 @@
+//! `server.*` rows: `kvtier serve` (in this process, on a loopback ephemeral port, RAM
+//! tier only so the rows measure the network path, not the disk) through `kvtier-client`,
+//! against plain TCP over loopback moving the same bytes in the same run.
+//!
+//! - `server.load.64x2MiB.GBps`: one load of a 64-block prefix of 2 MiB blocks (one
+//!   response, 128 MiB) — against one TCP connection carrying 128 MiB from a writer thread
+//!   to a reader thread.
+//! - `server.store.2MiB.GBps`: stores of 16-block prompts of 2 MiB blocks — against the
+//!   same TCP transfer.
+//! - `server.lookup.p99.ms`: lookups of a cached 2,048-token prompt from 16 concurrent
+//!   clients, p99 — against the p99 round trip of 16 plain TCP connections each sending a
+//!   request of the same size and reading an answer of the same size.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use kvtier_client::Client;
+use kvtier_client::wire::frame::EndStatus;
+use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec};
+use kvtier_server::Settings;
+
+use super::measure::pattern;
+use super::{Effort, Row};
+
+/// Clients in the lookup row.
+const CLIENTS: usize = 16;
+
+fn spec(layers: u32) -> LayoutSpec {
+    LayoutSpec {
+        model_id: "bench-server".into(),
+        weights_digest: "w".into(),
+        tokenizer_digest: "t".into(),
+        dtype: "bf16".into(),
+        tokens_per_block: 16,
+        num_layers: layers,
+        num_kv_heads: 8,
+        head_dim: 128,
+        tp_rank: 0,
+        tp_size: 1,
+        pp_stage: 0,
+        pp_size: 1,
+        lora_id: None,
+        tenant_salt: String::new(),
+    }
+}
+
+fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {
+    PromptSpec::new(
+        layout,
+        (0..tokens as u32).map(|t| seed * 1_000_000 + t).collect(),
+    )
+}
+
+/// Seconds to move `total` bytes over one loopback TCP connection in `chunk`-byte writes.
+fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let src = pattern(chunk, 3);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(src.len());
+            s.write_all(&src[..n])?;
+            left -= n;
+        }
+        Ok(())
+    });
+    let start = Instant::now();
+    let mut s = TcpStream::connect(addr)?;
+    let mut buf = vec![0u8; chunk];
+    let mut got = 0;
+    while got < total {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            anyhow::bail!("raw TCP transfer ended early");
+        }
+        got += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("writer thread failed"))??;
+    Ok(secs)
+}
+
+/// p99 in ms of round trips of `req` bytes out and `resp` bytes back, 16 connections at once.
+fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || {
+        let mut handles = Vec::new();
+        for _ in 0..CLIENTS {
+            let Ok((mut s, _)) = listener.accept() else {
+                break;
+            };
+            handles.push(std::thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let mut inb = vec![0u8; req];
+                let out = vec![7u8; resp];
+                while s.read_exact(&mut inb).is_ok() {
+                    if s.write_all(&out).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+    });
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || -> std::io::Result<Vec<f64>> {
+                let mut s = TcpStream::connect(addr)?;
+                s.set_nodelay(true)?;
+                let out = vec![1u8; req];
+                let mut inb = vec![0u8; resp];
+                let mut lat = Vec::with_capacity(rounds);
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    s.write_all(&out)?;
+                    s.read_exact(&mut inb)?;
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for c in clients {
+        all.extend(
+            c.join()
+                .map_err(|_| anyhow::anyhow!("client thread failed"))??,
+        );
+    }
+    let _ = server.join();
+    Ok(p99(&mut all))
+}
+
+fn p99(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>> {
+    let names = [
+        "server.load.64x2MiB.GBps",
+        "server.store.2MiB.GBps",
+        "server.lookup.p99.ms",
+    ];
+    if !names.iter().any(|n| wanted(n)) {
+        return Ok(Vec::new());
+    }
+    let dir = std::env::temp_dir().join(format!("kvtier-bench-server-{}", std::process::id()));
+    let mut settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        data_dir: dir.clone(),
+        ..Settings::default()
+    };
+    settings.ram.0 = 1 << 30;
+    settings.ssd.enabled = false;
+    // The server runs on its own runtime (two workers), the clients on another.
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-server")
+        .enable_all()
+        .build()?;
+    let running = server_rt
+        .block_on(kvtier_server::Running::start(settings))
+        .map_err(anyhow::Error::msg)?;
+    let url = format!("http://{}", running.addr);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = server_rt.spawn(running.serve(async {
+        let _ = stop_rx.await;
+    }));
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-client")
+        .enable_all()
+        .build()?;
+    let result = client_rt.block_on(measure(effort, wanted, &url));
+    let _ = stop_tx.send(());
+    let _ = server_rt.block_on(served);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn measure(
+    effort: Effort,
+    wanted: &dyn Fn(&str) -> bool,
+    url: &str,
+) -> anyhow::Result<Vec<Row>> {
+    let c = Client::new(url)?;
+    let layout = c.register_layout(&spec(32)).await?; // 2 MiB blocks
+    let block = layout.block_bytes as usize;
+    let mut rows = Vec::new();
+    let samples = effort.samples.min(7);
+
+    // One 64-block prefix, stored once; every sample loads all of it in one response.
+    let blocks = 64;
+    let payload = Bytes::from(pattern(block, 9));
+    let long = prompt(&layout.layout, 1, blocks * 16);
+    c.store(&long, vec![payload.clone(); blocks]).await?;
+    let hit = c.lookup(&long).await?;
+    anyhow::ensure!(hit.blocks() == blocks, "the 64-block prefix is not cached");
+    let request = LoadRequest {
+        layout: layout.layout.clone(),
+        handles: hit.handles.clone(),
+        layers: None,
+    };
+    let total = blocks * block;
+    if wanted("server.load.64x2MiB.GBps") {
+        let mut ours = Vec::new();
+        let mut raw = Vec::new();
+        // Into one reused staging buffer, as an engine loads into its own memory (the raw
+        // reader, too, reads into a reused buffer).
+        let mut staging = vec![0u8; total];
+        for _ in 0..samples {
+            let t = Instant::now();
+            let (n, status) = c.load_into(&request, &mut staging).await?;
+            let secs = t.elapsed().as_secs_f64();
+            anyhow::ensure!(
+                n == blocks
+                    && status == EndStatus::Complete
+                    && staging.chunks(block).all(|b| b == &payload[..]),
+                "load returned other bytes"
+            );
+            staging.fill(0);
+            ours.push(total as f64 / secs / 1e9);
+            raw.push(total as f64 / tcp_transfer_secs(total, block)? / 1e9);
+        }
+        rows.push(Row::new(
+            "server.load.64x2MiB.GBps",
+            med(&mut ours),
+            "GB/s",
+            med(&mut raw),
+            "one loopback TCP connection carrying the same 128 MiB",
+        ));
+    }
+    if wanted("server.store.2MiB.GBps") {
+        let per = 16;
+        let mut ours = Vec::new();
+        let mut raw = Vec::new();
+        for s in 0..samples {
+            let p = prompt(&layout.layout, 100 + s as u32, per * 16);
+            let t = Instant::now();
+            let answer = c.store(&p, vec![payload.clone(); per]).await?;
+            let secs = t.elapsed().as_secs_f64();
+            anyhow::ensure!(answer.stored == per, "store kept {answer:?}");
+            ours.push((per * block) as f64 / secs / 1e9);
+            raw.push((per * block) as f64 / tcp_transfer_secs(per * block, block)? / 1e9);
+        }
+        rows.push(Row::new(
+            "server.store.2MiB.GBps",
+            med(&mut ours),
+            "GB/s",
+            med(&mut raw),
+            "one loopback TCP connection carrying the same 32 MiB (RAM tier only)",
+        ));
+    }
+    if wanted("server.lookup.p99.ms") {
+        // A small layout: lookups read memory only, block size does not matter.
+        let small = c.register_layout(&spec(2)).await?;
+        let p = prompt(&small.layout, 7, 2048);
+        let payloads = vec![Bytes::from(vec![1u8; small.block_bytes as usize]); 128];
+        c.store(&p, payloads).await?;
+        let req_bytes = serde_json::to_vec(&p)?.len();
+        let resp_bytes = serde_json::to_vec(&c.lookup(&p).await?)?.len();
+        let rounds = 200 * effort.scale;
+        let clients: Vec<Client> = (0..CLIENTS)
+            .map(|_| Client::new(url))
+            .collect::<Result<_, _>>()?;
+        let p = Arc::new(p);
+        let mut tasks = Vec::new();
+        for client in clients {
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(rounds);
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    let hit = client.lookup(&p).await?;
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    if hit.matched_tokens != 2048 {
+                        return Err(anyhow::anyhow!("lookup matched {}", hit.matched_tokens));
+                    }
+                }
+                Ok::<_, anyhow::Error>(lat)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        let ours = p99(&mut all);
+        let raw = tcp_round_trip_p99_ms(req_bytes, resp_bytes, rounds)?;
+        rows.push(Row::new(
+            "server.lookup.p99.ms",
+            ours,
+            "ms",
+            raw,
+            "p99 round trip of the same request/answer sizes over 16 plain TCP connections",
+        ));
+    }
+    Ok(rows)
+}
+
+fn med(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
