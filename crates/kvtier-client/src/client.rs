@@ -136,9 +136,22 @@ impl Client {
 
     /// How much of a prompt is cached, answered from memory.
     pub async fn lookup(&self, prompt: &PromptSpec) -> Result<LookupAnswer> {
-        let body = serde_json::to_vec(&prompt.compact())
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let r = self.fast("/v1/lookup", &body).await?;
+        // The binary form: a JSON head without tokens, then the tokens as LE u32s.
+        let head = PromptSpec {
+            layout: prompt.layout.clone(),
+            tokens: Vec::new(),
+            tokens_b64: None,
+            extra_keys: prompt.extra_keys.clone(),
+        };
+        let json = serde_json::to_vec(&head).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let tokens = prompt.token_ids().map_err(ClientError::Protocol)?;
+        let mut body = Vec::with_capacity(12 + json.len() + 4 * tokens.len());
+        body.extend_from_slice(&frame::upload_head(json.len() as u32));
+        body.extend_from_slice(&json);
+        for t in &tokens {
+            body.extend_from_slice(&t.to_le_bytes());
+        }
+        let r = self.fast("/v1/lookup", UPLOAD_CONTENT_TYPE, &body).await?;
         let answer = self
             .pool
             .body(r)
@@ -178,22 +191,16 @@ impl Client {
         sink: &mut dyn BlockSink,
     ) -> Result<EndStatus> {
         let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let r = self.fast("/v1/load", &body).await?;
+        let r = self.fast("/v1/load", "application/json", &body).await?;
         read_stream(&self.pool, r, sink).await
     }
 
     /// Sends a JSON body over the fast connection pool; an error status becomes
     /// [`ClientError::Api`].
-    async fn fast(&self, path: &str, body: &[u8]) -> Result<Response> {
+    async fn fast(&self, path: &str, content_type: &str, body: &[u8]) -> Result<Response> {
         let r = self
             .pool
-            .send(
-                "POST",
-                path,
-                self.token.as_deref(),
-                "application/json",
-                body,
-            )
+            .send("POST", path, self.token.as_deref(), content_type, body)
             .await
             .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
         if r.status == 200 {

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kvtier_client::wire::frame::{self, EndStatus};
 use kvtier_client::wire::{
     BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
-    PromptSpec, SnapshotSpec, StoreAnswer,
+    PromptSpec, SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
 use kvtier_core::tier::RejectReason;
 use kvtier_core::{KvDtype, LayoutKey};
@@ -76,8 +76,34 @@ fn prompt_of(app: &AppState, spec: &PromptSpec) -> Result<kvtier_core::Prompt, A
 }
 
 /// `POST /v1/lookup`: how much of a prompt is cached, from memory.
-pub async fn lookup(State(app): App, body: Body) -> Result<Json<LookupAnswer>, ApiError> {
-    let spec: PromptSpec = input::json(&read_body(body, limit(&app)).await?)?;
+///
+/// The body is JSON, or (content type `application/vnd.kvtier.upload`) a JSON head
+/// without tokens followed by the tokens as little-endian `u32`s — the cheapest form.
+pub async fn lookup(
+    State(app): App,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<LookupAnswer>, ApiError> {
+    let body = read_body(body, limit(&app)).await?;
+    let binary = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == UPLOAD_CONTENT_TYPE.as_bytes());
+    let spec: PromptSpec = if binary {
+        let (mut spec, raw): (PromptSpec, Bytes) = upload(&body)?;
+        if !spec.tokens.is_empty() || spec.tokens_b64.is_some() || !raw.len().is_multiple_of(4) {
+            return Err(ApiError::bad(
+                "bad_tokens",
+                "a binary lookup carries its tokens after the head, as whole little-endian u32s",
+            ));
+        }
+        spec.tokens = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        spec
+    } else {
+        input::json(&body)?
+    };
     let prompt = prompt_of(&app, &spec)?;
     let found = app.engine.lookup(&prompt);
     let mut handles = String::with_capacity(found.blocks.len() * HANDLE_HEX_LEN);
