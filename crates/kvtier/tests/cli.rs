@@ -91,6 +91,9 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "ssd.enqueue.p99.us",
         "ssd.recover.1M.s",
         "ssd.restart.hit_ratio",
+        "server.load.64x2MiB.GBps",
+        "server.store.2MiB.GBps",
+        "server.lookup.p99.ms",
     ];
     for name in expected {
         assert!(names.contains(&name), "row {name} missing; got {names:?}");
@@ -111,5 +114,59 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         );
         assert!(r["unit"].as_str().is_some_and(|u| !u.is_empty()));
     }
+    Ok(())
+}
+
+#[test]
+fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::error::Error>> {
+    let out = kvtier().args(["serve", "--help"]).output()?;
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout)?;
+    // Every key of the printed configuration has a flag, and the flag says its default.
+    let dir = tempfile::tempdir()?;
+    let out = kvtier()
+        .args([
+            "serve",
+            "--print-config",
+            "--admin-token",
+            "0123456789abcdef0123",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = String::from_utf8(out.stdout)?;
+    assert!(config.contains("admin_token = \"<redacted>\""), "{config}");
+    let mut section = String::new();
+    let mut keys = 0;
+    for line in config.lines() {
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = s.to_string();
+            continue;
+        }
+        let Some((key, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        let flag = match section.as_str() {
+            "" | "auth" => format!("--{}", key.replace('_', "-")),
+            s => format!("--{s}-{}", key.replace('_', "-")),
+        };
+        let at = help
+            .find(&format!("{flag} "))
+            .unwrap_or_else(|| panic!("{flag} missing from:\n{help}"));
+        let entry = &help[at..help[at..]
+            .find("\n      --")
+            .map_or(help.len(), |e| at + e + 1)];
+        assert!(
+            entry.contains("default") || key.ends_with("token"),
+            "{flag} does not state its default:\n{entry}"
+        );
+        keys += 1;
+    }
+    assert!(keys >= 20, "only {keys} settings printed:\n{config}");
     Ok(())
 }

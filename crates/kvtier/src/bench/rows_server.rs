@@ -7,7 +7,8 @@
 //!   to a reader thread.
 //! - `server.store.2MiB.GBps`: stores of 16-block prompts of 2 MiB blocks — against the
 //!   same TCP transfer.
-//! - `server.lookup.p99.ms`: lookups of a cached 2,048-token prompt from 16 concurrent
+//! - `server.lookup.p99.ms`: lookups of a cached 2,048-token prompt (128 blocks; the env
+//!   variable `KVTIER_BENCH_LOOKUP_TOKENS` changes the length) from 16 concurrent
 //!   clients, p99 — against the p99 round trip of 16 plain TCP connections each sending a
 //!   request of the same size and reading an answer of the same size.
 
@@ -267,10 +268,19 @@ async fn measure(
     if wanted("server.lookup.p99.ms") {
         // A small layout: lookups read memory only, block size does not matter.
         let small = c.register_layout(&spec(2)).await?;
-        let p = prompt(&small.layout, 7, 2048);
-        let payloads = vec![Bytes::from(vec![1u8; small.block_bytes as usize]); 128];
+        // Prompt length: 2,048 tokens unless KVTIER_BENCH_LOOKUP_TOKENS says otherwise (a
+        // multiple of 16), to see how the figure scales.
+        let ntok: usize = std::env::var("KVTIER_BENCH_LOOKUP_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n: &usize| *n >= 16 && n.is_multiple_of(16))
+            .unwrap_or(2048);
+        let p = prompt(&small.layout, 7, ntok);
+        let payloads = vec![Bytes::from(vec![1u8; small.block_bytes as usize]); ntok / 16];
         c.store(&p, payloads).await?;
-        let req_bytes = serde_json::to_vec(&p)?.len();
+        // What the client sends: the binary lookup (upload head, JSON head, raw tokens).
+        let head = PromptSpec::new(p.layout.clone(), Vec::new());
+        let req_bytes = 12 + serde_json::to_vec(&head)?.len() + 4 * ntok;
         let resp_bytes = serde_json::to_vec(&c.lookup(&p).await?)?.len();
         let rounds = 200 * effort.scale;
         let clients: Vec<Client> = (0..CLIENTS)
@@ -286,7 +296,7 @@ async fn measure(
                     let t = Instant::now();
                     let hit = client.lookup(&p).await?;
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
-                    if hit.matched_tokens != 2048 {
+                    if hit.matched_tokens != p.tokens.len() {
                         return Err(anyhow::anyhow!("lookup matched {}", hit.matched_tokens));
                     }
                 }
