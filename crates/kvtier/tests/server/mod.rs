@@ -87,11 +87,8 @@ impl Server {
     /// Sends SIGTERM and waits (at most 60 s) for a clean exit.
     pub fn stop(mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        let ok = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child has a pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = child.try_wait().unwrap() {
