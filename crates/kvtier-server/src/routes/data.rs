@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kvtier_client::wire::frame::{self, EndStatus};
 use kvtier_client::wire::{
-    BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
-    PromptSpec, SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
+    BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, PromptSpec,
+    SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
 use kvtier_core::tier::RejectReason;
 use kvtier_core::{KvDtype, LayoutKey};
@@ -79,11 +79,7 @@ fn prompt_of(app: &AppState, spec: &PromptSpec) -> Result<kvtier_core::Prompt, A
 ///
 /// The body is JSON, or (content type `application/vnd.kvtier.upload`) a JSON head
 /// without tokens followed by the tokens as little-endian `u32`s — the cheapest form.
-pub async fn lookup(
-    State(app): App,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json<LookupAnswer>, ApiError> {
+pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let body = read_body(body, limit(&app)).await?;
     let binary = headers
         .get(header::CONTENT_TYPE)
@@ -106,21 +102,31 @@ pub async fn lookup(
     };
     let prompt = prompt_of(&app, &spec)?;
     let found = app.engine.lookup(&prompt);
-    let mut handles = String::with_capacity(found.blocks.len() * HANDLE_HEX_LEN);
-    let mut tiers = String::with_capacity(found.blocks.len());
+    // The answer is written directly: its strings hold only hex digits and tier letters,
+    // which JSON needs no escaping for (a serializer scanned them byte by byte).
+    let n = found.blocks.len();
+    let mut out = Vec::with_capacity(64 + n * (HANDLE_HEX_LEN + 1));
+    out.extend_from_slice(b"{\"matched_tokens\":");
+    out.extend_from_slice(found.matched_tokens.to_string().as_bytes());
+    out.extend_from_slice(b",\"handles\":\"");
     for b in &found.blocks {
-        input::push_hex(&mut handles, &b.hash.0);
-        tiers.push(match b.tier {
-            kvtier_core::TierKind::Ram => 'r',
-            kvtier_core::TierKind::Ssd => 's',
-            _ => 'o',
-        });
+        input::push_hex(&mut out, &b.hash.0);
     }
-    Ok(Json(LookupAnswer {
-        matched_tokens: found.matched_tokens,
-        handles,
-        tiers,
-    }))
+    out.extend_from_slice(b"\",\"tiers\":\"");
+    out.extend(found.blocks.iter().map(|b| match b.tier {
+        kvtier_core::TierKind::Ram => b'r',
+        kvtier_core::TierKind::Ssd => b's',
+        _ => b'o',
+    }));
+    out.extend_from_slice(b"\"}");
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        out,
+    )
+        .into_response())
 }
 
 /// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.

@@ -72,12 +72,12 @@ pub fn hex_bytes(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
         .collect()
 }
 
-/// Appends `bytes` as lowercase hex.
-pub fn push_hex(out: &mut String, bytes: &[u8]) {
+/// Appends `bytes` as lowercase hex digits.
+pub fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
+        out.push(DIGITS[(b >> 4) as usize]);
+        out.push(DIGITS[(b & 15) as usize]);
     }
 }
 
