@@ -5,8 +5,9 @@
 //! and page faults of fresh buffers) cost a third of the throughput here. This client
 //! reads the load stream's block bytes straight from the socket into their destination,
 //! so they are copied once (kernel to caller), like a plain TCP read. It speaks only what
-//! kvtier's server sends: a status line, headers with `content-length`, and a body of
-//! that length. Connections are kept in a small pool and reused.
+//! kvtier's server sends: a status line, headers, and a body of `content-length` bytes or
+//! in chunked transfer encoding (a load stream is produced as it is read, so its length is
+//! not known up front). Connections are kept in a small pool and reused.
 
 use std::io;
 
@@ -19,21 +20,80 @@ const IDLE: usize = 32;
 /// Longest response head accepted.
 const MAX_HEAD: usize = 16 << 10;
 
-/// An open response: status, body length, and the connection positioned at the body.
+/// How the body's end is known.
+#[derive(Debug, Clone, Copy)]
+enum Framing {
+    /// This many body bytes are still to come.
+    Length(u64),
+    /// Chunked: this many bytes of the current chunk are still to come; `done` once the
+    /// last (empty) chunk was read.
+    Chunked { left: u64, done: bool },
+}
+
+/// An open response: status, and the connection positioned in its body.
 pub struct Response {
     /// HTTP status.
     pub status: u16,
-    /// Body bytes still to read.
-    pub left: u64,
+    framing: Framing,
     conn: Conn,
 }
 
-/// One connection, with bytes read past the response head.
+/// One connection, with bytes read past what was consumed.
 struct Conn {
     stream: TcpStream,
-    /// Bytes already read from the socket that belong to the body.
-    spare: Vec<u8>,
+    /// Bytes read from the socket and not consumed yet: `buf[at..]`.
+    buf: Vec<u8>,
+    at: usize,
     keep_alive: bool,
+}
+
+impl Conn {
+    fn buffered(&self) -> usize {
+        self.buf.len() - self.at
+    }
+
+    /// Reads more from the socket into the buffer; EOF is an error.
+    async fn fill(&mut self) -> io::Result<()> {
+        if self.at == self.buf.len() {
+            self.buf.clear();
+            self.at = 0;
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + (16 << 10), 0);
+        let n = self.stream.read(&mut self.buf[old..]).await?;
+        self.buf.truncate(old + n);
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `dst.len()` bytes: first what is buffered, then straight from the
+    /// socket into `dst`.
+    async fn read_exact(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let from_buf = dst.len().min(self.buffered());
+        dst[..from_buf].copy_from_slice(&self.buf[self.at..self.at + from_buf]);
+        self.at += from_buf;
+        self.stream.read_exact(&mut dst[from_buf..]).await?;
+        Ok(())
+    }
+
+    /// Reads one CRLF-terminated line (without the CRLF).
+    async fn read_line(&mut self) -> io::Result<String> {
+        loop {
+            if let Some(i) = self.buf[self.at..].windows(2).position(|w| w == b"\r\n") {
+                let line = std::str::from_utf8(&self.buf[self.at..self.at + i])
+                    .map_err(|_| invalid("a chunk line is not text"))?
+                    .to_string();
+                self.at += i + 2;
+                return Ok(line);
+            }
+            if self.buffered() > 1024 {
+                return Err(invalid("chunk line too long"));
+            }
+            self.fill().await?;
+        }
+    }
 }
 
 /// A pool of connections to one server.
@@ -134,6 +194,7 @@ impl Pool {
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| invalid("no status line"))?;
         let mut length = None;
+        let mut chunked = false;
         let mut keep_alive = true;
         for line in lines {
             let Some((name, value)) = line.split_once(':') else {
@@ -143,31 +204,49 @@ impl Pool {
             if name.eq_ignore_ascii_case("content-length") {
                 length = value.parse::<u64>().ok();
             } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                return Err(invalid("chunked responses are not expected from kvtier"));
+                if !value.eq_ignore_ascii_case("chunked") {
+                    return Err(invalid("unknown transfer encoding"));
+                }
+                chunked = true;
             } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
             {
                 keep_alive = false;
             }
         }
-        let left = length.ok_or_else(|| invalid("response without content-length"))?;
-        let spare = buf[end..have].to_vec();
-        if spare.len() as u64 > left {
+        let framing = match (chunked, length) {
+            (true, _) => Framing::Chunked {
+                left: 0,
+                done: false,
+            },
+            (false, Some(n)) => Framing::Length(n),
+            (false, None) => return Err(invalid("response without length or chunking")),
+        };
+        let conn = Conn {
+            stream,
+            buf: buf[..have].to_vec(),
+            at: end,
+            keep_alive,
+        };
+        if let Framing::Length(n) = framing
+            && conn.buffered() as u64 > n
+        {
             return Err(invalid("more bytes than the response's length"));
         }
         Ok(Response {
             status,
-            left: left - spare.len() as u64,
-            conn: Conn {
-                stream,
-                spare,
-                keep_alive,
-            },
+            framing,
+            conn,
         })
     }
 
     /// Returns a connection whose response was read completely.
     fn put_back(&self, r: Response) {
-        if r.left == 0 && r.conn.spare.is_empty() && r.conn.keep_alive {
+        let finished = match r.framing {
+            Framing::Length(left) => left == 0,
+            Framing::Chunked { done, .. } => done,
+        };
+        // Nothing of this response may be left, and nothing past it.
+        if finished && r.conn.buffered() == 0 && r.conn.keep_alive {
             let mut idle = self.idle.lock();
             if idle.len() < IDLE {
                 idle.push(r.conn.stream);
@@ -177,42 +256,90 @@ impl Pool {
 
     /// Reads the whole body and returns the connection to the pool.
     pub async fn body(&self, mut r: Response) -> io::Result<Vec<u8>> {
-        let mut out = std::mem::take(&mut r.conn.spare);
-        let start = out.len();
-        out.resize(start + r.left as usize, 0);
-        r.conn.stream.read_exact(&mut out[start..]).await?;
-        r.left = 0;
+        let mut out = Vec::new();
+        let mut piece = vec![0u8; 16 << 10];
+        loop {
+            let n = Self::read_some(&mut r, &mut piece).await?;
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&piece[..n]);
+            if out.len() > 1 << 30 {
+                return Err(invalid("error body over 1 GiB"));
+            }
+        }
         self.put_back(r);
         Ok(out)
     }
 
-    /// Reads exactly `dst.len()` body bytes into `dst`.
-    pub async fn read_exact(r: &mut Response, dst: &mut [u8]) -> io::Result<()> {
-        if dst.len() as u64 > r.left + r.conn.spare.len() as u64 {
-            return Err(invalid("read past the end of the response"));
+    /// Reads up to `dst.len()` body bytes (0 at the end of the body).
+    async fn read_some(r: &mut Response, dst: &mut [u8]) -> io::Result<usize> {
+        match r.framing {
+            Framing::Length(left) => {
+                let n = (left.min(dst.len() as u64)) as usize;
+                r.conn.read_exact(&mut dst[..n]).await?;
+                r.framing = Framing::Length(left - n as u64);
+                Ok(n)
+            }
+            Framing::Chunked { done: true, .. } => Ok(0),
+            Framing::Chunked { left: 0, .. } => {
+                let line = r.conn.read_line().await?;
+                let size = line.split(';').next().unwrap_or("").trim();
+                let size = u64::from_str_radix(size, 16).map_err(|_| invalid("bad chunk size"))?;
+                if size == 0 {
+                    // Trailers (none expected) end with an empty line.
+                    while !r.conn.read_line().await?.is_empty() {}
+                    r.framing = Framing::Chunked {
+                        left: 0,
+                        done: true,
+                    };
+                    return Ok(0);
+                }
+                r.framing = Framing::Chunked {
+                    left: size,
+                    done: false,
+                };
+                Box::pin(Self::read_some(r, dst)).await
+            }
+            Framing::Chunked { left, .. } => {
+                let n = (left.min(dst.len() as u64)) as usize;
+                r.conn.read_exact(&mut dst[..n]).await?;
+                let left = left - n as u64;
+                if left == 0 && !r.conn.read_line().await?.is_empty() {
+                    return Err(invalid("chunk not followed by CRLF"));
+                }
+                r.framing = Framing::Chunked { left, done: false };
+                Ok(n)
+            }
         }
-        let from_spare = dst.len().min(r.conn.spare.len());
-        dst[..from_spare].copy_from_slice(&r.conn.spare[..from_spare]);
-        r.conn.spare.drain(..from_spare);
-        let rest = &mut dst[from_spare..];
-        r.conn.stream.read_exact(rest).await?;
-        r.left -= rest.len() as u64;
+    }
+
+    /// Reads exactly `dst.len()` body bytes into `dst` (straight from the socket once the
+    /// buffered bytes are used); the body ending first is an error.
+    pub async fn read_exact(r: &mut Response, dst: &mut [u8]) -> io::Result<()> {
+        let mut at = 0;
+        while at < dst.len() {
+            let n = Self::read_some(r, &mut dst[at..]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            at += n;
+        }
         Ok(())
     }
 
-    /// Finishes a response whose body was read to its end with [`Pool::read_exact`].
-    pub fn done(&self, r: Response) {
+    /// Finishes a response: the body must have no bytes left; the connection goes back to
+    /// the pool.
+    pub async fn done(&self, mut r: Response) -> io::Result<()> {
+        let mut probe = [0u8; 1];
+        if Self::read_some(&mut r, &mut probe).await? != 0 {
+            return Err(invalid("bytes after the end of the stream"));
+        }
         self.put_back(r);
+        Ok(())
     }
 }
 
 fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
-}
-
-impl Response {
-    /// Body bytes not yet read.
-    pub fn remaining(&self) -> u64 {
-        self.left + self.conn.spare.len() as u64
-    }
 }

@@ -99,9 +99,6 @@ pub async fn read_stream(
     frame::parse_stream_header(&h).map_err(ClientError::Protocol)?;
     let mut done = 0u32;
     loop {
-        if r.remaining() < HEADER_LEN as u64 {
-            return Err(cut(done));
-        }
         Pool::read_exact(&mut r, &mut h)
             .await
             .map_err(|_| cut(done))?;
@@ -112,14 +109,11 @@ pub async fn read_stream(
                         "block frame {index} where {done} was due"
                     )));
                 }
-                if len > MAX_BLOCK_BYTES || len > r.remaining() {
-                    return Err(ClientError::Protocol(format!(
-                        "block of {len} bytes with {} bytes left in the stream",
-                        r.remaining()
-                    )));
+                if len > MAX_BLOCK_BYTES {
+                    return Err(ClientError::Protocol(format!("block of {len} bytes")));
                 }
                 let buf = sink.buffer(index, len)?;
-                Pool::read_exact(&mut r, buf).await.map_err(io)?;
+                Pool::read_exact(&mut r, buf).await.map_err(|_| cut(done))?;
                 sink.finish_block();
                 done += 1;
             }
@@ -129,10 +123,7 @@ pub async fn read_stream(
                         "end frame counts {sent} blocks, {done} arrived"
                     )));
                 }
-                if r.remaining() != 0 {
-                    return Err(ClientError::Protocol("bytes after the end frame".into()));
-                }
-                pool.done(r);
+                pool.done(r).await.map_err(io)?;
                 return Ok(status);
             }
         }

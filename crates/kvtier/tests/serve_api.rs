@@ -409,3 +409,61 @@ impl Raw {
         (status, code)
     }
 }
+
+#[test]
+fn a_load_longer_than_one_batch_streams_from_the_ssd_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let spec = layout_spec("long", 128); // 1 MiB blocks: 40 of them span two read batches
+    let server = Server::start(dir.path(), &[]);
+    let c = server.client();
+    let (layout, p) = rt.block_on(async {
+        let layout = c.register_layout(&spec).await.unwrap();
+        assert_eq!(layout.block_bytes, 1 << 20);
+        let p = prompt(&layout, 5, 40);
+        assert_eq!(
+            c.store(&p, payloads(&layout, 5, 40)).await.unwrap().stored,
+            40
+        );
+        (layout, p)
+    });
+    assert!(server.stop().success());
+    let server = Server::start(dir.path(), &[]);
+    let c = server.client();
+    rt.block_on(async {
+        c.register_layout(&spec).await.unwrap();
+        let hit = c.lookup(&p).await.unwrap();
+        assert_eq!(hit.blocks(), 40);
+        assert!(hit.tiers.chars().all(|t| t == 's'), "{}", hit.tiers);
+        let mut staging = vec![0u8; 40 << 20];
+        let (n, status) = c
+            .load_into(
+                &LoadRequest {
+                    layout: layout.layout.clone(),
+                    handles: hit.handles.clone(),
+                    layers: None,
+                },
+                &mut staging,
+            )
+            .await
+            .unwrap();
+        assert_eq!((n, status), (40, EndStatus::Complete));
+        for (i, want) in payloads(&layout, 5, 40).iter().enumerate() {
+            assert_eq!(&staging[i << 20..(i + 1) << 20], &want[..], "block {i}");
+        }
+        // Asking for more handles than are cached: the stream ends marked lost after
+        // the cached ones.
+        let mut longer = hit.handles.clone();
+        longer.push_str(&"ab".repeat(16));
+        let got = c
+            .load(&LoadRequest {
+                layout: layout.layout.clone(),
+                handles: longer,
+                layers: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!((got.blocks.len(), got.status), (40, EndStatus::Lost));
+    });
+    assert!(server.stop().success());
+}

@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use kvtier_client::wire::frame::{self, EndStatus};
+use kvtier_client::wire::frame;
 use kvtier_client::wire::{
     BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, PromptSpec,
     SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
@@ -172,48 +172,28 @@ pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
             ));
         }
     };
-    let engine = app.engine.clone();
-    let digest = layout.digest();
-    let requested = hashes.len();
-    let (resolved, loaded) = blocking(move || {
-        let found = engine.resolve(digest, &hashes)?;
-        let loaded = match layers {
-            Some(r) => engine.load_layers(&found, r)?,
-            None => engine.load(&found.blocks)?,
-        };
-        Ok((found, loaded))
-    })
-    .await?;
-    let status = if loaded.complete && resolved.blocks.len() == requested {
-        EndStatus::Complete
-    } else {
-        EndStatus::Lost
+    // Resolving reads memory only; the blocks are read batch by batch as the response
+    // is sent (see `load_stream`).
+    let resolved = app.engine.resolve(layout.digest(), &hashes)?;
+    let per_block = match &layers {
+        Some(r) => layout
+            .geometry()
+            .layer_range(r.clone())
+            .map_or(layout.block_bytes(), |b| b.end - b.start),
+        None => layout.block_bytes(),
     };
-    let mut parts: Vec<Bytes> = Vec::with_capacity(2 * loaded.blocks.len() + 2);
-    parts.push(Bytes::copy_from_slice(&frame::stream_header(
-        requested as u32,
-    )));
-    for (i, (bytes, r)) in loaded.blocks.iter().zip(&resolved.blocks).enumerate() {
-        parts.push(Bytes::copy_from_slice(&frame::block_header(
-            i as u32,
-            bytes.len() as u64,
-            &r.hash.0,
-        )));
-        parts.push(bytes.clone());
-    }
-    parts.push(Bytes::copy_from_slice(&frame::end_frame(
-        loaded.blocks.len() as u32,
-        status,
-    )));
-    let total: usize = parts.iter().map(Bytes::len).sum();
-    let stream = futures_util::stream::iter(parts.into_iter().map(Ok::<_, std::io::Error>));
+    let stream = super::load_stream::blocks(
+        app.engine.clone(),
+        resolved,
+        hashes.len(),
+        layers,
+        per_block,
+    );
     let mut resp = Body::from_stream(stream).into_response();
-    let h = resp.headers_mut();
-    h.insert(
+    resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(BLOCKS_CONTENT_TYPE),
     );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(total));
     Ok(resp)
 }
 

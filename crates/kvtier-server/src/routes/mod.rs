@@ -4,6 +4,7 @@
 mod admin;
 mod data;
 pub(crate) mod input;
+mod load_stream;
 mod ops;
 
 use std::sync::Arc;
