@@ -254,7 +254,7 @@ pub struct SsdAdmin {
     /// `enable` (attach with the settings given, or the current ones), `disable`
     /// (detach, stay detached), `reconfigure` (detach and reattach with changes).
     pub action: String,
-    /// New store directory.
+    /// New store directory (the old one is left as it is: its blocks are not copied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
     /// New capacity, e.g. `64GiB`.

@@ -170,3 +170,46 @@ fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::
     assert!(keys >= 20, "only {keys} settings printed:\n{config}");
     Ok(())
 }
+
+#[test]
+fn serve_settings_come_from_file_then_environment_then_flags()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("kvtier.toml");
+    std::fs::write(
+        &file,
+        "ram = \"2GiB\"\nmax_tokens = 4096\n[ssd]\nttl = \"1h\"\n",
+    )?;
+    let out = kvtier()
+        .args(["serve", "--print-config", "--max-tokens", "8192"])
+        .arg("--config")
+        .arg(&file)
+        .env("KVTIER_RAM", "3GiB")
+        .env("KVTIER_MAX_TOKENS", "1024")
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = String::from_utf8(out.stdout)?;
+    assert!(
+        config.contains("ram = \"3GiB\""),
+        "environment over file:\n{config}"
+    );
+    assert!(
+        config.contains("max_tokens = 8192"),
+        "flag over environment:\n{config}"
+    );
+    assert!(
+        config.contains("ttl = \"1h\""),
+        "file over default:\n{config}"
+    );
+    // A bad value names itself.
+    let out = kvtier()
+        .args(["serve", "--print-config", "--ram", "12XB"])
+        .output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("12XB"));
+    Ok(())
+}
