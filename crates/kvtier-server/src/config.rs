@@ -137,6 +137,9 @@ pub struct Settings {
     pub max_tokens: usize,
     /// Largest request body accepted.
     pub max_body: ByteSize,
+    /// Threads answering requests; 0 picks half the cores, at least one. Engine work that
+    /// may block (SSD reads and writes) runs on a separate blocking pool.
+    pub workers: usize,
     /// How long shutdown waits for requests in flight.
     pub shutdown_timeout: HumanDuration,
     /// The SSD tier.
@@ -153,6 +156,7 @@ impl Default for Settings {
             ram: ByteSize(4 << 30),
             max_tokens: kvtier_core::DEFAULT_MAX_TOKENS,
             max_body: ByteSize(1 << 30),
+            workers: 0,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
             ssd: SsdSettings::default(),
             auth: AuthSettings::default(),
@@ -167,6 +171,17 @@ impl Settings {
             .dir
             .clone()
             .unwrap_or_else(|| self.data_dir.join("ssd"))
+    }
+
+    /// Request threads to run: `workers`, or half the cores (at least one) when 0. Half,
+    /// because lookups are short and memory-only: on a small machine one request thread
+    /// avoids cross-thread wakeups and leaves the other cores to the blocking pool and to
+    /// the inference engine itself (measured in ADR 0007).
+    pub fn worker_threads(&self) -> usize {
+        if self.workers > 0 {
+            return self.workers;
+        }
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
     }
 
     /// The settings as TOML, tokens replaced by `<redacted>`.
@@ -235,6 +250,9 @@ pub struct ServeArgs {
     /// Largest request body accepted [default: 1GiB].
     #[arg(long, env = "KVTIER_MAX_BODY", value_name = "SIZE")]
     pub max_body: Option<ByteSize>,
+    /// Threads answering requests; 0 = half the cores, at least one [default: 0].
+    #[arg(long, env = "KVTIER_WORKERS", value_name = "N")]
+    pub workers: Option<usize>,
     /// How long shutdown waits for requests in flight [default: 30s].
     #[arg(long, env = "KVTIER_SHUTDOWN_TIMEOUT", value_name = "DURATION")]
     pub shutdown_timeout: Option<HumanDuration>,
@@ -325,6 +343,7 @@ impl ServeArgs {
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);
         set(&mut s.max_body, &self.max_body);
+        set(&mut s.workers, &self.workers);
         set(&mut s.shutdown_timeout, &self.shutdown_timeout);
         let ssd = &mut s.ssd;
         set(&mut ssd.enabled, &self.ssd_enabled);

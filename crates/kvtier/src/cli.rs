@@ -93,6 +93,7 @@ fn serve(args: &kvtier_server::ServeArgs) -> anyhow::Result<()> {
     }
     crate::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.worker_threads())
         .enable_all()
         .thread_name("kvtier-serve")
         .build()?;

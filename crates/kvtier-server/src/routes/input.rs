@@ -75,9 +75,9 @@ pub fn hex_bytes(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
 /// Appends `bytes` as lowercase hex digits.
 pub fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * bytes.len());
     for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize]);
-        out.push(DIGITS[(b & 15) as usize]);
+        out.extend_from_slice(&[DIGITS[(b >> 4) as usize], DIGITS[(b & 15) as usize]]);
     }
 }
 

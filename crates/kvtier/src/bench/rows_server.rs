@@ -166,9 +166,10 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     };
     settings.ram.0 = 1 << 30;
     settings.ssd.enabled = false;
-    // The server runs on its own runtime (two workers), the clients on another.
+    // The server runs on its own runtime, with as many request threads as `kvtier serve`
+    // would start by default; the clients on another runtime.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(settings.worker_threads())
         .thread_name("bench-server")
         .enable_all()
         .build()?;
