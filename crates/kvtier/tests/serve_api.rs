@@ -18,7 +18,7 @@ use bytes::Bytes;
 use kvtier_client::ClientError;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LoadRequest, SnapshotSpec};
-use server::{Server, layout_spec, payloads, prompt, runtime};
+use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
 
 #[test]
 fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
@@ -37,14 +37,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         let hit = c.lookup(&p).await.unwrap();
         assert_eq!(hit.matched_tokens, 128);
         assert!(hit.tiers.chars().all(|t| t == 'r'), "{}", hit.tiers);
-        let got = c
-            .load(&LoadRequest {
-                layout: layout.layout.clone(),
-                handles: hit.handles.clone(),
-                layers: None,
-            })
-            .await
-            .unwrap();
+        let got = load_all(&c, &layout, &hit).await;
         assert_eq!(got.status, EndStatus::Complete);
         assert_eq!(got.blocks, payloads(&layout, 1, 8));
         // Layers 1..3 of each block: the matching slice of the layer-major payload.
@@ -78,14 +71,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         assert_eq!(again, layout, "same key, same digest");
         let hit = c.lookup(&p).await.unwrap();
         assert_eq!(hit.matched_tokens, 128, "recovered from the SSD");
-        let got = c
-            .load(&LoadRequest {
-                layout: layout.layout.clone(),
-                handles: hit.handles.clone(),
-                layers: None,
-            })
-            .await
-            .unwrap();
+        let got = load_all(&c, &layout, &hit).await;
         assert_eq!(got.status, EndStatus::Complete);
         assert_eq!(got.blocks, payloads(&layout, 1, 8));
         let stats = c.stats().await.unwrap();
@@ -140,14 +126,7 @@ fn after_kill_9_the_next_start_reports_an_unclean_shutdown_and_recovers() {
         c.register_layout(&spec).await.unwrap();
         let hit = c.lookup(&p).await.unwrap();
         assert_eq!(hit.matched_tokens, 96);
-        let got = c
-            .load(&LoadRequest {
-                layout: layout.layout.clone(),
-                handles: hit.handles.clone(),
-                layers: None,
-            })
-            .await
-            .unwrap();
+        let got = load_all(&c, &layout, &hit).await;
         assert_eq!(got.blocks, payloads(&layout, 2, 6));
     });
     assert!(server.stop().success());
@@ -321,14 +300,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
         // Still serving, and the good request works.
         assert_eq!(c.store(&p, good.clone()).await.unwrap().stored, 4);
         let hit = c.lookup(&p).await.unwrap();
-        let got = c
-            .load(&LoadRequest {
-                layout: layout.layout.clone(),
-                handles: hit.handles.clone(),
-                layers: None,
-            })
-            .await
-            .unwrap();
+        let got = load_all(&c, &layout, &hit).await;
         assert_eq!(got.blocks, good);
     });
     assert!(server.stop().success());

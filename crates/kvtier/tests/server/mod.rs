@@ -168,6 +168,21 @@ pub fn payloads(layout: &LayoutInfo, seed: u32, blocks: usize) -> Vec<Bytes> {
     (0..blocks).map(|i| payload(layout, seed, i)).collect()
 }
 
+/// Loads every block a lookup matched (all layers), which must succeed.
+pub async fn load_all(
+    c: &Client,
+    layout: &LayoutInfo,
+    hit: &kvtier_client::wire::LookupAnswer,
+) -> kvtier_client::LoadedPrefix {
+    c.load(&kvtier_client::wire::LoadRequest {
+        layout: layout.layout.clone(),
+        handles: hit.handles.clone(),
+        layers: None,
+    })
+    .await
+    .expect("load")
+}
+
 /// A runtime for one test.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
