@@ -81,7 +81,9 @@ pub fn run(args: &CrashWriterArgs) -> anyhow::Result<()> {
         };
         let payload = crash_payload(&h, layout.block_bytes() as usize);
         if tier.put(&meta, payload.into())? == PutOutcome::Stored {
-            writeln!(log, "{h}")?;
+            // One write per line: a kill cannot leave half a line for the next round's
+            // first line to be appended to (a formatted `writeln!` may write in pieces).
+            log.write_all(format!("{h}\n").as_bytes())?;
             if args.fsync {
                 log.sync_data()?;
             }

@@ -97,11 +97,15 @@ fn check(store: &Path, ack_log: &Path, fsync: bool) -> usize {
         let held: HashSet<String> = recovered.iter().map(|h| h.to_hex()).collect();
         let acks = std::fs::read_to_string(ack_log).unwrap_or_default();
         // Only whole lines count: a line cut by the kill was never a full acknowledgement.
+        // A whole line is one hash (32 hex digits); anything else is a harness error.
         let lines: Vec<&str> = acks
             .split_inclusive('\n')
             .filter(|l| l.ends_with('\n'))
             .map(str::trim)
             .collect();
+        for l in &lines {
+            assert_eq!(l.len(), 32, "ack log line `{l}` is not one block hash");
+        }
         for h in &lines {
             assert!(
                 held.contains(*h),
