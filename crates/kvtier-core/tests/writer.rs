@@ -330,6 +330,14 @@ fn a_block_on_its_way_down_is_found_and_loads_byte_for_byte() {
         let loaded = e.load(&hit.blocks).unwrap();
         assert!(loaded.complete);
         assert_eq!(&loaded.blocks[0][..], &bytes[..]);
+        // A layer of it, too.
+        let page = layout.geometry().layer_range(1..2).unwrap();
+        let layer = e.load_layers(&hit, 1..2).unwrap();
+        assert!(layer.complete);
+        assert_eq!(
+            &layer.blocks[0][..],
+            &bytes[page.start as usize..page.end as usize]
+        );
     }
     lower.open();
     assert!(e.flush(Duration::from_secs(10)));

@@ -310,7 +310,17 @@ impl Engine {
                 ))
             })?;
         self.load_with(&lookup.blocks, |r| {
-            self.tier(r.tier)?.get_range(&r.hash, range.clone())
+            if let Some(bytes) = self.tier(r.tier)?.get_range(&r.hash, range.clone())? {
+                return Ok(Some(bytes));
+            }
+            // Not written yet: a slice of the queued bytes (see `load_lower`).
+            let queued = self
+                .lower()
+                .filter(|l| l.tier.kind() == r.tier)
+                .and_then(|l| l.writer.pending_payload(&r.hash));
+            Ok(queued
+                .filter(|b| b.len() as u64 >= range.end)
+                .map(|b| b.slice(range.start as usize..range.end as usize)))
         })
     }
 
