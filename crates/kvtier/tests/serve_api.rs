@@ -439,3 +439,22 @@ fn a_load_longer_than_one_batch_streams_from_the_ssd_byte_for_byte() {
     });
     assert!(server.stop().success());
 }
+
+#[test]
+fn a_second_server_on_the_same_data_directory_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Server::start(dir.path(), &[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--ssd-min-free", "0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "two servers on one store");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pid"), "the refusal names the holder: {err}");
+    // The first one is unaffected.
+    let rt = runtime();
+    assert_eq!(rt.block_on(first.client().health()).unwrap().status, "ok");
+    assert!(first.stop().success());
+}
