@@ -87,6 +87,13 @@ pub struct SsdSettings {
     pub drain_timeout: HumanDuration,
 }
 
+impl SsdSettings {
+    /// The store directory: `dir`, or `ssd` under the data directory.
+    pub fn dir_under(&self, data_dir: &std::path::Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| data_dir.join("ssd"))
+    }
+}
+
 impl Default for SsdSettings {
     fn default() -> Self {
         Self {
@@ -167,10 +174,7 @@ impl Default for Settings {
 impl Settings {
     /// The SSD store directory.
     pub fn ssd_dir(&self) -> PathBuf {
-        self.ssd
-            .dir
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("ssd"))
+        self.ssd.dir_under(&self.data_dir)
     }
 
     /// Request threads to run: `workers`, or half the cores (at least one) when 0. Half,

@@ -77,9 +77,7 @@ impl AppState {
     pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, String> {
         let (drain, dir) = {
             let s = self.settings.read();
-            let mut next = s.clone();
-            next.ssd = ssd.clone();
-            (s.ssd.drain_timeout.0, next.ssd_dir())
+            (s.ssd.drain_timeout.0, ssd.dir_under(&s.data_dir))
         };
         let new = ssd
             .enabled

@@ -209,9 +209,8 @@ fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), Ap
 pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, ApiError> {
     let body = read_body(body, limit(&app)).await?;
     let (spec, payload): (PromptSpec, Bytes) = upload(&body)?;
-    let layout = known_layout(&app, &spec.layout)?;
     let prompt = prompt_of(&app, &spec)?;
-    let block = layout.block_bytes() as usize;
+    let block = prompt.layout().block_bytes() as usize;
     if payload.len() % block != 0 {
         return Err(ApiError::bad(
             "bad_payload_length",

@@ -20,11 +20,14 @@ use axum::routing::{delete, get, post, put};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Which token a group of routes requires.
-#[derive(Clone, Copy)]
+/// What a group of routes requires: the data routes a token if one is configured; the
+/// admin routes the admin token, and are disabled without one. Tokens are fixed for the
+/// server's life, so they are read once, when the router is built.
+#[derive(Clone)]
 enum Guard {
-    Data,
-    Admin,
+    Open,
+    Token(Arc<str>),
+    Disabled,
 }
 
 /// Compares in time independent of where the strings differ.
@@ -32,60 +35,46 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn authorize(
-    State((app, guard)): State<(Arc<AppState>, Guard)>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let wanted = {
-        let s = app.settings.read();
-        match guard {
-            Guard::Data => s.auth.data_token.clone(),
-            Guard::Admin => match &s.auth.admin_token {
-                Some(t) => Some(t.clone()),
-                None => {
-                    return ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        "admin_disabled",
-                        "admin endpoints are disabled: no admin token is configured (admin_token)",
-                    )
-                    .into_response();
-                }
-            },
+async fn authorize(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let wanted = match &guard {
+        Guard::Open => return next.run(req).await,
+        Guard::Token(t) => t,
+        Guard::Disabled => {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "admin_disabled",
+                "admin endpoints are disabled: no admin token is configured (admin_token)",
+            )
+            .into_response();
         }
     };
-    if let Some(wanted) = wanted {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            Some(t) if same(t.as_bytes(), wanted.as_bytes()) => {}
-            Some(_) => {
-                return ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "bad_token",
-                    "the bearer token is not valid here",
-                )
-                .into_response();
-            }
-            None => {
-                let mut resp = ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "token_required",
-                    "this endpoint requires `Authorization: Bearer <token>`",
-                )
-                .into_response();
-                resp.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    axum::http::HeaderValue::from_static("Bearer"),
-                );
-                return resp;
-            }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
+        Some(_) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "bad_token",
+            "the bearer token is not valid here",
+        )
+        .into_response(),
+        None => {
+            let mut resp = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "token_required",
+                "this endpoint requires `Authorization: Bearer <token>`",
+            )
+            .into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            resp
         }
     }
-    next.run(req).await
 }
 
 async fn timed(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -110,6 +99,18 @@ async fn not_found() -> ApiError {
 
 /// All routes over `app`.
 pub fn router(app: Arc<AppState>) -> Router {
+    let (data_guard, admin_guard) = {
+        let auth = &app.settings.read().auth;
+        let data = auth
+            .data_token
+            .as_deref()
+            .map_or(Guard::Open, |t| Guard::Token(t.into()));
+        let admin = auth
+            .admin_token
+            .as_deref()
+            .map_or(Guard::Disabled, |t| Guard::Token(t.into()));
+        (data, admin)
+    };
     let data = Router::new()
         .route("/v1/layouts", post(data::register_layout))
         .route("/v1/layouts/{layout}", delete(data::delete_layout))
@@ -120,17 +121,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/snapshot/get", post(data::snapshot_get))
         .route("/v1/stats", get(data::stats))
         .route("/metrics", get(ops::metrics))
-        .route_layer(middleware::from_fn_with_state(
-            (app.clone(), Guard::Data),
-            authorize,
-        ));
+        .route_layer(middleware::from_fn_with_state(data_guard, authorize));
     let admin = Router::new()
         .route("/admin/ssd", post(admin::ssd))
         .route("/admin/flush", post(admin::flush))
-        .route_layer(middleware::from_fn_with_state(
-            (app.clone(), Guard::Admin),
-            authorize,
-        ));
+        .route_layer(middleware::from_fn_with_state(admin_guard, authorize));
     Router::new()
         .merge(data)
         .merge(admin)
