@@ -1,0 +1,164 @@
+//! The Gemma KV cache, held outside the model so it can be cut into kvtier blocks and
+//! filled back from them.
+//!
+//! Per layer, K and V live in a growable tensor `[1, kv_heads, positions, head_dim]`.
+//! A kvtier block payload is layer-major: for each layer, K then V of the block's tokens,
+//! token-major `[tokens, kv_heads, head_dim]` f32 (kvtier's `layout.md`), so a layer of a
+//! block is one contiguous page.
+
+use bytes::Bytes;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::kv_cache::Cache;
+
+use super::config::GemmaConfig;
+use crate::{Error, Result};
+
+/// How many positions a fresh cache reserves before it first grows.
+const INITIAL_POSITIONS: usize = 512;
+
+/// K and V of every position a sequence has processed.
+pub struct KvCache {
+    keys: Vec<Cache>,
+    values: Vec<Cache>,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("positions", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvCache {
+    /// An empty cache for a model of this shape.
+    pub fn new(config: &GemmaConfig) -> Self {
+        let fresh = || {
+            (0..config.num_layers)
+                .map(|_| Cache::new(2, INITIAL_POSITIONS))
+                .collect()
+        };
+        Self {
+            keys: fresh(),
+            values: fresh(),
+            kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+        }
+    }
+
+    /// Positions held by layer 0 (all layers once a chunk has finished).
+    pub fn len(&self) -> usize {
+        self.layer_len(0)
+    }
+
+    /// True when nothing has been processed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions held by one layer.
+    pub fn layer_len(&self, layer: usize) -> usize {
+        self.keys.get(layer).map_or(0, Cache::current_seq_len)
+    }
+
+    /// Appends K and V `[1, kv_heads, n, head_dim]` to `layer`; returns all of the
+    /// layer's K and V so far (views, no copy).
+    pub(crate) fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
+            return Err(Error::Invalid(format!("layer {layer} out of range")));
+        };
+        kc.append(&k.contiguous()?)?;
+        vc.append(&v.contiguous()?)?;
+        match (kc.current_data()?, vc.current_data()?) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(Error::Invalid("empty KV cache after an append".into())),
+        }
+    }
+
+    fn elems_per_half_page(&self, tokens_per_block: usize) -> usize {
+        tokens_per_block * self.kv_heads * self.head_dim
+    }
+
+    /// The payload of block `block` (positions `block·tpb .. (block+1)·tpb`), in kvtier's
+    /// layer-major page order.
+    pub fn block_payload(&self, block: usize, tokens_per_block: usize) -> Result<Vec<u8>> {
+        let start = block * tokens_per_block;
+        if start + tokens_per_block > self.len() {
+            return Err(Error::Invalid(format!(
+                "block {block} reaches past the {} cached positions",
+                self.len()
+            )));
+        }
+        let half = self.elems_per_half_page(tokens_per_block) * 4;
+        let mut out = Vec::with_capacity(half * 2 * self.keys.len());
+        for (kc, vc) in self.keys.iter().zip(&self.values) {
+            for cache in [kc, vc] {
+                let Some(all) = cache.current_data()? else {
+                    return Err(Error::Invalid("a layer holds no KV".into()));
+                };
+                let page = all
+                    .narrow(2, start, tokens_per_block)?
+                    .transpose(1, 2)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                out.extend_from_slice(bytemuck::cast_slice(&page));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends whole blocks (payloads as [`Self::block_payload`] makes them) to every layer.
+    pub fn import_blocks(&mut self, payloads: &[Bytes], tokens_per_block: usize) -> Result<()> {
+        let page = self.elems_per_half_page(tokens_per_block) * 4 * 2;
+        let layers = self.keys.len();
+        for (i, p) in payloads.iter().enumerate() {
+            if p.len() != page * layers {
+                return Err(Error::Mismatch(format!(
+                    "block {i} has {} bytes; this model's blocks have {}",
+                    p.len(),
+                    page * layers
+                )));
+            }
+        }
+        for layer in 0..layers {
+            let pages: Vec<Bytes> = payloads
+                .iter()
+                .map(|p| p.slice(layer * page..(layer + 1) * page))
+                .collect();
+            self.import_layer(layer, &pages, tokens_per_block)?;
+        }
+        Ok(())
+    }
+
+    /// Appends one layer's pages (K then V of each block, in block order) to that layer.
+    pub fn import_layer(&mut self, layer: usize, pages: &[Bytes], tokens_per_block: usize) -> Result<()> {
+        let half = self.elems_per_half_page(tokens_per_block) * 4;
+        let mut k = Vec::with_capacity(half / 4 * pages.len());
+        let mut v = Vec::with_capacity(half / 4 * pages.len());
+        for (i, page) in pages.iter().enumerate() {
+            if page.len() != half * 2 {
+                return Err(Error::Mismatch(format!(
+                    "layer {layer} page of block {i} has {} bytes; expected {}",
+                    page.len(),
+                    half * 2
+                )));
+            }
+            // Bytes from the cache need not be 4-aligned: copy through `pod_collect`.
+            k.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&page[..half]));
+            v.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&page[half..]));
+        }
+        let positions = tokens_per_block * pages.len();
+        let shape = (1, positions, self.kv_heads, self.head_dim);
+        let to_cache = |data: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(data, shape, &Device::Cpu)?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let (k, v) = (to_cache(k)?, to_cache(v)?);
+        debug_assert_eq!(k.dtype(), DType::F32);
+        self.append(layer, &k, &v)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,21 @@
+//! kvtier-candle: real models through kvtier, on candle (CPU).
+//!
+//! - [`gemma`]: Gemma 3 270M from its GGUF, with a KV cache that can be cut into kvtier
+//!   blocks and filled back from them.
+//! - [`mamba`]: Mamba (candle-transformers) with deterministic weights and a recurrent
+//!   state that snapshots to bytes and back.
+//! - [`reuse`]: a turn of a conversation with kvtier underneath — the embedded engine or
+//!   a `kvtier serve` — for attention KV blocks and for recurrent-state snapshots.
+//!
+//! Reuse is exact: a turn that restores a prefix decodes the same tokens from the same
+//! logits, bit for bit, as one that computes everything (`docs/adr/0008-real-models.md`).
+
+mod digest;
+mod error;
+pub mod gemma;
+pub mod mamba;
+pub mod prompts;
+pub mod reuse;
+
+pub use digest::file_sha256;
+pub use error::{Error, Result};

@@ -1,0 +1,213 @@
+//! Gemma 3 270M with its KV in kvtier: a restored prefix decodes exactly like a cold
+//! prefill (same tokens, bit-identical logits) from RAM, from the SSD after a process
+//! restart, and through `kvtier serve`; blocks of another layout or other weights are
+//! never loaded into the model.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
+use std::sync::{Arc, OnceLock};
+
+use kvtier_candle::gemma::{GemmaWeights, locate_gguf};
+use kvtier_candle::prompts::{system_prompt, user_turn};
+use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, TurnReport};
+use kvtier_core::{Engine, KvDtype};
+use kvtier_server::config::Settings;
+use kvtier_server::units::ByteSize;
+
+/// Tokens decoded after each restore.
+const DECODE: usize = 32;
+
+fn weights() -> Arc<GemmaWeights> {
+    static W: OnceLock<Arc<GemmaWeights>> = OnceLock::new();
+    W.get_or_init(|| {
+        let path = locate_gguf(true).expect("the Gemma weights (scripts/setup.sh installs them)");
+        GemmaWeights::load(&path, 2048).unwrap()
+    })
+    .clone()
+}
+
+/// Turn 1's prompt: a shared system prompt longer than the 512-token sliding window, so
+/// the local layers' windows are exercised across the restore point.
+fn turn_one() -> Vec<u32> {
+    let w = weights();
+    let mut p = vec![w.config().bos];
+    p.extend(w.vocab().encode(&system_prompt(420)));
+    p.extend(w.vocab().encode(&user_turn(0, 0)));
+    assert!(p.len() > 560, "turn one is {} tokens", p.len());
+    p
+}
+
+/// Turn 2's prompt: turn 1, an answer and a new question.
+fn turn_two() -> Vec<u32> {
+    let w = weights();
+    let mut p = turn_one();
+    p.extend(w.vocab().encode(" The warm tier is local flash."));
+    p.extend(w.vocab().encode(&user_turn(0, 1)));
+    p
+}
+
+/// Turn 2 computed from nothing, with no cache at all: the reference.
+fn cold_turn_two() -> &'static TurnReport {
+    static COLD: OnceLock<TurnReport> = OnceLock::new();
+    COLD.get_or_init(|| {
+        let engine = Arc::new(Engine::builder().build().unwrap());
+        let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine))).unwrap();
+        runner.store = false;
+        let r = runner.run_turn(&turn_two(), DECODE).unwrap();
+        assert_eq!(r.reused_tokens, 0);
+        r
+    })
+}
+
+fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
+    assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
+    assert_eq!(warm.logits.len(), DECODE);
+    for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
+        assert_eq!(a.len(), b.len());
+        let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differing, 0, "step {step}: {differing} logits differ in their bits");
+    }
+}
+
+fn embedded_runner() -> (Arc<Engine>, GemmaRunner) {
+    let engine = Arc::new(Engine::builder().build().unwrap());
+    let runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    (engine, runner)
+}
+
+#[test]
+fn restore_from_ram_decodes_bit_identically_and_turn_two_hits() {
+    let (engine, mut runner) = embedded_runner();
+    let one = runner.run_turn(&turn_one(), DECODE).unwrap();
+    assert_eq!(one.reused_tokens, 0);
+    assert!(one.blocks_stored >= turn_one().len() / 16);
+    let hits_before = engine.stats().index.lookup_hits;
+    for mode in [LoadMode::Whole, LoadMode::Layerwise] {
+        runner.load_mode = mode;
+        let two = runner.run_turn(&turn_two(), DECODE).unwrap();
+        // Turn 2 reuses all of turn 1's whole blocks (turn 1's prompt and decoded tokens).
+        assert!(two.reused_tokens >= turn_one().len() / 16 * 16, "{mode:?}: {}", two.reused_tokens);
+        assert!(two.reused_tokens % 16 == 0 && two.reused_tokens < turn_two().len());
+        assert_eq!(two.bytes_loaded, (two.reused_tokens / 16) as u64 * runner.layout().block_bytes());
+        assert!(two.refused.is_none(), "{:?}", two.refused);
+        assert_same_decode(&two, cold_turn_two());
+    }
+    assert!(engine.stats().index.lookup_hits >= hits_before + 2);
+}
+
+/// Server (and embedded SSD) settings on `dir`: the SSD tier on, a small RAM, no
+/// free-space watermark (the test machine's disk may be nearly full).
+fn settings(dir: &std::path::Path) -> Settings {
+    let mut s = Settings::default();
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.data_dir = dir.to_path_buf();
+    s.ram = ByteSize(256 << 20);
+    s.ssd.min_free = ByteSize(0);
+    s
+}
+
+/// An engine with RAM and the SSD tier on `dir`, as `kvtier serve` builds it.
+fn ssd_engine(dir: &std::path::Path) -> Arc<Engine> {
+    kvtier_server::state::AppState::open(settings(dir)).unwrap().engine.clone()
+}
+
+const CHILD_DIR: &str = "KVTIER_TEST_TURN_ONE_DIR";
+
+/// Not a test: the first process of `restore_from_ssd_after_a_process_restart`, run by it
+/// in a child process. Runs turn 1 on an SSD-backed engine and shuts the engine down.
+#[test]
+#[ignore = "run by restore_from_ssd_after_a_process_restart in a child process"]
+fn turn_one_in_a_child_process() {
+    let dir = std::env::var(CHILD_DIR).expect("only run as a child");
+    let engine = ssd_engine(std::path::Path::new(&dir));
+    let runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let one = runner.run_turn(&turn_one(), DECODE).unwrap();
+    assert!(one.blocks_stored > 0);
+    let shutdown = engine.shutdown(std::time::Duration::from_secs(60)).unwrap();
+    assert!(shutdown.clean, "{shutdown:?}");
+}
+
+#[test]
+fn restore_from_ssd_after_a_process_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["turn_one_in_a_child_process", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_DIR, dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the first process failed: {status}");
+    // This process never computed turn 1: whatever is reused comes from the SSD.
+    let engine = ssd_engine(dir.path());
+    assert_eq!(engine.stats().ram.resident_blocks, 0);
+    let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    runner.store = false;
+    let two = runner.run_turn(&turn_two(), DECODE).unwrap();
+    assert!(two.reused_tokens >= turn_one().len() / 16 * 16, "{}", two.reused_tokens);
+    assert!(engine.stats().ssd.map(|s| s.hits).unwrap_or(0) > 0);
+    assert_same_decode(&two, cold_turn_two());
+}
+
+#[test]
+fn restore_through_the_server_and_after_its_restart_from_ssd() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = || settings(dir.path());
+    let server = LocalServer::start(settings()).unwrap();
+    let runner = GemmaRunner::new(weights(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    runner.run_turn(&turn_one(), DECODE).unwrap();
+    let two = runner.run_turn(&turn_two(), DECODE).unwrap();
+    assert!(two.reused_tokens >= turn_one().len() / 16 * 16);
+    assert_same_decode(&two, cold_turn_two());
+    let stopped = server.stop().unwrap();
+    assert!(stopped.writer_clean);
+
+    // A new server on the same directory: RAM is empty, the blocks come from the SSD.
+    let server = LocalServer::start(settings()).unwrap();
+    let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    runner.store = false;
+    let counters = runner.backend().counters().unwrap();
+    assert_eq!(counters.get("ram_resident_blocks").copied().unwrap_or(0), 0);
+    let again = runner.run_turn(&turn_two(), DECODE).unwrap();
+    assert!(again.reused_tokens >= turn_one().len() / 16 * 16);
+    assert_same_decode(&again, cold_turn_two());
+    let counters = runner.backend().counters().unwrap();
+    assert!(counters["ssd_hits"] > 0, "{counters:?}");
+}
+
+#[test]
+fn blocks_of_another_layout_or_other_weights_are_never_loaded() {
+    let (engine, runner) = embedded_runner();
+    let backend = runner.backend().clone();
+    let own = GemmaRunner::layout_key(&weights());
+    // Turn 1 stored under three foreign layouts: 32 tokens per block, other weights, f16.
+    let mut bigger = own.clone();
+    bigger.tokens_per_block = 32;
+    let foreign = GemmaRunner::with_layout(weights(), backend.clone(), bigger).unwrap();
+    foreign.run_turn(&turn_one(), 1).unwrap();
+    let mut other_weights = own.clone();
+    other_weights.weights_digest = "0".repeat(64);
+    let foreign = GemmaRunner::with_layout(weights(), backend.clone(), other_weights).unwrap();
+    foreign.run_turn(&turn_one(), 1).unwrap();
+    let mut half = own.clone();
+    half.dtype = KvDtype::F16;
+    assert!(GemmaRunner::with_layout(weights(), backend.clone(), half.clone()).is_err());
+    // f16 bytes stored straight into the engine under the f16 layout.
+    let layout = engine.register_layout(half).unwrap();
+    let tokens = turn_two();
+    let prompt = engine.prompt(layout.digest(), &tokens, &kvtier_core::ExtraKeys::none()).unwrap();
+    let payload = vec![0u8; layout.block_bytes() as usize];
+    let blocks: Vec<&[u8]> = (0..prompt.num_blocks()).map(|_| payload.as_slice()).collect();
+    engine.store(&prompt, &blocks).unwrap();
+    assert!(engine.index().len() > 3 * (tokens.len() / 32));
+
+    let mut runner = runner;
+    runner.store = false;
+    let two = runner.run_turn(&turn_two(), DECODE).unwrap();
+    assert_eq!(two.reused_tokens, 0);
+    assert_eq!(two.bytes_loaded, 0);
+    assert_same_decode(&two, cold_turn_two());
+}

@@ -1,0 +1,160 @@
+//! Mamba with its recurrent state in kvtier's snapshot bucket: a turn whose prompt starts
+//! with exactly an earlier turn's tokens restores that state and decodes exactly like a
+//! cold run (same tokens, bit-identical logits), from RAM, through `kvtier serve`, and
+//! after the server restarts (from the SSD). A snapshot is never used for any other
+//! prefix, model or weights.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
+use std::sync::{Arc, OnceLock};
+
+use kvtier_candle::mamba::{MambaModel, synthetic_config, write_synthetic};
+use kvtier_candle::prompts::{system_prompt, user_turn};
+use kvtier_candle::reuse::{Backend, LocalServer, MambaRunner, MambaTurn};
+use kvtier_core::Engine;
+use kvtier_server::config::Settings;
+use kvtier_server::units::ByteSize;
+
+const DECODE: usize = 32;
+
+fn model_with_seed(seed: u64) -> Arc<MambaModel> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mamba.safetensors");
+    write_synthetic(&synthetic_config(), seed, &path).unwrap();
+    MambaModel::load(&path, synthetic_config()).unwrap()
+}
+
+fn model() -> Arc<MambaModel> {
+    static M: OnceLock<Arc<MambaModel>> = OnceLock::new();
+    M.get_or_init(|| model_with_seed(7)).clone()
+}
+
+fn bytes(text: &str) -> Vec<u32> {
+    text.bytes().map(u32::from).collect()
+}
+
+fn turn_one() -> Vec<u32> {
+    let mut p = bytes(&system_prompt(120));
+    p.extend(bytes(&user_turn(1, 0)));
+    p
+}
+
+/// Turn 2: turn 1, every token turn 1 decoded, and a new question.
+fn turn_two(one: &MambaTurn) -> Vec<u32> {
+    let mut p = turn_one();
+    p.extend(&one.tokens);
+    p.extend(bytes(&user_turn(1, 1)));
+    p
+}
+
+/// Turn 1 and turn 2 computed from nothing, with no cache: the reference.
+fn cold() -> &'static (MambaTurn, MambaTurn) {
+    static COLD: OnceLock<(MambaTurn, MambaTurn)> = OnceLock::new();
+    COLD.get_or_init(|| {
+        let engine = Arc::new(Engine::builder().build().unwrap());
+        let mut runner = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine))).unwrap();
+        runner.store = false;
+        let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
+        let two = runner.run_turn(&turn_two(&one), DECODE, &[]).unwrap();
+        (one, two)
+    })
+}
+
+fn assert_same_decode(warm: &MambaTurn, cold: &MambaTurn) {
+    assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
+    assert_eq!(warm.logits.len(), DECODE);
+    for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
+        assert!(a.iter().all(|v| v.is_finite()), "step {step}: non-finite logits");
+        let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differing, 0, "step {step}: {differing} logits differ in their bits");
+    }
+}
+
+/// Runs turn 1 then turn 2 (with turn 1's end as the hint) on `runner`.
+fn two_turns(runner: &MambaRunner) -> (MambaTurn, MambaTurn) {
+    let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
+    assert_eq!(one.reused_tokens, 0);
+    assert_eq!(one.snapshot_tokens, turn_one().len() + DECODE - 1);
+    let two = runner.run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens]).unwrap();
+    (one, two)
+}
+
+#[test]
+fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
+    let engine = Arc::new(Engine::builder().build().unwrap());
+    let runner = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let (one, two) = two_turns(&runner);
+    assert_same_decode(&one, &cold().0);
+    assert_eq!(two.reused_tokens, one.snapshot_tokens);
+    assert!(two.bytes_loaded > 0 && two.refused.is_none());
+    assert_same_decode(&two, &cold().1);
+    let stats = engine.stats().snapshots;
+    assert_eq!(stats.hits, 1);
+    assert_eq!(stats.stores, 2);
+    assert!(stats.resident_bytes >= 2 * two.bytes_loaded);
+    // A hint one token short or one token long names no snapshot: nothing is restored.
+    let mut runner = runner;
+    runner.store = false;
+    for hint in [one.snapshot_tokens - 1, one.snapshot_tokens + 1] {
+        let other = runner.run_turn(&turn_two(&one), DECODE, &[hint]).unwrap();
+        assert_eq!(other.reused_tokens, 0, "hint {hint}");
+        assert_same_decode(&other, &cold().1);
+    }
+}
+
+#[test]
+fn turn_two_restores_through_the_server_and_after_its_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = || {
+        let mut s = Settings::default();
+        s.listen = "127.0.0.1:0".parse().unwrap();
+        s.data_dir = dir.path().to_path_buf();
+        s.ram = ByteSize(64 << 20);
+        s.ssd.min_free = ByteSize(0);
+        s
+    };
+    let server = LocalServer::start(settings()).unwrap();
+    let runner = MambaRunner::new(model(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    let (one, two) = two_turns(&runner);
+    assert_eq!(two.reused_tokens, one.snapshot_tokens);
+    assert_same_decode(&two, &cold().1);
+    assert!(server.stop().unwrap().writer_clean);
+
+    let server = LocalServer::start(settings()).unwrap();
+    let mut runner = MambaRunner::new(model(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    runner.store = false;
+    let again = runner.run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens]).unwrap();
+    assert_eq!(again.reused_tokens, one.snapshot_tokens);
+    assert_same_decode(&again, &cold().1);
+    let counters = runner.backend().counters().unwrap();
+    assert_eq!(counters["snapshot_hits"], 0, "RAM was empty after the restart: {counters:?}");
+}
+
+#[test]
+fn snapshots_of_other_weights_or_a_damaged_blob_are_never_restored() {
+    let engine = Arc::new(Engine::builder().build().unwrap());
+    let backend = Arc::new(Backend::Embedded(engine.clone()));
+    // The same shape with other weights: its own layout, so its snapshot is invisible.
+    let other = MambaRunner::new(model_with_seed(8), backend.clone()).unwrap();
+    let one = other.run_turn(&turn_one(), DECODE, &[]).unwrap();
+    let mut runner = MambaRunner::new(model(), backend.clone()).unwrap();
+    runner.store = false;
+    let two = runner.run_turn(&turn_two(&cold().0), DECODE, &[one.snapshot_tokens]).unwrap();
+    assert_eq!(two.reused_tokens, 0);
+    assert_same_decode(&two, &cold().1);
+
+    // A blob of the wrong size under the right key is refused, and the turn computes.
+    let layout = engine.register_layout(MambaRunner::layout_key(&model())).unwrap();
+    // What turn 1 consumed: its prompt and all but the last decoded token.
+    let consumed: Vec<u32> = turn_two(&cold().0)[..turn_one().len() + DECODE - 1].to_vec();
+    engine.snapshot_put(layout.digest(), &consumed, None, b"KVMS not a state").unwrap();
+    let three = runner.run_turn(&turn_two(&cold().0), DECODE, &[consumed.len()]).unwrap();
+    assert_eq!(three.reused_tokens, 0);
+    assert!(three.refused.is_some());
+    assert_same_decode(&three, &cold().1);
+}
