@@ -93,7 +93,7 @@ fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
     assert_eq!(two.reused_tokens, one.snapshot_tokens);
     assert!(two.bytes_loaded > 0 && two.refused.is_none());
     assert_same_decode(&two, &cold().1);
-    let stats = engine.stats().snapshots;
+    let stats = engine.stats().snapshot;
     assert_eq!(stats.hits, 1);
     assert_eq!(stats.stores, 2);
     assert!(stats.resident_bytes >= 2 * two.bytes_loaded);
