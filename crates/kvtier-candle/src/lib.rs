@@ -7,9 +7,12 @@
 //! - [`reuse`]: a turn of a conversation with kvtier underneath — the embedded engine or
 //!   a `kvtier serve` — for attention KV blocks and for recurrent-state snapshots.
 //!
+//! - [`demo`]: `kvtier demo`, a multi-turn chat workload measured cold and warm.
+//!
 //! Reuse is exact: a turn that restores a prefix decodes the same tokens from the same
 //! logits, bit for bit, as one that computes everything (`docs/adr/0008-real-models.md`).
 
+pub mod demo;
 mod digest;
 mod error;
 pub mod gemma;

@@ -24,6 +24,14 @@ enum Command {
     /// Measure kvtier against the machine's physical baselines (memcpy, a plain hash, a plain
     /// hash map) in the same run, and print every figure beside its baseline and the ratio.
     Bench(BenchArgs),
+    /// Run real models (Gemma 3 270M, a Mamba) on a multi-turn chat workload cold, from
+    /// RAM, after a process restart (SSD) and through `kvtier serve`; print TTFT, hit
+    /// rates and bytes moved, and draw them as a PNG. Needs the `models` feature:
+    /// `cargo run --release -p kvtier --features models -- demo`.
+    Demo(crate::demo::DemoArgs),
+    /// Demo helper: the restarted process of `kvtier demo`.
+    #[command(name = "__demo-restarted", hide = true)]
+    DemoRestarted(crate::demo::RestartedArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
     /// Show what an SSD store holds per namespace; `--verify` checks every checksum.
@@ -67,6 +75,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Bench(args) => crate::bench::run(&args),
+        Command::Demo(args) => crate::demo::run(&args),
+        Command::DemoRestarted(args) => crate::demo::run_restarted(&args),
         Command::CrashWriter(args) => crate::crash_writer::run(&args),
         Command::Inspect(args) => crate::inspect::run(&args),
         Command::Version => {

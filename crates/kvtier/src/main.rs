@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod crash_writer;
+mod demo;
 mod inspect;
 mod logging;
 
