@@ -7,13 +7,18 @@ fn main() {
     let t = std::time::Instant::now();
     let w = GemmaWeights::load(&path, 4096).unwrap();
     eprintln!("loaded in {:?}", t.elapsed());
-    let text = std::env::args().nth(1).unwrap_or_else(|| "The capital of France is".into());
+    let text = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "The capital of France is".into());
     let mut prompt = vec![w.config().bos];
     prompt.extend(w.vocab().encode(&text));
     eprintln!("prompt {:?}", prompt);
     let mut kv = KvCache::new(w.config());
     let t = std::time::Instant::now();
-    let chunk: usize = std::env::var("CHUNK").ok().and_then(|c| c.parse().ok()).unwrap_or(16);
+    let chunk: usize = std::env::var("CHUNK")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(16);
     let mut logits = w.prefill(&mut kv, &prompt, chunk).unwrap();
     eprintln!("prefill {} tokens in {:?}", prompt.len(), t.elapsed());
     let mut out = Vec::new();

@@ -12,6 +12,7 @@
 //! Reuse is exact: a turn that restores a prefix decodes the same tokens from the same
 //! logits, bit for bit, as one that computes everything (`docs/adr/0008-real-models.md`).
 
+pub mod bench;
 pub mod demo;
 mod digest;
 mod error;

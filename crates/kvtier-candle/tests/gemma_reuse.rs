@@ -69,8 +69,15 @@ fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
     assert_eq!(warm.logits.len(), DECODE);
     for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
         assert_eq!(a.len(), b.len());
-        let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-        assert_eq!(differing, 0, "step {step}: {differing} logits differ in their bits");
+        let differing = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differing, 0,
+            "step {step}: {differing} logits differ in their bits"
+        );
     }
 }
 
@@ -91,9 +98,16 @@ fn restore_from_ram_decodes_bit_identically_and_turn_two_hits() {
         runner.load_mode = mode;
         let two = runner.run_turn(&turn_two(), DECODE).unwrap();
         // Turn 2 reuses all of turn 1's whole blocks (turn 1's prompt and decoded tokens).
-        assert!(two.reused_tokens >= turn_one().len() / 16 * 16, "{mode:?}: {}", two.reused_tokens);
+        assert!(
+            two.reused_tokens >= turn_one().len() / 16 * 16,
+            "{mode:?}: {}",
+            two.reused_tokens
+        );
         assert!(two.reused_tokens % 16 == 0 && two.reused_tokens < turn_two().len());
-        assert_eq!(two.bytes_loaded, (two.reused_tokens / 16) as u64 * runner.layout().block_bytes());
+        assert_eq!(
+            two.bytes_loaded,
+            (two.reused_tokens / 16) as u64 * runner.layout().block_bytes()
+        );
         assert!(two.refused.is_none(), "{:?}", two.refused);
         assert_same_decode(&two, cold_turn_two());
     }
@@ -103,17 +117,22 @@ fn restore_from_ram_decodes_bit_identically_and_turn_two_hits() {
 /// Server (and embedded SSD) settings on `dir`: the SSD tier on, a small RAM, no
 /// free-space watermark (the test machine's disk may be nearly full).
 fn settings(dir: &std::path::Path) -> Settings {
-    let mut s = Settings::default();
-    s.listen = "127.0.0.1:0".parse().unwrap();
-    s.data_dir = dir.to_path_buf();
-    s.ram = ByteSize(256 << 20);
+    let mut s = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        ram: ByteSize(256 << 20),
+        ..Default::default()
+    };
     s.ssd.min_free = ByteSize(0);
     s
 }
 
 /// An engine with RAM and the SSD tier on `dir`, as `kvtier serve` builds it.
 fn ssd_engine(dir: &std::path::Path) -> Arc<Engine> {
-    kvtier_server::state::AppState::open(settings(dir)).unwrap().engine.clone()
+    kvtier_server::state::AppState::open(settings(dir))
+        .unwrap()
+        .engine
+        .clone()
 }
 
 const CHILD_DIR: &str = "KVTIER_TEST_TURN_ONE_DIR";
@@ -136,7 +155,12 @@ fn turn_one_in_a_child_process() {
 fn restore_from_ssd_after_a_process_restart() {
     let dir = tempfile::tempdir().unwrap();
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["turn_one_in_a_child_process", "--exact", "--ignored", "--nocapture"])
+        .args([
+            "turn_one_in_a_child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_DIR, dir.path())
         .status()
         .unwrap();
@@ -144,10 +168,15 @@ fn restore_from_ssd_after_a_process_restart() {
     // This process never computed turn 1: whatever is reused comes from the SSD.
     let engine = ssd_engine(dir.path());
     assert_eq!(engine.stats().ram.resident_blocks, 0);
-    let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let mut runner =
+        GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
     runner.store = false;
     let two = runner.run_turn(&turn_two(), DECODE).unwrap();
-    assert!(two.reused_tokens >= turn_one().len() / 16 * 16, "{}", two.reused_tokens);
+    assert!(
+        two.reused_tokens >= turn_one().len() / 16 * 16,
+        "{}",
+        two.reused_tokens
+    );
     assert!(engine.stats().ssd.map(|s| s.hits).unwrap_or(0) > 0);
     assert_same_decode(&two, cold_turn_two());
 }
@@ -157,7 +186,11 @@ fn restore_through_the_server_and_after_its_restart_from_ssd() {
     let dir = tempfile::tempdir().unwrap();
     let settings = || settings(dir.path());
     let server = LocalServer::start(settings()).unwrap();
-    let runner = GemmaRunner::new(weights(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    let runner = GemmaRunner::new(
+        weights(),
+        Arc::new(Backend::served(&server.url(), None).unwrap()),
+    )
+    .unwrap();
     runner.run_turn(&turn_one(), DECODE).unwrap();
     let two = runner.run_turn(&turn_two(), DECODE).unwrap();
     assert!(two.reused_tokens >= turn_one().len() / 16 * 16);
@@ -167,7 +200,11 @@ fn restore_through_the_server_and_after_its_restart_from_ssd() {
 
     // A new server on the same directory: RAM is empty, the blocks come from the SSD.
     let server = LocalServer::start(settings()).unwrap();
-    let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    let mut runner = GemmaRunner::new(
+        weights(),
+        Arc::new(Backend::served(&server.url(), None).unwrap()),
+    )
+    .unwrap();
     runner.store = false;
     let counters = runner.backend().counters().unwrap();
     assert_eq!(counters.get("ram_resident_blocks").copied().unwrap_or(0), 0);
@@ -198,9 +235,13 @@ fn blocks_of_another_layout_or_other_weights_are_never_loaded() {
     // f16 bytes stored straight into the engine under the f16 layout.
     let layout = engine.register_layout(half).unwrap();
     let tokens = turn_two();
-    let prompt = engine.prompt(layout.digest(), &tokens, &kvtier_core::ExtraKeys::none()).unwrap();
+    let prompt = engine
+        .prompt(layout.digest(), &tokens, &kvtier_core::ExtraKeys::none())
+        .unwrap();
     let payload = vec![0u8; layout.block_bytes() as usize];
-    let blocks: Vec<&[u8]> = (0..prompt.num_blocks()).map(|_| payload.as_slice()).collect();
+    let blocks: Vec<&[u8]> = (0..prompt.num_blocks())
+        .map(|_| payload.as_slice())
+        .collect();
     engine.store(&prompt, &blocks).unwrap();
     assert!(engine.index().len() > 3 * (tokens.len() / 32));
 

@@ -69,9 +69,19 @@ fn assert_same_decode(warm: &MambaTurn, cold: &MambaTurn) {
     assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
     assert_eq!(warm.logits.len(), DECODE);
     for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
-        assert!(a.iter().all(|v| v.is_finite()), "step {step}: non-finite logits");
-        let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-        assert_eq!(differing, 0, "step {step}: {differing} logits differ in their bits");
+        assert!(
+            a.iter().all(|v| v.is_finite()),
+            "step {step}: non-finite logits"
+        );
+        let differing = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differing, 0,
+            "step {step}: {differing} logits differ in their bits"
+        );
     }
 }
 
@@ -80,7 +90,9 @@ fn two_turns(runner: &MambaRunner) -> (MambaTurn, MambaTurn) {
     let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
     assert_eq!(one.reused_tokens, 0);
     assert_eq!(one.snapshot_tokens, turn_one().len() + DECODE - 1);
-    let two = runner.run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens]).unwrap();
+    let two = runner
+        .run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens])
+        .unwrap();
     (one, two)
 }
 
@@ -111,28 +123,43 @@ fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
 fn turn_two_restores_through_the_server_and_after_its_restart() {
     let dir = tempfile::tempdir().unwrap();
     let settings = || {
-        let mut s = Settings::default();
-        s.listen = "127.0.0.1:0".parse().unwrap();
-        s.data_dir = dir.path().to_path_buf();
-        s.ram = ByteSize(64 << 20);
+        let mut s = Settings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            ram: ByteSize(64 << 20),
+            ..Default::default()
+        };
         s.ssd.min_free = ByteSize(0);
         s
     };
     let server = LocalServer::start(settings()).unwrap();
-    let runner = MambaRunner::new(model(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    let runner = MambaRunner::new(
+        model(),
+        Arc::new(Backend::served(&server.url(), None).unwrap()),
+    )
+    .unwrap();
     let (one, two) = two_turns(&runner);
     assert_eq!(two.reused_tokens, one.snapshot_tokens);
     assert_same_decode(&two, &cold().1);
     assert!(server.stop().unwrap().writer_clean);
 
     let server = LocalServer::start(settings()).unwrap();
-    let mut runner = MambaRunner::new(model(), Arc::new(Backend::served(&server.url(), None).unwrap())).unwrap();
+    let mut runner = MambaRunner::new(
+        model(),
+        Arc::new(Backend::served(&server.url(), None).unwrap()),
+    )
+    .unwrap();
     runner.store = false;
-    let again = runner.run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens]).unwrap();
+    let again = runner
+        .run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens])
+        .unwrap();
     assert_eq!(again.reused_tokens, one.snapshot_tokens);
     assert_same_decode(&again, &cold().1);
     let counters = runner.backend().counters().unwrap();
-    assert_eq!(counters["snapshot_hits"], 0, "RAM was empty after the restart: {counters:?}");
+    assert_eq!(
+        counters["snapshot_hits"], 0,
+        "RAM was empty after the restart: {counters:?}"
+    );
 }
 
 #[test]
@@ -144,16 +171,24 @@ fn snapshots_of_other_weights_or_a_damaged_blob_are_never_restored() {
     let one = other.run_turn(&turn_one(), DECODE, &[]).unwrap();
     let mut runner = MambaRunner::new(model(), backend.clone()).unwrap();
     runner.store = false;
-    let two = runner.run_turn(&turn_two(&cold().0), DECODE, &[one.snapshot_tokens]).unwrap();
+    let two = runner
+        .run_turn(&turn_two(&cold().0), DECODE, &[one.snapshot_tokens])
+        .unwrap();
     assert_eq!(two.reused_tokens, 0);
     assert_same_decode(&two, &cold().1);
 
     // A blob of the wrong size under the right key is refused, and the turn computes.
-    let layout = engine.register_layout(MambaRunner::layout_key(&model())).unwrap();
+    let layout = engine
+        .register_layout(MambaRunner::layout_key(&model()))
+        .unwrap();
     // What turn 1 consumed: its prompt and all but the last decoded token.
     let consumed: Vec<u32> = turn_two(&cold().0)[..turn_one().len() + DECODE - 1].to_vec();
-    engine.snapshot_put(layout.digest(), &consumed, None, b"KVMS not a state").unwrap();
-    let three = runner.run_turn(&turn_two(&cold().0), DECODE, &[consumed.len()]).unwrap();
+    engine
+        .snapshot_put(layout.digest(), &consumed, None, b"KVMS not a state")
+        .unwrap();
+    let three = runner
+        .run_turn(&turn_two(&cold().0), DECODE, &[consumed.len()])
+        .unwrap();
     assert_eq!(three.reused_tokens, 0);
     assert!(three.refused.is_some());
     assert_same_decode(&three, &cold().1);

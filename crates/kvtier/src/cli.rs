@@ -64,6 +64,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     pub ssd_dir: Option<std::path::PathBuf>,
 
+    /// Also run the `model.*` rows: real models (Gemma 3 270M, a Mamba) with a 2,048-token
+    /// cached prefix against a cold prefill. Needs the `models` feature; takes minutes
+    /// (one cold Gemma prefill is about 20 s here). Default: off.
+    #[arg(long)]
+    pub models: bool,
+
     /// Blocks in the store the recovery row reopens (8 KiB of disk each).
     /// Default: 25,000 with --quick, 100,000 otherwise; the 1M row extrapolates from it.
     #[arg(long, value_name = "N")]

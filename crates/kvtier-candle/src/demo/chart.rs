@@ -91,7 +91,11 @@ pub fn draw(rows: &[PhaseSummary], path: &Path) -> Result<()> {
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(|e| fail(e.to_string()))?;
-    let colors = [RGBColor(66, 104, 180), RGBColor(222, 130, 40), RGBColor(90, 160, 90)];
+    let colors = [
+        RGBColor(66, 104, 180),
+        RGBColor(222, 130, 40),
+        RGBColor(90, 160, 90),
+    ];
     let width = 0.8 / models.len().max(1) as f64;
     for (mi, model) in models.iter().enumerate() {
         let color = colors[mi % colors.len()];
@@ -101,7 +105,10 @@ pub fn draw(rows: &[PhaseSummary], path: &Path) -> Result<()> {
             .filter_map(|r| {
                 let pi = phases.iter().position(|p| p == &r.phase)? as f64;
                 let x0 = pi + 0.1 + width * mi as f64;
-                Some(Rectangle::new([(x0, min), (x0 + width * 0.9, value(r).max(min))], color.filled()))
+                Some(Rectangle::new(
+                    [(x0, min), (x0 + width * 0.9, value(r).max(min))],
+                    color.filled(),
+                ))
             })
             .collect();
         chart

@@ -47,11 +47,12 @@ pub struct DemoReport {
 }
 
 fn settings_for(dir: &Path) -> kvtier_server::config::Settings {
-    let mut s = kvtier_server::config::Settings::default();
-    s.listen = ([127, 0, 0, 1], 0).into();
-    s.data_dir = dir.to_path_buf();
-    s.ram = kvtier_server::units::ByteSize(2 << 30);
-    s
+    kvtier_server::config::Settings {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.to_path_buf(),
+        ram: kvtier_server::units::ByteSize(2 << 30),
+        ..Default::default()
+    }
 }
 
 fn embedded(dir: &Path) -> Result<Arc<kvtier_core::Engine>> {
@@ -86,18 +87,25 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
     for model in &models {
         let name = model.name();
         println!("\n[{name}] cold: every turn computed from nothing");
-        let none = Arc::new(Backend::Embedded(Arc::new(kvtier_core::Engine::builder().build()?)));
+        let none = Arc::new(Backend::Embedded(Arc::new(
+            kvtier_core::Engine::builder().build()?,
+        )));
         let cold = run_phase(model, none, false, &w)?;
         rows.push(summarize(name, "cold", &cold, &cold));
 
-        println!("[{name}] RAM: embedded engine (RAM + SSD under {}), turns store their state", opts.dir.display());
+        println!(
+            "[{name}] RAM: embedded engine (RAM + SSD under {}), turns store their state",
+            opts.dir.display()
+        );
         let store_dir = opts.dir.join(format!("{name}-embedded"));
         let engine = embedded(&store_dir)?;
         let ram = run_phase(model, Arc::new(Backend::Embedded(engine.clone())), true, &w)?;
         rows.push(summarize(name, "RAM", &ram, &cold));
         let shutdown = engine.shutdown(Duration::from_secs(120));
         if shutdown.is_some_and(|s| !s.clean) {
-            return Err(Error::Invalid("the SSD writer did not drain at shutdown".into()));
+            return Err(Error::Invalid(
+                "the SSD writer did not drain at shutdown".into(),
+            ));
         }
         drop(engine);
 
@@ -134,7 +142,13 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
     Ok(DemoReport { rows })
 }
 
-fn restarted_phase(program: &Path, args: &[String], model: &str, store_dir: &Path, w: &Workload) -> Result<Vec<TurnResult>> {
+fn restarted_phase(
+    program: &Path,
+    args: &[String],
+    model: &str,
+    store_dir: &Path,
+    w: &Workload,
+) -> Result<Vec<TurnResult>> {
     let out = std::process::Command::new(program)
         .args(args)
         .arg(model)
@@ -145,19 +159,25 @@ fn restarted_phase(program: &Path, args: &[String], model: &str, store_dir: &Pat
         .map_err(|e| Error::io(format!("cannot run {}", program.display()), e))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(Error::Invalid(format!("the restarted phase failed ({}): {stdout}", out.status)));
+        return Err(Error::Invalid(format!(
+            "the restarted phase failed ({}): {stdout}",
+            out.status
+        )));
     }
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix(CHILD_PREFIX))
-        .ok_or_else(|| Error::Invalid(format!("the restarted phase printed no results: {stdout}")))?;
+        .ok_or_else(|| {
+            Error::Invalid(format!("the restarted phase printed no results: {stdout}"))
+        })?;
     serde_json::from_str(line).map_err(|e| Error::Invalid(format!("restarted phase results: {e}")))
 }
 
 /// The child side of the restart: opens the embedded engine on `store_dir` (recovering
 /// the SSD store), replays the workload without storing, and prints the results.
 pub fn run_restarted_phase(model: &str, store_dir: &Path, workload_json: &str) -> Result<()> {
-    let w: Workload = serde_json::from_str(workload_json).map_err(|e| Error::Invalid(e.to_string()))?;
+    let w: Workload =
+        serde_json::from_str(workload_json).map_err(|e| Error::Invalid(e.to_string()))?;
     let dir = store_dir
         .parent()
         .ok_or_else(|| Error::Invalid("the store directory has no parent".into()))?;
@@ -166,9 +186,17 @@ pub fn run_restarted_phase(model: &str, store_dir: &Path, workload_json: &str) -
         .find(|m| m.name() == model)
         .ok_or_else(|| Error::Invalid(format!("no model {model}")))?;
     let engine = embedded(store_dir)?;
-    let turns = run_phase(&model, Arc::new(Backend::Embedded(engine.clone())), false, &w)?;
+    let turns = run_phase(
+        &model,
+        Arc::new(Backend::Embedded(engine.clone())),
+        false,
+        &w,
+    )?;
     engine.shutdown(Duration::from_secs(30));
-    println!("{CHILD_PREFIX}{}", serde_json::to_string(&turns).map_err(|e| Error::Invalid(e.to_string()))?);
+    println!(
+        "{CHILD_PREFIX}{}",
+        serde_json::to_string(&turns).map_err(|e| Error::Invalid(e.to_string()))?
+    );
     Ok(())
 }
 
@@ -187,20 +215,36 @@ fn print_table(rows: &[PhaseSummary]) {
     println!();
     println!(
         "{:<6} {:<18} {:>12} {:>12} {:>9} {:>10} {:>11} {:>11} {:>11}",
-        "model", "phase", "TTFT med ms", "hit TTFT ms", "turns hit", "tokens hit", "loaded", "stored", "same tokens"
+        "model",
+        "phase",
+        "TTFT med ms",
+        "hit TTFT ms",
+        "turns hit",
+        "tokens hit",
+        "loaded",
+        "stored",
+        "same tokens"
     );
     for r in rows {
         let cold = rows
             .iter()
             .find(|c| c.model == r.model && c.phase == "cold")
             .map_or(0.0, |c| c.ttft_median_ms);
-        let speedup = if r.ttft_hit_median_ms > 0.0 { cold / r.ttft_hit_median_ms } else { 0.0 };
+        let speedup = if r.ttft_hit_median_ms > 0.0 {
+            cold / r.ttft_hit_median_ms
+        } else {
+            0.0
+        };
         println!(
             "{:<6} {:<18} {:>12.1} {:>12} {:>9} {:>9.0}% {:>11} {:>11} {:>11}",
             r.model,
             r.phase,
             r.ttft_median_ms,
-            if r.ttft_hit_median_ms > 0.0 { format!("{:.1} ({speedup:.0}x)", r.ttft_hit_median_ms) } else { "-".into() },
+            if r.ttft_hit_median_ms > 0.0 {
+                format!("{:.1} ({speedup:.0}x)", r.ttft_hit_median_ms)
+            } else {
+                "-".into()
+            },
             format!("{}/{}", r.turns_hit.0, r.turns_hit.1),
             r.token_hit_rate * 100.0,
             human_bytes(r.bytes_loaded),

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::workload::{Bytes as ByteText, GemmaText, Workload, next_prompt};
+use crate::Result;
 use crate::gemma::GemmaWeights;
 use crate::mamba::MambaModel;
 use crate::reuse::{Backend, GemmaRunner, MambaRunner};
-use crate::Result;
 
 /// A model the demo runs.
 #[derive(Debug, Clone)]
@@ -52,7 +52,12 @@ pub struct TurnResult {
 }
 
 /// Runs the workload on `backend`; `store` decides whether turns keep their state.
-pub fn run_phase(model: &DemoModel, backend: Arc<Backend>, store: bool, w: &Workload) -> Result<Vec<TurnResult>> {
+pub fn run_phase(
+    model: &DemoModel,
+    backend: Arc<Backend>,
+    store: bool,
+    w: &Workload,
+) -> Result<Vec<TurnResult>> {
     let mut out = Vec::new();
     match model {
         DemoModel::Gemma(weights) => {
@@ -62,7 +67,13 @@ pub fn run_phase(model: &DemoModel, backend: Arc<Backend>, store: bool, w: &Work
             for c in 0..w.conversations {
                 let mut previous: Option<(Vec<u32>, Vec<u32>)> = None;
                 for t in 0..w.turns {
-                    let prompt = next_prompt(&enc, w, c, t, previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())));
+                    let prompt = next_prompt(
+                        &enc,
+                        w,
+                        c,
+                        t,
+                        previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())),
+                    );
                     let r = runner.run_turn(&prompt, w.decode)?;
                     out.push(TurnResult {
                         conversation: c,
@@ -84,10 +95,19 @@ pub fn run_phase(model: &DemoModel, backend: Arc<Backend>, store: bool, w: &Work
             for c in 0..w.conversations {
                 let mut previous: Option<(Vec<u32>, Vec<u32>)> = None;
                 for t in 0..w.turns {
-                    let prompt = next_prompt(&ByteText, w, c, t, previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())));
+                    let prompt = next_prompt(
+                        &ByteText,
+                        w,
+                        c,
+                        t,
+                        previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())),
+                    );
                     // The previous turn's snapshot covers its prompt and all but its last
                     // decoded token; the shared system prompt has none (no turn ends there).
-                    let hints: Vec<usize> = previous.iter().map(|(p, _)| p.len() + w.decode - 1).collect();
+                    let hints: Vec<usize> = previous
+                        .iter()
+                        .map(|(p, _)| p.len() + w.decode - 1)
+                        .collect();
                     let r = runner.run_turn(&prompt, w.decode, &hints)?;
                     out.push(TurnResult {
                         conversation: c,
@@ -137,13 +157,26 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Summarises `turns` against the cold phase's turns.
-pub fn summarize(model: &str, phase: &str, turns: &[TurnResult], cold: &[TurnResult]) -> PhaseSummary {
+pub fn summarize(
+    model: &str,
+    phase: &str,
+    turns: &[TurnResult],
+    cold: &[TurnResult],
+) -> PhaseSummary {
     let mut all: Vec<f64> = turns.iter().map(|t| t.ttft_ms).collect();
-    let mut hits: Vec<f64> = turns.iter().filter(|t| t.reused_tokens > 0).map(|t| t.ttft_ms).collect();
+    let mut hits: Vec<f64> = turns
+        .iter()
+        .filter(|t| t.reused_tokens > 0)
+        .map(|t| t.ttft_ms)
+        .collect();
     let prompt: usize = turns.iter().map(|t| t.prompt_tokens).sum();
     let reused: usize = turns.iter().map(|t| t.reused_tokens).sum();
     PhaseSummary {
@@ -152,9 +185,17 @@ pub fn summarize(model: &str, phase: &str, turns: &[TurnResult], cold: &[TurnRes
         ttft_median_ms: median(&mut all),
         ttft_hit_median_ms: median(&mut hits),
         turns_hit: (hits.len(), turns.len()),
-        token_hit_rate: if prompt == 0 { 0.0 } else { reused as f64 / prompt as f64 },
+        token_hit_rate: if prompt == 0 {
+            0.0
+        } else {
+            reused as f64 / prompt as f64
+        },
         bytes_loaded: turns.iter().map(|t| t.bytes_loaded).sum(),
         bytes_stored: turns.iter().map(|t| t.bytes_stored).sum(),
-        same_as_cold: turns.iter().zip(cold).filter(|(a, b)| a.tokens == b.tokens).count(),
+        same_as_cold: turns
+            .iter()
+            .zip(cold)
+            .filter(|(a, b)| a.tokens == b.tokens)
+            .count(),
     }
 }

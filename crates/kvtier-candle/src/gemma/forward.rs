@@ -69,7 +69,10 @@ impl GemmaWeights {
         if n == 0 {
             return Err(Error::Invalid("no tokens to run".into()));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
             return Err(Error::Invalid(format!(
                 "token {bad} is outside the vocabulary of {}",
                 self.config.vocab_size
@@ -125,23 +128,20 @@ impl GemmaWeights {
         let c = &self.config;
         let (_, n, _) = x.dims3()?;
         let h = rms_norm(x, &w.attn_norm, c.rms_eps)?;
-        let q = w
-            .wq
-            .forward(&h)?
-            .reshape((1, n, c.num_heads, c.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let k = w
-            .wk
-            .forward(&h)?
-            .reshape((1, n, c.num_kv_heads, c.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let v = w
-            .wv
-            .forward(&h)?
-            .reshape((1, n, c.num_kv_heads, c.head_dim))?
-            .transpose(1, 2)?;
+        let q =
+            w.wq.forward(&h)?
+                .reshape((1, n, c.num_heads, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?;
+        let k =
+            w.wk.forward(&h)?
+                .reshape((1, n, c.num_kv_heads, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?;
+        let v =
+            w.wv.forward(&h)?
+                .reshape((1, n, c.num_kv_heads, c.head_dim))?
+                .transpose(1, 2)?;
         let q = rms_norm(&q, &w.q_norm, c.rms_eps)?;
         let k = rms_norm(&k, &w.k_norm, c.rms_eps)?;
         let global = c.is_global(layer);

@@ -65,7 +65,12 @@ impl KvCache {
 
     /// Appends K and V `[1, kv_heads, n, head_dim]` to `layer`; returns all of the
     /// layer's K and V so far (views, no copy).
-    pub(crate) fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let (Some(kc), Some(vc)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
             return Err(Error::Invalid(format!("layer {layer} out of range")));
         };
@@ -133,7 +138,12 @@ impl KvCache {
     }
 
     /// Appends one layer's pages (K then V of each block, in block order) to that layer.
-    pub fn import_layer(&mut self, layer: usize, pages: &[Bytes], tokens_per_block: usize) -> Result<()> {
+    pub fn import_layer(
+        &mut self,
+        layer: usize,
+        pages: &[Bytes],
+        tokens_per_block: usize,
+    ) -> Result<()> {
         let half = self.elems_per_half_page(tokens_per_block) * 4;
         let mut k = Vec::with_capacity(half / 4 * pages.len());
         let mut v = Vec::with_capacity(half / 4 * pages.len());

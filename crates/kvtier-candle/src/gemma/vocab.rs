@@ -27,7 +27,9 @@ pub struct Vocab {
 impl Vocab {
     pub(crate) fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
         let Some(list) = content.metadata.get("tokenizer.ggml.tokens") else {
-            return Err(Error::Weights("the GGUF has no tokenizer.ggml.tokens".into()));
+            return Err(Error::Weights(
+                "the GGUF has no tokenizer.ggml.tokens".into(),
+            ));
         };
         let mut pieces = Vec::new();
         for v in list.to_vec()? {

@@ -59,7 +59,11 @@ impl GemmaWeights {
     /// Loads a Gemma 3 GGUF on the CPU. `max_positions` bounds the context a sequence may
     /// reach (the RoPE tables are built that long).
     pub fn load(path: &Path, max_positions: usize) -> Result<Arc<Self>> {
-        let weights_digest = format!("{}{}", crate::digest::file_sha256(path)?, super::requant::RECIPE);
+        let weights_digest = format!(
+            "{}{}",
+            crate::digest::file_sha256(path)?,
+            super::requant::RECIPE
+        );
         let mut file = std::fs::File::open(path)
             .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
         let mut reader = std::io::BufReader::new(&mut file);

@@ -29,7 +29,8 @@ impl MambaModel {
     /// Loads safetensors weights of shape `config`.
     pub fn load(path: &Path, config: Config) -> Result<Arc<Self>> {
         let weights_digest = crate::digest::file_sha256(path)?;
-        let bytes = std::fs::read(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
         let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &Device::Cpu)?;
         let model = Model::new(&config, vb.pp("backbone"))?;
         Ok(Arc::new(Self {

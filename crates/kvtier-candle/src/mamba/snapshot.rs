@@ -28,7 +28,13 @@ pub fn encode(config: &Config, state: &State) -> Result<Vec<u8>> {
     let per_layer = (d_inner * D_STATE + D_CONV * d_inner) * 4;
     let mut out = Vec::with_capacity(HEADER + per_layer * config.n_layer);
     out.extend_from_slice(MAGIC);
-    for v in [VERSION, config.n_layer as u32, d_inner as u32, D_STATE as u32, D_CONV as u32] {
+    for v in [
+        VERSION,
+        config.n_layer as u32,
+        d_inner as u32,
+        D_STATE as u32,
+        D_CONV as u32,
+    ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&(state.pos as u64).to_le_bytes());
@@ -52,9 +58,22 @@ pub fn decode(config: &Config, blob: &[u8]) -> Result<State> {
             blob.len()
         )));
     }
-    let word = |i: usize| u32::from_le_bytes([blob[4 + 4 * i], blob[5 + 4 * i], blob[6 + 4 * i], blob[7 + 4 * i]]);
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            blob[4 + 4 * i],
+            blob[5 + 4 * i],
+            blob[6 + 4 * i],
+            blob[7 + 4 * i],
+        ])
+    };
     let header = [word(0), word(1), word(2), word(3), word(4)];
-    let expected = [VERSION, config.n_layer as u32, d_inner as u32, D_STATE as u32, D_CONV as u32];
+    let expected = [
+        VERSION,
+        config.n_layer as u32,
+        d_inner as u32,
+        D_STATE as u32,
+        D_CONV as u32,
+    ];
     if header != expected {
         return Err(Error::Mismatch(format!(
             "snapshot header {header:?}; this model needs {expected:?}"

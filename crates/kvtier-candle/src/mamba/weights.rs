@@ -71,18 +71,37 @@ pub fn write_synthetic(config: &Config, seed: u64, path: &Path) -> Result<()> {
     let d_model = config.d_model;
     let d_inner = d_inner(config);
     let dt_rank = dt_rank(config);
-    let vocab = config.vocab_size.div_ceil(config.pad_vocab_size_multiple) * config.pad_vocab_size_multiple;
+    let vocab =
+        config.vocab_size.div_ceil(config.pad_vocab_size_multiple) * config.pad_vocab_size_multiple;
     let mut t: HashMap<String, Tensor> = HashMap::new();
-    t.insert("backbone.embedding.weight".into(), rng.tensor(&[vocab, d_model], 1.0)?);
+    t.insert(
+        "backbone.embedding.weight".into(),
+        rng.tensor(&[vocab, d_model], 1.0)?,
+    );
     for i in 0..config.n_layer {
         let p = |name: &str| format!("backbone.layers.{i}.{name}");
-        t.insert(p("norm.weight"), Tensor::ones(d_model, candle_core::DType::F32, &Device::Cpu)?);
+        t.insert(
+            p("norm.weight"),
+            Tensor::ones(d_model, candle_core::DType::F32, &Device::Cpu)?,
+        );
         let lin = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
-        t.insert(p("mixer.in_proj.weight"), rng.tensor(&[2 * d_inner, d_model], lin(d_model))?);
-        t.insert(p("mixer.conv1d.weight"), rng.tensor(&[d_inner, 1, D_CONV], lin(D_CONV))?);
+        t.insert(
+            p("mixer.in_proj.weight"),
+            rng.tensor(&[2 * d_inner, d_model], lin(d_model))?,
+        );
+        t.insert(
+            p("mixer.conv1d.weight"),
+            rng.tensor(&[d_inner, 1, D_CONV], lin(D_CONV))?,
+        );
         t.insert(p("mixer.conv1d.bias"), rng.tensor(&[d_inner], lin(D_CONV))?);
-        t.insert(p("mixer.x_proj.weight"), rng.tensor(&[dt_rank + 2 * D_STATE, d_inner], lin(d_inner))?);
-        t.insert(p("mixer.dt_proj.weight"), rng.tensor(&[d_inner, dt_rank], lin(dt_rank))?);
+        t.insert(
+            p("mixer.x_proj.weight"),
+            rng.tensor(&[dt_rank + 2 * D_STATE, d_inner], lin(d_inner))?,
+        );
+        t.insert(
+            p("mixer.dt_proj.weight"),
+            rng.tensor(&[d_inner, dt_rank], lin(dt_rank))?,
+        );
         // softplus⁻¹ of a step size log-uniform in [0.001, 0.1].
         let bias: Vec<f32> = (0..d_inner)
             .map(|_| {
@@ -91,15 +110,30 @@ pub fn write_synthetic(config: &Config, seed: u64, path: &Path) -> Result<()> {
                 dt + (-(-dt).exp_m1()).ln()
             })
             .collect();
-        t.insert(p("mixer.dt_proj.bias"), Tensor::from_vec(bias, d_inner, &Device::Cpu)?);
+        t.insert(
+            p("mixer.dt_proj.bias"),
+            Tensor::from_vec(bias, d_inner, &Device::Cpu)?,
+        );
         let a_log: Vec<f32> = (0..d_inner)
             .flat_map(|_| (1..=D_STATE).map(|s| (s as f32).ln()))
             .collect();
-        t.insert(p("mixer.A_log"), Tensor::from_vec(a_log, (d_inner, D_STATE), &Device::Cpu)?);
-        t.insert(p("mixer.D"), Tensor::ones(d_inner, candle_core::DType::F32, &Device::Cpu)?);
-        t.insert(p("mixer.out_proj.weight"), rng.tensor(&[d_model, d_inner], lin(d_inner))?);
+        t.insert(
+            p("mixer.A_log"),
+            Tensor::from_vec(a_log, (d_inner, D_STATE), &Device::Cpu)?,
+        );
+        t.insert(
+            p("mixer.D"),
+            Tensor::ones(d_inner, candle_core::DType::F32, &Device::Cpu)?,
+        );
+        t.insert(
+            p("mixer.out_proj.weight"),
+            rng.tensor(&[d_model, d_inner], lin(d_inner))?,
+        );
     }
-    t.insert("backbone.norm_f.weight".into(), Tensor::ones(d_model, candle_core::DType::F32, &Device::Cpu)?);
+    t.insert(
+        "backbone.norm_f.weight".into(),
+        Tensor::ones(d_model, candle_core::DType::F32, &Device::Cpu)?,
+    );
     candle_core::safetensors::save(&t, path)
         .map_err(|e| Error::Weights(format!("cannot write {}: {e}", path.display())))
 }

@@ -142,11 +142,8 @@ impl Backend {
     pub fn lookup(&self, layout: &BoundLayout, tokens: &[u32]) -> Result<Hit> {
         match self {
             Backend::Embedded(engine) => {
-                let prompt = engine.prompt(
-                    engine_layout(layout)?.digest(),
-                    tokens,
-                    &ExtraKeys::none(),
-                )?;
+                let prompt =
+                    engine.prompt(engine_layout(layout)?.digest(), tokens, &ExtraKeys::none())?;
                 let lookup = engine.lookup(&prompt);
                 Ok(Hit {
                     matched_tokens: lookup.matched_tokens,
@@ -202,14 +199,16 @@ impl Backend {
     }
 
     /// Stores `payloads[i]` as block `i` of `tokens`; returns blocks newly kept.
-    pub fn store(&self, layout: &BoundLayout, tokens: &[u32], payloads: Vec<Bytes>) -> Result<usize> {
+    pub fn store(
+        &self,
+        layout: &BoundLayout,
+        tokens: &[u32],
+        payloads: Vec<Bytes>,
+    ) -> Result<usize> {
         match self {
             Backend::Embedded(engine) => {
-                let prompt = engine.prompt(
-                    engine_layout(layout)?.digest(),
-                    tokens,
-                    &ExtraKeys::none(),
-                )?;
+                let prompt =
+                    engine.prompt(engine_layout(layout)?.digest(), tokens, &ExtraKeys::none())?;
                 let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_ref()).collect();
                 Ok(engine.store(&prompt, &refs)?.stored)
             }

@@ -93,7 +93,11 @@ impl GemmaRunner {
 
     /// A runner storing under `key`, which must describe this model's KV exactly
     /// (f32, its layers, KV heads and head size); anything else is refused.
-    pub fn with_layout(weights: Arc<GemmaWeights>, backend: Arc<Backend>, key: LayoutKey) -> Result<Self> {
+    pub fn with_layout(
+        weights: Arc<GemmaWeights>,
+        backend: Arc<Backend>,
+        key: LayoutKey,
+    ) -> Result<Self> {
         let c = weights.config();
         if key.dtype != KvDtype::F32
             || key.num_layers as usize != c.num_layers
@@ -134,7 +138,9 @@ impl GemmaRunner {
     /// Runs one turn: `prompt` in, `max_new` greedy tokens out (at least one).
     pub fn run_turn(&self, prompt: &[u32], max_new: usize) -> Result<TurnReport> {
         if prompt.is_empty() || max_new == 0 {
-            return Err(Error::Invalid("a turn needs a prompt and at least one new token".into()));
+            return Err(Error::Invalid(
+                "a turn needs a prompt and at least one new token".into(),
+            ));
         }
         let started = Instant::now();
         let tpb = self.layout.tokens_per_block();
@@ -190,9 +196,9 @@ impl GemmaRunner {
                 payloads.push(Bytes::from(kv.block_payload(b, tpb)?));
             }
             report.bytes_stored = payloads.iter().map(|p| p.len() as u64).sum();
-            report.blocks_stored = self
-                .backend
-                .store(&self.layout, &sequence[..whole * tpb], payloads)?;
+            report.blocks_stored =
+                self.backend
+                    .store(&self.layout, &sequence[..whole * tpb], payloads)?;
         }
         Ok(report)
     }
@@ -275,7 +281,6 @@ impl GemmaRunner {
                             self.weights.prefill(kv, prompt, tpb)
                         }
                     });
-                drop(fill);
                 drop(rx);
                 let _ = loader.join();
                 // Wall time of the overlapped load and suffix compute.

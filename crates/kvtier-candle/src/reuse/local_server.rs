@@ -22,7 +22,8 @@ impl LocalServer {
     /// Starts a server with `settings` (use `127.0.0.1:0` to get a free port) and waits
     /// until it listens.
     pub fn start(settings: Settings) -> Result<Self> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<std::result::Result<SocketAddr, String>>();
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<std::result::Result<SocketAddr, String>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let workers = settings.worker_threads();
         let thread = std::thread::Builder::new()
@@ -70,7 +71,9 @@ impl LocalServer {
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(Error::Invalid("the server thread ended before listening".into()))
+                Err(Error::Invalid(
+                    "the server thread ended before listening".into(),
+                ))
             }
         }
     }

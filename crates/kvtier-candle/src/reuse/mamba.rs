@@ -75,7 +75,11 @@ impl MambaRunner {
     }
 
     /// A runner filing snapshots under `key`.
-    pub fn with_layout(model: Arc<MambaModel>, backend: Arc<Backend>, key: LayoutKey) -> Result<Self> {
+    pub fn with_layout(
+        model: Arc<MambaModel>,
+        backend: Arc<Backend>,
+        key: LayoutKey,
+    ) -> Result<Self> {
         let layout = backend.bind(key)?;
         Ok(Self {
             model,
@@ -94,11 +98,17 @@ impl MambaRunner {
     /// that kvtier holds for exactly `prompt[..len]` is restored.
     pub fn run_turn(&self, prompt: &[u32], max_new: usize, hints: &[usize]) -> Result<MambaTurn> {
         if prompt.is_empty() || max_new == 0 {
-            return Err(Error::Invalid("a turn needs a prompt and at least one new token".into()));
+            return Err(Error::Invalid(
+                "a turn needs a prompt and at least one new token".into(),
+            ));
         }
         let started = Instant::now();
         let mut turn = MambaTurn::default();
-        let mut candidates: Vec<usize> = hints.iter().copied().filter(|&h| h > 0 && h < prompt.len()).collect();
+        let mut candidates: Vec<usize> = hints
+            .iter()
+            .copied()
+            .filter(|&h| h > 0 && h < prompt.len())
+            .collect();
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         candidates.dedup();
         let mut state = None;
@@ -116,7 +126,10 @@ impl MambaRunner {
                     break;
                 }
                 Ok(s) => {
-                    turn.refused = Some(format!("a snapshot for {len} tokens says it is at {}", s.pos));
+                    turn.refused = Some(format!(
+                        "a snapshot for {len} tokens says it is at {}",
+                        s.pos
+                    ));
                 }
                 Err(e) => turn.refused = Some(e.to_string()),
             }
@@ -141,7 +154,8 @@ impl MambaRunner {
             let blob = encode_state(self.model.config(), &state)?;
             turn.bytes_stored = blob.len() as u64;
             turn.snapshot_tokens = consumed.len();
-            self.backend.snapshot_put(&self.layout, &consumed, Bytes::from(blob))?;
+            self.backend
+                .snapshot_put(&self.layout, &consumed, Bytes::from(blob))?;
         }
         Ok(turn)
     }

@@ -7,6 +7,6 @@ mod local_server;
 mod mamba;
 
 pub use backend::{Backend, BoundLayout, Hit, Served};
+pub use gemma::{GEMMA_TOKENS_PER_BLOCK, GemmaRunner, LoadMode, TurnReport};
 pub use local_server::LocalServer;
 pub use mamba::{MambaRunner, MambaTurn};
-pub use gemma::{GEMMA_TOKENS_PER_BLOCK, GemmaRunner, LoadMode, TurnReport};

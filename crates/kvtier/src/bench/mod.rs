@@ -6,6 +6,7 @@
 mod measure;
 mod rows_hash;
 mod rows_lookup;
+mod rows_model;
 mod rows_ram;
 mod rows_server;
 mod rows_snapshot;
@@ -119,6 +120,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         print_row(r);
     }
     rows.extend(got?);
+    if args.models {
+        let got = rows_model::rows(effort, &wanted).context("bench group `model`")?;
+        for r in &got {
+            print_row(r);
+        }
+        rows.extend(got);
+    }
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&rows)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;

@@ -1,0 +1,239 @@
+//! The `model.*` rows of `kvtier bench --models`: time to first token of a prompt whose
+//! 2,048-token prefix is cached, against computing it cold, for Gemma 3 (KV blocks) and
+//! Mamba (a state snapshot); the load's throughput against memcpy of the same bytes; and
+//! how much of the load layer-wise loading hides behind the suffix's compute.
+
+use std::sync::Arc;
+
+use crate::demo::median;
+use crate::gemma::{GemmaWeights, locate_gguf};
+use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
+use crate::prompts::{system_prompt, user_turn};
+use crate::reuse::{Backend, GemmaRunner, LoadMode, MambaRunner};
+use crate::{Error, Result};
+
+/// Tokens of the cached prefix.
+pub const PREFIX_TOKENS: usize = 2048;
+
+/// One bench figure with the baseline it is read against.
+#[derive(Debug, Clone)]
+pub struct ModelRow {
+    /// Row name.
+    pub name: String,
+    /// The figure.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
+    /// The baseline in the same unit.
+    pub baseline: f64,
+    /// What the baseline is.
+    pub baseline_is: &'static str,
+}
+
+fn row(
+    name: &str,
+    value: f64,
+    unit: &'static str,
+    baseline: f64,
+    baseline_is: &'static str,
+) -> ModelRow {
+    ModelRow {
+        name: name.to_owned(),
+        value,
+        unit,
+        baseline,
+        baseline_is,
+    }
+}
+
+/// Runs the model rows: `cold_samples` cold prefills (about 20 s each for Gemma here) and
+/// `hit_samples` hits per model; `memcpy_gbps` measures the copy baseline for a size.
+pub fn rows(
+    cold_samples: usize,
+    hit_samples: usize,
+    memcpy_gbps: &dyn Fn(usize) -> f64,
+) -> Result<Vec<ModelRow>> {
+    let mut out = gemma_rows(cold_samples, hit_samples, memcpy_gbps)?;
+    out.extend(mamba_rows(cold_samples, hit_samples)?);
+    Ok(out)
+}
+
+fn gemma_prompt(w: &GemmaWeights) -> Vec<u32> {
+    let mut words = 1500;
+    loop {
+        let mut p = vec![w.config().bos];
+        p.extend(w.vocab().encode(&system_prompt(words)));
+        if p.len() >= PREFIX_TOKENS {
+            p.truncate(PREFIX_TOKENS);
+            p.extend(w.vocab().encode(&user_turn(0, 1)));
+            // The suffix must leave the prefix's last block whole and cached.
+            return p;
+        }
+        words += 200;
+    }
+}
+
+fn gemma_rows(
+    cold_samples: usize,
+    hit_samples: usize,
+    memcpy_gbps: &dyn Fn(usize) -> f64,
+) -> Result<Vec<ModelRow>> {
+    let weights = GemmaWeights::load(&locate_gguf(true)?, PREFIX_TOKENS + 256)?;
+    let prompt = gemma_prompt(&weights);
+    let engine = Arc::new(kvtier_core::Engine::builder().build()?);
+    let mut runner = GemmaRunner::new(weights.clone(), Arc::new(Backend::Embedded(engine)))?;
+    let mut cold = Vec::new();
+    runner.store = false;
+    for _ in 0..cold_samples.max(1) {
+        let r = runner.run_turn(&prompt, 1)?;
+        if r.reused_tokens != 0 {
+            return Err(Error::Invalid("the cold run reused a prefix".into()));
+        }
+        cold.push(r.ttft.as_secs_f64() * 1e3);
+    }
+    runner.store = true;
+    runner.run_turn(&prompt, 1)?;
+    runner.store = false;
+    let mut hits = Vec::new();
+    let mut loads = Vec::new();
+    let mut bytes = 0;
+    let mut layerwise = Vec::new();
+    let mut hidden = Vec::new();
+    for _ in 0..hit_samples.max(1) {
+        runner.load_mode = LoadMode::Whole;
+        let r = runner.run_turn(&prompt, 1)?;
+        if r.reused_tokens != PREFIX_TOKENS {
+            return Err(Error::Invalid(format!(
+                "the hit reused {} tokens, not {PREFIX_TOKENS}",
+                r.reused_tokens
+            )));
+        }
+        hits.push(r.ttft.as_secs_f64() * 1e3);
+        loads.push(r.load.as_secs_f64());
+        bytes = r.bytes_loaded;
+        runner.load_mode = LoadMode::Layerwise;
+        let l = runner.run_turn(&prompt, 1)?;
+        layerwise.push(l.ttft.as_secs_f64() * 1e3);
+        // Whole: load then compute. Layer-wise: both in `prefill`'s wall time. What the
+        // overlap saved, as a share of the load.
+        let whole_wall = r.load.as_secs_f64() + r.prefill.as_secs_f64();
+        if l.load.as_secs_f64() > 0.0 {
+            hidden.push(
+                100.0 * (whole_wall - l.prefill.as_secs_f64()).max(0.0) / r.load.as_secs_f64(),
+            );
+        }
+    }
+    let cold = median(&mut cold);
+    let hit = median(&mut hits);
+    let load_s = median(&mut loads);
+    let load_gbps = bytes as f64 / load_s / 1e9;
+    Ok(vec![
+        row(
+            "model.gemma.ttft.cold.ms",
+            cold,
+            "ms",
+            hit,
+            "TTFT with the 2,048-token prefix cached",
+        ),
+        row(
+            "model.gemma.ttft.hit.ms",
+            hit,
+            "ms",
+            cold,
+            "cold prefill of the same prompt",
+        ),
+        row(
+            "model.gemma.ttft.speedup",
+            cold / hit,
+            "x",
+            10.0,
+            "target: 10x",
+        ),
+        row(
+            "model.gemma.ttft.hit.layerwise.ms",
+            median(&mut layerwise),
+            "ms",
+            hit,
+            "hit, whole blocks",
+        ),
+        row(
+            "model.gemma.load.2048tok.GBps",
+            load_gbps,
+            "GB/s",
+            memcpy_gbps(bytes as usize),
+            "memcpy of the same bytes",
+        ),
+        row(
+            "model.gemma.layerwise.hidden.pct",
+            median(&mut hidden),
+            "%",
+            100.0,
+            "all of the load hidden",
+        ),
+    ])
+}
+
+fn mamba_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>> {
+    let dir = std::env::temp_dir().join(format!("kvtier-bench-mamba-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create the bench directory", e))?;
+    let path = dir.join("mamba.safetensors");
+    let written = write_synthetic(&synthetic_config(), 7, &path);
+    let model = written.and_then(|()| MambaModel::load(&path, synthetic_config()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = model?;
+    let text = system_prompt(600);
+    let mut prompt: Vec<u32> = text.bytes().map(u32::from).take(PREFIX_TOKENS).collect();
+    if prompt.len() < PREFIX_TOKENS {
+        return Err(Error::Invalid("the Mamba prompt is too short".into()));
+    }
+    let prefix = prompt.clone();
+    prompt.extend(user_turn(0, 1).bytes().map(u32::from));
+    let engine = Arc::new(kvtier_core::Engine::builder().build()?);
+    let mut runner = MambaRunner::new(model, Arc::new(Backend::Embedded(engine)))?;
+    runner.store = false;
+    let mut cold = Vec::new();
+    for _ in 0..cold_samples.max(1) {
+        cold.push(runner.run_turn(&prompt, 1, &[])?.ttft.as_secs_f64() * 1e3);
+    }
+    // A turn over exactly the prefix, decoding one token, leaves the state after the
+    // prefix: that is the snapshot the hits restore.
+    runner.store = true;
+    runner.run_turn(&prefix, 1, &[])?;
+    runner.store = false;
+    let mut hits = Vec::new();
+    for _ in 0..hit_samples.max(1) {
+        let r = runner.run_turn(&prompt, 1, &[PREFIX_TOKENS])?;
+        if r.reused_tokens != PREFIX_TOKENS {
+            return Err(Error::Invalid(format!(
+                "the Mamba hit reused {} tokens",
+                r.reused_tokens
+            )));
+        }
+        hits.push(r.ttft.as_secs_f64() * 1e3);
+    }
+    let cold = median(&mut cold);
+    let hit = median(&mut hits);
+    Ok(vec![
+        row(
+            "model.mamba.snapshot.ttft.cold.ms",
+            cold,
+            "ms",
+            hit,
+            "TTFT with the 2,048-token state restored",
+        ),
+        row(
+            "model.mamba.snapshot.ttft.hit.ms",
+            hit,
+            "ms",
+            cold,
+            "cold prefill of the same prompt",
+        ),
+        row(
+            "model.mamba.snapshot.ttft.speedup",
+            cold / hit,
+            "x",
+            10.0,
+            "target: 10x",
+        ),
+    ])
+}
