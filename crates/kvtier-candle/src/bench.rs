@@ -14,6 +14,8 @@ use crate::{Error, Result};
 
 /// Tokens of the cached prefix.
 pub const PREFIX_TOKENS: usize = 2048;
+/// Tokens after it (the new question), computed in every run.
+pub const SUFFIX_TOKENS: usize = 16;
 
 /// One bench figure with the baseline it is read against.
 #[derive(Debug, Clone)]
@@ -65,8 +67,9 @@ fn gemma_prompt(w: &GemmaWeights) -> Vec<u32> {
         p.extend(w.vocab().encode(&system_prompt(words)));
         if p.len() >= PREFIX_TOKENS {
             p.truncate(PREFIX_TOKENS);
-            p.extend(w.vocab().encode(&user_turn(0, 1)));
-            // The suffix must leave the prefix's last block whole and cached.
+            // A 16-token question: the prompt's last token is always computed, so exactly
+            // the 2,048-token prefix (128 blocks) can come from the cache.
+            p.extend(w.vocab().encode(&user_turn(0, 1)).iter().take(SUFFIX_TOKENS));
             return p;
         }
         words += 200;
@@ -187,7 +190,7 @@ fn mamba_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>> 
         return Err(Error::Invalid("the Mamba prompt is too short".into()));
     }
     let prefix = prompt.clone();
-    prompt.extend(user_turn(0, 1).bytes().map(u32::from));
+    prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
     let mut runner = MambaRunner::new(model, Arc::new(Backend::Embedded(engine)))?;
     runner.store = false;
