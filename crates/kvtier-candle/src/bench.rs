@@ -69,7 +69,12 @@ fn gemma_prompt(w: &GemmaWeights) -> Vec<u32> {
             p.truncate(PREFIX_TOKENS);
             // A 16-token question: the prompt's last token is always computed, so exactly
             // the 2,048-token prefix (128 blocks) can come from the cache.
-            p.extend(w.vocab().encode(&user_turn(0, 1)).iter().take(SUFFIX_TOKENS));
+            p.extend(
+                w.vocab()
+                    .encode(&user_turn(0, 1))
+                    .iter()
+                    .take(SUFFIX_TOKENS),
+            );
             return p;
         }
         words += 200;

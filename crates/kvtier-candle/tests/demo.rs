@@ -28,7 +28,11 @@ fn a_small_demo_runs_every_phase_with_identical_decodes() {
         restart_command: None,
     };
     let report = run(&opts).unwrap();
-    let phases: Vec<(&str, &str)> = report.rows.iter().map(|r| (r.model.as_str(), r.phase.as_str())).collect();
+    let phases: Vec<(&str, &str)> = report
+        .rows
+        .iter()
+        .map(|r| (r.model.as_str(), r.phase.as_str()))
+        .collect();
     assert_eq!(
         phases,
         [
@@ -47,7 +51,13 @@ fn a_small_demo_runs_every_phase_with_identical_decodes() {
         } else {
             // Gemma: the second conversation reuses the shared system prompt, second
             // turns reuse the first; Mamba: second turns restore the first's state.
-            assert!(r.turns_hit.0 >= 2, "{} {}: {:?}", r.model, r.phase, r.turns_hit);
+            assert!(
+                r.turns_hit.0 >= 2,
+                "{} {}: {:?}",
+                r.model,
+                r.phase,
+                r.turns_hit
+            );
             assert!(r.bytes_loaded > 0 && r.bytes_stored > 0);
         }
     }

@@ -35,9 +35,16 @@ impl std::fmt::Debug for KvCache {
 impl KvCache {
     /// An empty cache for a model of this shape.
     pub fn new(config: &GemmaConfig) -> Self {
+        Self::with_capacity(config, INITIAL_POSITIONS)
+    }
+
+    /// An empty cache that holds `positions` before it first grows (growing copies every
+    /// layer's K and V, so a turn reserves what it will reach).
+    pub fn with_capacity(config: &GemmaConfig, positions: usize) -> Self {
+        let positions = positions.max(1);
         let fresh = || {
             (0..config.num_layers)
-                .map(|_| Cache::new(2, INITIAL_POSITIONS))
+                .map(|_| Cache::new(2, positions))
                 .collect()
         };
         Self {
@@ -160,11 +167,22 @@ impl KvCache {
             v.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&page[half..]));
         }
         let positions = tokens_per_block * pages.len();
-        let shape = (1, positions, self.kv_heads, self.head_dim);
+        let kv_heads = self.kv_heads;
+        let head_dim = self.head_dim;
         let to_cache = |data: Vec<f32>| -> Result<Tensor> {
-            Ok(Tensor::from_vec(data, shape, &Device::Cpu)?
-                .transpose(1, 2)?
-                .contiguous()?)
+            if kv_heads == 1 {
+                // Token-major with one head is already `[1, 1, positions, head_dim]`.
+                return Ok(Tensor::from_vec(
+                    data,
+                    (1, 1, positions, head_dim),
+                    &Device::Cpu,
+                )?);
+            }
+            Ok(
+                Tensor::from_vec(data, (1, positions, kv_heads, head_dim), &Device::Cpu)?
+                    .transpose(1, 2)?
+                    .contiguous()?,
+            )
         };
         let (k, v) = (to_cache(k)?, to_cache(v)?);
         debug_assert_eq!(k.dtype(), DType::F32);

@@ -148,7 +148,8 @@ impl GemmaRunner {
             prompt_tokens: prompt.len(),
             ..TurnReport::default()
         };
-        let mut kv = KvCache::new(self.weights.config());
+        let capacity = prompt.len() + max_new;
+        let mut kv = KvCache::with_capacity(self.weights.config(), capacity);
         let hit = self.backend.lookup(&self.layout, prompt)?;
         // The last prompt token is always computed: its logits choose the first new token.
         let usable_blocks = hit.blocks().min((prompt.len() - 1) / tpb);
@@ -165,7 +166,7 @@ impl GemmaRunner {
                     // depend on it: start over cold.
                     report.refused = Some(e.to_string());
                     report.reused_tokens = 0;
-                    kv = KvCache::new(self.weights.config());
+                    kv = KvCache::with_capacity(self.weights.config(), capacity);
                     let t = Instant::now();
                     let logits = self.weights.prefill(&mut kv, prompt, tpb)?;
                     report.prefill = t.elapsed();
