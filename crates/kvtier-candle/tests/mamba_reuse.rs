@@ -1,7 +1,7 @@
 //! Mamba with its recurrent state in kvtier's snapshot bucket: a turn whose prompt starts
 //! with exactly an earlier turn's tokens restores that state and decodes exactly like a
-//! cold run (same tokens, bit-identical logits), from RAM, through `kvtier serve`, and
-//! after the server restarts (from the SSD). A snapshot is never used for any other
+//! cold run (same tokens, bit-identical logits), from RAM, through `kvtier serve`, after
+//! the server restarts, and from the SSD in a new process. A snapshot is never used for any other
 //! prefix, model or weights.
 
 #![allow(
@@ -119,19 +119,68 @@ fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
     }
 }
 
+const CHILD_DIR: &str = "KVTIER_TEST_MAMBA_TURN_ONE_DIR";
+
+fn ssd_settings(dir: &std::path::Path) -> Settings {
+    let mut s = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        ram: ByteSize(64 << 20),
+        ..Default::default()
+    };
+    s.ssd.min_free = ByteSize(0);
+    s
+}
+
+/// Not a test: the first process of `turn_two_restores_from_ssd_after_a_process_restart`.
+#[test]
+#[ignore = "run by turn_two_restores_from_ssd_after_a_process_restart in a child process"]
+fn mamba_turn_one_in_a_child_process() {
+    let dir = std::env::var(CHILD_DIR).expect("only run as a child");
+    let app =
+        kvtier_server::state::AppState::open(ssd_settings(std::path::Path::new(&dir))).unwrap();
+    let runner =
+        MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();
+    let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
+    assert!(one.bytes_stored > 0);
+    let shutdown = app
+        .engine
+        .shutdown(std::time::Duration::from_secs(60))
+        .unwrap();
+    assert!(shutdown.clean, "{shutdown:?}");
+}
+
+#[test]
+fn turn_two_restores_from_ssd_after_a_process_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "mamba_turn_one_in_a_child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the first process failed: {status}");
+    let app = kvtier_server::state::AppState::open(ssd_settings(dir.path())).unwrap();
+    assert_eq!(app.engine.stats().snapshot.resident_entries, 0);
+    let mut runner =
+        MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();
+    runner.store = false;
+    let hint = turn_one().len() + DECODE - 1;
+    let two = runner
+        .run_turn(&turn_two(&cold().0), DECODE, &[hint])
+        .unwrap();
+    assert_eq!(two.reused_tokens, hint);
+    assert_same_decode(&two, &cold().1);
+}
+
 #[test]
 fn turn_two_restores_through_the_server_and_after_its_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = || {
-        let mut s = Settings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            ram: ByteSize(64 << 20),
-            ..Default::default()
-        };
-        s.ssd.min_free = ByteSize(0);
-        s
-    };
+    let settings = || ssd_settings(dir.path());
     let server = LocalServer::start(settings()).unwrap();
     let runner = MambaRunner::new(
         model(),

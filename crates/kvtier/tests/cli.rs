@@ -213,3 +213,21 @@ fn serve_settings_come_from_file_then_environment_then_flags()
     assert!(String::from_utf8_lossy(&out.stderr).contains("12XB"));
     Ok(())
 }
+
+/// Built without the `models` feature (as the workspace tests build it), `kvtier demo`
+/// and `bench --models` fail at once and say how to get them; they never half-run.
+#[test]
+#[cfg(not(feature = "models"))]
+fn demo_without_the_models_feature_says_how_to_build_it() -> Result<(), Box<dyn std::error::Error>>
+{
+    for args in [
+        &["demo"][..],
+        &["bench", "--models", "--filter", "model."][..],
+    ] {
+        let out = kvtier().args(args).output()?;
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8(out.stderr)?;
+        assert!(err.contains("--features models"), "{args:?}: {err}");
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@
 //! block is one contiguous page.
 
 use bytes::Bytes;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use candle_nn::kv_cache::Cache;
 
 use super::config::GemmaConfig;
@@ -151,7 +151,49 @@ impl KvCache {
         pages: &[Bytes],
         tokens_per_block: usize,
     ) -> Result<()> {
-        let half = self.elems_per_half_page(tokens_per_block) * 4;
+        let tensors = self.shape().layer_tensors(layer, pages, tokens_per_block)?;
+        self.append_layer(layer, tensors)
+    }
+
+    /// The per-token shape of this cache's K and V.
+    pub fn shape(&self) -> KvShape {
+        KvShape {
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Appends a layer's prefix made by [`KvShape::layer_tensors`].
+    pub fn append_layer(&mut self, layer: usize, tensors: LayerTensors) -> Result<()> {
+        self.append(layer, &tensors.k, &tensors.v)?;
+        Ok(())
+    }
+}
+
+/// K and V of one layer's prefix, ready to append (made on any thread).
+#[derive(Debug, Clone)]
+pub struct LayerTensors {
+    k: Tensor,
+    v: Tensor,
+}
+
+/// KV heads and head size: enough to turn pages into tensors away from the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl KvShape {
+    /// Converts one layer's pages (K then V of each block, in block order) into tensors,
+    /// refusing any page whose size is not this model's.
+    pub fn layer_tensors(
+        &self,
+        layer: usize,
+        pages: &[Bytes],
+        tokens_per_block: usize,
+    ) -> Result<LayerTensors> {
+        let half = tokens_per_block * self.kv_heads * self.head_dim * 4;
         let mut k = Vec::with_capacity(half / 4 * pages.len());
         let mut v = Vec::with_capacity(half / 4 * pages.len());
         for (i, page) in pages.iter().enumerate() {
@@ -162,14 +204,12 @@ impl KvCache {
                     half * 2
                 )));
             }
-            // Bytes from the cache need not be 4-aligned: copy through `pod_collect`.
-            k.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&page[..half]));
-            v.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&page[half..]));
+            extend_f32(&mut k, &page[..half]);
+            extend_f32(&mut v, &page[half..]);
         }
         let positions = tokens_per_block * pages.len();
-        let kv_heads = self.kv_heads;
-        let head_dim = self.head_dim;
-        let to_cache = |data: Vec<f32>| -> Result<Tensor> {
+        let (kv_heads, head_dim) = (self.kv_heads, self.head_dim);
+        let to_tensor = |data: Vec<f32>| -> Result<Tensor> {
             if kv_heads == 1 {
                 // Token-major with one head is already `[1, 1, positions, head_dim]`.
                 return Ok(Tensor::from_vec(
@@ -184,9 +224,21 @@ impl KvCache {
                     .contiguous()?,
             )
         };
-        let (k, v) = (to_cache(k)?, to_cache(v)?);
-        debug_assert_eq!(k.dtype(), DType::F32);
-        self.append(layer, &k, &v)?;
-        Ok(())
+        Ok(LayerTensors {
+            k: to_tensor(k)?,
+            v: to_tensor(v)?,
+        })
+    }
+}
+
+/// Appends little-endian f32s; bytes from the cache need not be 4-aligned.
+fn extend_f32(dst: &mut Vec<f32>, bytes: &[u8]) {
+    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(floats) => dst.extend_from_slice(floats),
+        Err(_) => dst.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
     }
 }

@@ -11,7 +11,7 @@ mod weights;
 
 pub use config::GemmaConfig;
 pub use forward::{BeforeLayer, argmax};
-pub use kv::KvCache;
+pub use kv::{KvCache, KvShape, LayerTensors};
 pub use locate::{GGUF_ENV, locate_gguf};
 pub use vocab::Vocab;
 pub use weights::GemmaWeights;

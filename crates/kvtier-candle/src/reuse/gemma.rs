@@ -10,7 +10,7 @@ use bytes::Bytes;
 use kvtier_core::{KvDtype, LayoutKey};
 
 use super::backend::{Backend, BoundLayout, Hit};
-use crate::gemma::{GemmaWeights, KvCache, argmax};
+use crate::gemma::{GemmaWeights, KvCache, LayerTensors, argmax};
 use crate::{Error, Result};
 
 /// Tokens per kvtier block, and the prefill chunk: a restored prefix is always a whole
@@ -235,18 +235,34 @@ impl GemmaRunner {
             }
             LoadMode::Layerwise => {
                 let layers = self.weights.config().num_layers;
-                let (tx, rx) = mpsc::sync_channel::<Result<(Vec<Bytes>, Duration)>>(layers);
+                type Arrival = Result<(LayerTensors, u64, Duration)>;
+                let (tx, rx) = mpsc::sync_channel::<Arrival>(layers);
                 let backend = self.backend.clone();
                 let layout = self.layout.clone();
                 let hit = hit.clone();
+                let shape = kv.shape();
+                // The loader fetches and converts each layer, so the compute thread only
+                // appends it: the fetch and the conversion overlap the layers before.
                 let loader = std::thread::Builder::new()
                     .name("kvtier-layer-load".into())
                     .spawn(move || {
                         for layer in 0..layers {
                             let t = Instant::now();
-                            let pages = backend.load(&layout, &hit, blocks, Some(layer as u32));
-                            let failed = pages.is_err();
-                            if tx.send(pages.map(|p| (p, t.elapsed()))).is_err() || failed {
+                            let arrival = backend
+                                .load(&layout, &hit, blocks, Some(layer as u32))
+                                .and_then(|pages| {
+                                    if pages.len() != blocks {
+                                        return Err(Error::Mismatch(format!(
+                                            "{} of {blocks} pages of layer {layer} arrived",
+                                            pages.len()
+                                        )));
+                                    }
+                                    let bytes = pages.iter().map(|p| p.len() as u64).sum();
+                                    let tensors = shape.layer_tensors(layer, &pages, tpb)?;
+                                    Ok((tensors, bytes, t.elapsed()))
+                                });
+                            let failed = arrival.is_err();
+                            if tx.send(arrival).is_err() || failed {
                                 return;
                             }
                         }
@@ -255,18 +271,12 @@ impl GemmaRunner {
                 let mut loaded = 0u64;
                 let mut load_time = Duration::ZERO;
                 let mut fill = |layer: usize, kv: &mut KvCache| -> Result<()> {
-                    let (pages, took) = rx
+                    let (tensors, bytes, took) = rx
                         .recv()
                         .map_err(|_| Error::Mismatch(format!("layer {layer} never arrived")))??;
-                    if pages.len() != blocks {
-                        return Err(Error::Mismatch(format!(
-                            "{} of {blocks} pages of layer {layer} arrived",
-                            pages.len()
-                        )));
-                    }
-                    loaded += pages.iter().map(|p| p.len() as u64).sum::<u64>();
+                    loaded += bytes;
                     load_time += took;
-                    kv.import_layer(layer, &pages, tpb)
+                    kv.append_layer(layer, tensors)
                 };
                 // The first chunk after the prefix pulls each layer in just before it
                 // needs it; later chunks find every layer filled.

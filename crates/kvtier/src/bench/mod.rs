@@ -86,6 +86,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             scale: 4,
         }
     };
+    if args.models {
+        rows_model::available()?;
+    }
     let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
     println!(
         "kvtier bench ({}) on {} cores; figures are medians of {} samples",

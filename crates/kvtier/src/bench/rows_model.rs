@@ -17,6 +17,18 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
 
 #[cfg(not(feature = "models"))]
 pub fn rows(_effort: Effort, _wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>> {
+    available().map(|()| Vec::new())
+}
+
+/// Whether this build can run the model rows; checked before any other row runs.
+#[cfg(feature = "models")]
+pub fn available() -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// Whether this build can run the model rows; checked before any other row runs.
+#[cfg(not(feature = "models"))]
+pub fn available() -> anyhow::Result<()> {
     anyhow::bail!(
         "the model rows need real models: `cargo run --release -p kvtier --features models -- bench --models`"
     )
