@@ -33,13 +33,14 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
         "--json",
         "--filter",
         "--ssd-dir",
+        "--models",
         "--recover-blocks",
     ] {
         assert!(text.contains(opt), "{opt} missing from:\n{text}");
     }
     assert_eq!(
         text.matches("Default:").count(),
-        5,
+        6,
         "every option names its default:\n{text}"
     );
     Ok(())
