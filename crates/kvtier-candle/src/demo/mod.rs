@@ -92,6 +92,12 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
         )));
         let cold = run_phase(model, none, false, &w)?;
         rows.push(summarize(name, "cold", &cold, &cold));
+        if let (DemoModel::Gemma(weights), Some(first)) = (model, cold.first()) {
+            println!(
+                "[{name}] conversation 0, turn 0 answered: {:?}",
+                weights.vocab().decode(&first.tokens)
+            );
+        }
 
         println!(
             "[{name}] RAM: embedded engine (RAM + SSD under {}), turns store their state",
