@@ -10,6 +10,8 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use kvtier_candle::gemma::{GemmaWeights, locate_gguf};
@@ -17,7 +19,6 @@ use kvtier_candle::prompts::{system_prompt, user_turn};
 use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, TurnReport};
 use kvtier_core::{Engine, KvDtype};
 use kvtier_server::config::Settings;
-use kvtier_server::units::ByteSize;
 
 /// Tokens decoded after each restore.
 const DECODE: usize = 32;
@@ -67,18 +68,7 @@ fn cold_turn_two() -> &'static TurnReport {
 fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
     assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
     assert_eq!(warm.logits.len(), DECODE);
-    for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
-        assert_eq!(a.len(), b.len());
-        let differing = a
-            .iter()
-            .zip(b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        assert_eq!(
-            differing, 0,
-            "step {step}: {differing} logits differ in their bits"
-        );
-    }
+    common::assert_logits_bit_identical(&warm.logits, &cold.logits);
 }
 
 fn embedded_runner() -> (Arc<Engine>, GemmaRunner) {
@@ -117,14 +107,7 @@ fn restore_from_ram_decodes_bit_identically_and_turn_two_hits() {
 /// Server (and embedded SSD) settings on `dir`: the SSD tier on, a small RAM, no
 /// free-space watermark (the test machine's disk may be nearly full).
 fn settings(dir: &std::path::Path) -> Settings {
-    let mut s = Settings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        ram: ByteSize(256 << 20),
-        ..Default::default()
-    };
-    s.ssd.min_free = ByteSize(0);
-    s
+    common::ssd_settings(dir, 256 << 20)
 }
 
 /// An engine with RAM and the SSD tier on `dir`, as `kvtier serve` builds it.

@@ -11,6 +11,8 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use kvtier_candle::mamba::{MambaModel, synthetic_config, write_synthetic};
@@ -18,7 +20,6 @@ use kvtier_candle::prompts::{system_prompt, user_turn};
 use kvtier_candle::reuse::{Backend, LocalServer, MambaRunner, MambaTurn};
 use kvtier_core::Engine;
 use kvtier_server::config::Settings;
-use kvtier_server::units::ByteSize;
 
 const DECODE: usize = 32;
 
@@ -68,21 +69,7 @@ fn cold() -> &'static (MambaTurn, MambaTurn) {
 fn assert_same_decode(warm: &MambaTurn, cold: &MambaTurn) {
     assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
     assert_eq!(warm.logits.len(), DECODE);
-    for (step, (a, b)) in warm.logits.iter().zip(&cold.logits).enumerate() {
-        assert!(
-            a.iter().all(|v| v.is_finite()),
-            "step {step}: non-finite logits"
-        );
-        let differing = a
-            .iter()
-            .zip(b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        assert_eq!(
-            differing, 0,
-            "step {step}: {differing} logits differ in their bits"
-        );
-    }
+    common::assert_logits_bit_identical(&warm.logits, &cold.logits);
 }
 
 /// Runs turn 1 then turn 2 (with turn 1's end as the hint) on `runner`.
@@ -122,14 +109,7 @@ fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
 const CHILD_DIR: &str = "KVTIER_TEST_MAMBA_TURN_ONE_DIR";
 
 fn ssd_settings(dir: &std::path::Path) -> Settings {
-    let mut s = Settings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        ram: ByteSize(64 << 20),
-        ..Default::default()
-    };
-    s.ssd.min_free = ByteSize(0);
-    s
+    common::ssd_settings(dir, 64 << 20)
 }
 
 /// Not a test: the first process of `turn_two_restores_from_ssd_after_a_process_restart`.

@@ -138,15 +138,12 @@ mod tests {
             let before = Placement::new(targets(n));
             let after = Placement::new(targets(n + 1));
             let new = &targets(n + 1)[n];
-            let mut moved = 0;
             for o in &objects {
                 let (a, b) = (before.pick(&o.to_le_bytes()).unwrap(), after.pick(&o.to_le_bytes()).unwrap());
                 if a != b {
                     prop_assert_eq!(b, new);
-                    moved += 1;
                 }
             }
-            prop_assert!(moved <= objects.len());
         }
 
         #[test]

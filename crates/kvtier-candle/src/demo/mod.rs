@@ -60,13 +60,29 @@ fn embedded(dir: &Path) -> Result<Arc<kvtier_core::Engine>> {
     Ok(app.engine.clone())
 }
 
-fn models(dir: &Path) -> Result<Vec<DemoModel>> {
-    let gguf = locate_gguf(true)?;
-    let gemma = GemmaWeights::load(&gguf, MAX_POSITIONS)?;
-    let mamba_path = dir.join("mamba-synthetic.safetensors");
-    write_synthetic(&synthetic_config(), MAMBA_SEED, &mamba_path)?;
-    let mamba = MambaModel::load(&mamba_path, synthetic_config())?;
-    Ok(vec![DemoModel::Gemma(gemma), DemoModel::Mamba(mamba)])
+/// The demo's models, in the order they run.
+const MODELS: [&str; 2] = ["gemma", "mamba"];
+
+/// Loads model `name`; the synthetic Mamba's weights are written under `dir` once and
+/// reused (the restarted process reads the same file).
+fn load_model(name: &str, dir: &Path) -> Result<DemoModel> {
+    match name {
+        "gemma" => Ok(DemoModel::Gemma(GemmaWeights::load(
+            &locate_gguf(true)?,
+            MAX_POSITIONS,
+        )?)),
+        "mamba" => {
+            let path = dir.join("mamba-synthetic.safetensors");
+            if !path.is_file() {
+                write_synthetic(&synthetic_config(), MAMBA_SEED, &path)?;
+            }
+            Ok(DemoModel::Mamba(MambaModel::load(
+                &path,
+                synthetic_config(),
+            )?))
+        }
+        other => Err(Error::Invalid(format!("no model {other}"))),
+    }
 }
 
 /// Runs the whole demo and prints the table.
@@ -82,10 +98,9 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
         "kvtier demo: {} conversations x {} turns behind one shared system prompt (~{} words), {} tokens decoded per turn",
         w.conversations, w.turns, w.system_words, w.decode
     );
-    let models = models(&opts.dir)?;
     let mut rows = Vec::new();
-    for model in &models {
-        let name = model.name();
+    for name in MODELS {
+        let model = &load_model(name, &opts.dir)?;
         println!("\n[{name}] cold: every turn computed from nothing");
         let none = Arc::new(Backend::Embedded(Arc::new(
             kvtier_core::Engine::builder().build()?,
@@ -187,10 +202,7 @@ pub fn run_restarted_phase(model: &str, store_dir: &Path, workload_json: &str) -
     let dir = store_dir
         .parent()
         .ok_or_else(|| Error::Invalid("the store directory has no parent".into()))?;
-    let model = models(dir)?
-        .into_iter()
-        .find(|m| m.name() == model)
-        .ok_or_else(|| Error::Invalid(format!("no model {model}")))?;
+    let model = load_model(model, dir)?;
     let engine = embedded(store_dir)?;
     let turns = run_phase(
         &model,

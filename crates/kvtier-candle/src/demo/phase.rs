@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::workload::{Bytes as ByteText, GemmaText, Workload, next_prompt};
+use super::workload::{Bytes as ByteText, Encoder, GemmaText, Workload, next_prompt};
 use crate::Result;
 use crate::gemma::GemmaWeights;
 use crate::mamba::MambaModel;
@@ -58,70 +58,80 @@ pub fn run_phase(
     store: bool,
     w: &Workload,
 ) -> Result<Vec<TurnResult>> {
-    let mut out = Vec::new();
     match model {
         DemoModel::Gemma(weights) => {
             let mut runner = GemmaRunner::new(weights.clone(), backend)?;
             runner.store = store;
-            let enc = GemmaText(weights);
-            for c in 0..w.conversations {
-                let mut previous: Option<(Vec<u32>, Vec<u32>)> = None;
-                for t in 0..w.turns {
-                    let prompt = next_prompt(
-                        &enc,
-                        w,
-                        c,
-                        t,
-                        previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())),
-                    );
-                    let r = runner.run_turn(&prompt, w.decode)?;
-                    out.push(TurnResult {
-                        conversation: c,
-                        turn: t,
-                        prompt_tokens: prompt.len(),
-                        reused_tokens: r.reused_tokens,
-                        ttft_ms: r.ttft.as_secs_f64() * 1e3,
-                        bytes_loaded: r.bytes_loaded,
-                        bytes_stored: r.bytes_stored,
-                        tokens: r.tokens.clone(),
-                    });
-                    previous = Some((prompt, r.tokens));
-                }
-            }
+            each_turn(w, &GemmaText(weights), |prompt, _| {
+                let r = runner.run_turn(prompt, w.decode)?;
+                Ok(Outcome {
+                    reused_tokens: r.reused_tokens,
+                    ttft: r.ttft,
+                    bytes_loaded: r.bytes_loaded,
+                    bytes_stored: r.bytes_stored,
+                    tokens: r.tokens,
+                })
+            })
         }
         DemoModel::Mamba(m) => {
             let mut runner = MambaRunner::new(m.clone(), backend)?;
             runner.store = store;
-            for c in 0..w.conversations {
-                let mut previous: Option<(Vec<u32>, Vec<u32>)> = None;
-                for t in 0..w.turns {
-                    let prompt = next_prompt(
-                        &ByteText,
-                        w,
-                        c,
-                        t,
-                        previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())),
-                    );
-                    // The previous turn's snapshot covers its prompt and all but its last
-                    // decoded token; the shared system prompt has none (no turn ends there).
-                    let hints: Vec<usize> = previous
-                        .iter()
-                        .map(|(p, _)| p.len() + w.decode - 1)
-                        .collect();
-                    let r = runner.run_turn(&prompt, w.decode, &hints)?;
-                    out.push(TurnResult {
-                        conversation: c,
-                        turn: t,
-                        prompt_tokens: prompt.len(),
-                        reused_tokens: r.reused_tokens,
-                        ttft_ms: r.ttft.as_secs_f64() * 1e3,
-                        bytes_loaded: r.bytes_loaded,
-                        bytes_stored: r.bytes_stored,
-                        tokens: r.tokens.clone(),
-                    });
-                    previous = Some((prompt, r.tokens));
-                }
-            }
+            each_turn(w, &ByteText, |prompt, previous| {
+                // The previous turn's snapshot covers its prompt and all but its last
+                // decoded token; the shared system prompt has none (no turn ends there).
+                let hints: Vec<usize> = previous.iter().map(|p| p.len() + w.decode - 1).collect();
+                let r = runner.run_turn(prompt, w.decode, &hints)?;
+                Ok(Outcome {
+                    reused_tokens: r.reused_tokens,
+                    ttft: r.ttft,
+                    bytes_loaded: r.bytes_loaded,
+                    bytes_stored: r.bytes_stored,
+                    tokens: r.tokens,
+                })
+            })
+        }
+    }
+}
+
+/// What a model's turn reports back to the workload loop.
+struct Outcome {
+    reused_tokens: usize,
+    ttft: std::time::Duration,
+    bytes_loaded: u64,
+    bytes_stored: u64,
+    tokens: Vec<u32>,
+}
+
+/// Runs every turn of every conversation through `run(prompt, previous prompt)`; each
+/// prompt extends the previous one with its answer and a new question.
+fn each_turn(
+    w: &Workload,
+    enc: &dyn Encoder,
+    mut run: impl FnMut(&[u32], Option<&[u32]>) -> Result<Outcome>,
+) -> Result<Vec<TurnResult>> {
+    let mut out = Vec::new();
+    for c in 0..w.conversations {
+        let mut previous: Option<(Vec<u32>, Vec<u32>)> = None;
+        for t in 0..w.turns {
+            let prompt = next_prompt(
+                enc,
+                w,
+                c,
+                t,
+                previous.as_ref().map(|(p, a)| (p.as_slice(), a.as_slice())),
+            );
+            let o = run(&prompt, previous.as_ref().map(|(p, _)| p.as_slice()))?;
+            out.push(TurnResult {
+                conversation: c,
+                turn: t,
+                prompt_tokens: prompt.len(),
+                reused_tokens: o.reused_tokens,
+                ttft_ms: o.ttft.as_secs_f64() * 1e3,
+                bytes_loaded: o.bytes_loaded,
+                bytes_stored: o.bytes_stored,
+                tokens: o.tokens.clone(),
+            });
+            previous = Some((prompt, o.tokens));
         }
     }
     Ok(out)

@@ -67,20 +67,11 @@ mod tests {
         let q5 = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
         let q8 = widen_q5_0(QTensor::quantize(&t, GgmlDType::Q5_0).unwrap()).unwrap();
         assert_eq!(q8.dtype(), GgmlDType::Q8_0);
-        let a = q5
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        let b = q8
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let values = |q: &QTensor| {
+            let t = q.dequantize(&Device::Cpu).unwrap();
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        let (a, b) = (values(&q5), values(&q8));
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(x.to_bits(), y.to_bits(), "{x} vs {y}");
