@@ -21,6 +21,10 @@ enum Command {
     /// Prometheus metrics, health and the admin control plane (docs/API.md). Settings come
     /// from defaults, then --config FILE, then environment variables and flags.
     Serve(Box<kvtier_server::ServeArgs>),
+    /// Serve an S3-compatible object store (kvtier's shared data plane) from a local
+    /// directory: buckets, PUT/GET with ranges, listings, multipart, SigV4
+    /// (docs/gateway.md). Prints `listening on http://ADDR`; stops on SIGINT/SIGTERM.
+    Gateway(kvtier_gateway::cli::GatewayArgs),
     /// Measure kvtier against the machine's physical baselines (memcpy, a plain hash, a plain
     /// hash map) in the same run, and print every figure beside its baseline and the ratio.
     Bench(BenchArgs),
@@ -80,6 +84,10 @@ pub struct BenchArgs {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&args),
+        Command::Gateway(args) => {
+            crate::logging::init();
+            kvtier_gateway::cli::run(&args).map_err(anyhow::Error::msg)
+        }
         Command::Bench(args) => crate::bench::run(&args),
         Command::Demo(args) => crate::demo::run(&args),
         Command::DemoRestarted(args) => crate::demo::run_restarted(&args),

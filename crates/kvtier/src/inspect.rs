@@ -27,6 +27,8 @@ pub struct InspectArgs {
 struct Namespace {
     blocks: u64,
     snapshots: u64,
+    /// Records of `kvtier gateway` (objects, buckets, parts): counted, not listed.
+    gateway_records: u64,
     bytes: u64,
     oldest_ms: Option<u64>,
     newest_ms: Option<u64>,
@@ -62,6 +64,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         match r.header.kind {
             Kind::Block => ns.blocks += 1,
             Kind::Snapshot => ns.snapshots += 1,
+            Kind::Object => ns.gateway_records += 1,
         }
         ns.bytes += r.header.payload_len;
         ns.oldest_ms = Some(
@@ -126,6 +129,10 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
                 String::new()
             }
         );
+    }
+    let gateway: u64 = spaces.values().map(|ns| ns.gateway_records).sum();
+    if gateway > 0 {
+        println!("{gateway} records of kvtier gateway (objects, buckets, upload parts)");
     }
     if args.verify {
         println!(

@@ -4,7 +4,7 @@
 //! offset  size  field (little-endian)
 //!      0     4  magic "KVTR"
 //!      4     2  format version (1)
-//!      6     1  kind: 1 block, 2 snapshot
+//!      6     1  kind: 1 block, 2 snapshot, 3 gateway object
 //!      7     1  flags: bit 0 = has extra-key tag
 //!      8    16  layout digest
 //!     24    32  key: block hash (16 bytes, then 16 zero bytes) or snapshot key (32 bytes)
@@ -44,6 +44,10 @@ pub enum Kind {
     Block = 1,
     /// A recurrent-state snapshot.
     Snapshot = 2,
+    /// An entry of `kvtier gateway` (an S3 object, a bucket, an upload part): its own
+    /// description is at the end of the payload (see kvtier-gateway). The SSD tier skips
+    /// these records.
+    Object = 3,
 }
 
 /// A decoded record header (with the tokens and chunk checksums that follow it).
@@ -178,6 +182,7 @@ impl RecordHeader {
         let kind = match fixed[6] {
             1 => Kind::Block,
             2 => Kind::Snapshot,
+            3 => Kind::Object,
             _ => return Err(DecodeError::Invalid("kind")),
         };
         let token_count = u32_at(76) as u64;

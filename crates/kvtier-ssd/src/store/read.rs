@@ -58,6 +58,41 @@ impl SegmentStore {
             reader.part(range)
         }
     }
+
+    /// Reads bytes `range` of the record at `loc` in one positioned read, trusting
+    /// `header` — the record's header as recovered or as written, kept by the caller —
+    /// instead of reading it again; every chunk the range touches is still checked
+    /// against the header's checksums. For callers that keep headers in memory (the
+    /// gateway), so a ranged read is a single `pread`.
+    pub fn read_known(
+        &self,
+        loc: &Loc,
+        header: &RecordHeader,
+        range: Range<u64>,
+    ) -> Result<Bytes, ReadFault> {
+        let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
+            return Err(ReadFault::Corrupt(format!(
+                "segment {} is gone",
+                loc.segment
+            )));
+        };
+        if range.start >= range.end
+            || range.end > loc.payload_len
+            || header.payload_len != loc.payload_len
+        {
+            return Err(ReadFault::Io(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of a {}-byte payload",
+                range.start, range.end, loc.payload_len
+            ))));
+        }
+        let reader = Reader {
+            store: self,
+            seg: &seg,
+            loc,
+            key: &header.key,
+        };
+        reader.span(header, range)
+    }
 }
 
 /// One read of one record.
@@ -157,6 +192,13 @@ impl Reader<'_> {
             .map_err(|e| self.io(e))?;
         let header = self.header(&meta)?;
         drop(meta);
+        self.span(&header, range)
+    }
+
+    /// The chunks covering `range` in one positioned read, each checked against `header`'s
+    /// checksum table.
+    fn span(&self, header: &RecordHeader, range: Range<u64>) -> Result<Bytes, ReadFault> {
+        let loc = self.loc;
         let chunk = 1u64 << header.chunk_log2;
         let first = range.start / chunk;
         let last = (range.end - 1) / chunk;
@@ -177,7 +219,7 @@ impl Reader<'_> {
         for c in first..=last {
             let lo = (c * chunk - span_start) as usize;
             let hi = (((c + 1) * chunk).min(loc.payload_len) - span_start) as usize;
-            self.verify(&header, c as usize, &data[lo..hi])?;
+            self.verify(header, c as usize, &data[lo..hi])?;
         }
         Ok(data.slice((range.start - span_start) as usize..(range.end - span_start) as usize))
     }

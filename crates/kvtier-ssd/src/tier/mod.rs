@@ -159,6 +159,11 @@ impl SsdTier {
         let wall_now = wall_ms();
         let mut snapshot_map = HashMap::new();
         for mut r in recovered {
+            if r.header.kind == Kind::Object {
+                // A gateway's directory: not blocks, never served as such.
+                tracing::warn!(dir = %config.dir.display(), "skipping a kvtier gateway record in an SSD tier directory");
+                continue;
+            }
             if r.header.kind == Kind::Snapshot {
                 *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
                 let age_ns = wall_now
