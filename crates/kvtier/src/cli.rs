@@ -74,10 +74,23 @@ pub struct BenchArgs {
     #[arg(long)]
     pub models: bool,
 
+    /// `kvtier bench s3 --endpoint URL --bucket B`: load any S3 endpoint instead.
+    #[command(subcommand)]
+    pub target: Option<BenchTarget>,
+
     /// Blocks in the store the recovery row reopens (8 KiB of disk each).
     /// Default: 25,000 with --quick, 100,000 otherwise; the 1M row extrapolates from it.
     #[arg(long, value_name = "N")]
     pub recover_blocks: Option<usize>,
+}
+
+/// What `kvtier bench` measures instead of its own rows.
+#[derive(Debug, Subcommand)]
+pub enum BenchTarget {
+    /// Stress an S3 endpoint (seed 001 §15): preload objects with PUT, then ranged GETs
+    /// of their leading bytes from C concurrent clients for a bounded count; prints
+    /// p50/p99 latency, ops/s and the clients' CPU.
+    S3(crate::bench::S3BenchArgs),
 }
 
 /// Runs the parsed command.

@@ -49,7 +49,7 @@ fn token(is_prefix: bool, name: &str) -> String {
 
 /// Decodes a token; `None` when it is not one of ours.
 pub fn decode_token(token: &str) -> Option<(bool, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let raw: Option<Vec<u8>> = (0..token.len() / 2)

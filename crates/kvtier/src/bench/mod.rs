@@ -11,6 +11,9 @@ mod rows_ram;
 mod rows_server;
 mod rows_snapshot;
 mod rows_ssd;
+mod s3;
+
+pub use s3::S3BenchArgs;
 
 use std::io::Write;
 
@@ -75,6 +78,9 @@ pub struct Effort {
 
 /// Runs the bench and prints the table (and writes JSON if asked).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(crate::cli::BenchTarget::S3(s3_args)) = &args.target {
+        return s3::run_cli(s3_args);
+    }
     let effort = if args.quick {
         Effort {
             samples: 5,
@@ -96,12 +102,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 5] = [
+    let groups: [(&str, RowGroup); 6] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
         ("server", rows_server::rows),
+        ("s3", s3::rows),
     ];
     let mut rows = Vec::new();
     let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| {
