@@ -220,6 +220,10 @@ pub struct EngineStats {
     pub ssd: Option<TierStats>,
     /// The persistent tier's write-behind queue, when one is attached.
     pub writer: Option<crate::tier::writer::WriterStats>,
+    /// The remote tier's counters, if one is attached.
+    pub remote: Option<TierStats>,
+    /// Its write-behind queue's counters.
+    pub remote_writer: Option<crate::tier::writer::WriterStats>,
     /// Blocks read from the persistent tier and promoted into RAM.
     pub promotions: u64,
     /// Blocks read ahead from the persistent tier after a lookup and promoted into RAM.
@@ -250,6 +254,17 @@ impl EngineStats {
         }
         if let Some(writer) = &self.writer {
             out.extend(writer.counters());
+        }
+        if let Some(remote) = &self.remote {
+            out.extend(remote.counters("remote"));
+        }
+        if let Some(writer) = &self.remote_writer {
+            out.extend(
+                writer
+                    .counters()
+                    .into_iter()
+                    .map(|(n, v)| (format!("remote_{n}"), v)),
+            );
         }
         out.push(("engine_promotions_ssd_to_ram".into(), self.promotions));
         out.push(("engine_prefetched_blocks".into(), self.prefetched));

@@ -1,7 +1,15 @@
-//! kvtier-remote: the shared object-storage tier (issue 6, in progress).
+//! kvtier-remote: the shared object-storage tier, over any S3-compatible endpoint (AWS S3,
+//! MinIO, Ceph RGW, Garage, `kvtier gateway`).
 //!
-//! So far: [`placement`], which decides the endpoint and bucket of every object by
-//! rendezvous hashing (seed 001 §4.3). The object layout and the tier itself are planned in
-//! `docs/adr/0009-remote-tier-and-gateway.md`.
+//! - [`object`]: the object layout — run objects whose any block-aligned prefix is one
+//!   byte range, and their manifests (docs/remote-tier.md).
+//! - [`placement`]: which endpoint and bucket an object lives on (rendezvous hashing).
+//! - [`RemoteTier`]: the tier, behind kvtier-core's `Tier` trait.
 
+mod config;
+pub mod object;
 pub mod placement;
+mod tier;
+
+pub use config::{Endpoint, RemoteConfig};
+pub use tier::RemoteTier;

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::Engine;
-use super::lower::{EngineSink, Lower, Movement, PersistConfig, PersistMode, TierOpener};
+use super::lower::{
+    EngineSink, Lower, Movement, PersistConfig, PersistMode, RemoteAttach, TierOpener,
+};
 use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -46,6 +48,7 @@ pub struct EngineBuilder {
     snapshot_set: bool,
     clock: Option<Arc<dyn Clock>>,
     persistent: Option<(PersistConfig, TierOpener)>,
+    remote: Option<(RemoteAttach, TierOpener)>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -103,6 +106,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Attaches a shared remote tier below the persistent one (default: none). Every new
+    /// block is written to it through its own write-behind queue; loads read what RAM and
+    /// the persistent tier do not hold from it, a run of consecutive blocks at a time, and
+    /// promote the hits as `attach` says. `open` is called during `build`.
+    pub fn remote_tier(
+        mut self,
+        attach: RemoteAttach,
+        open: impl FnOnce(Arc<dyn ResidencySink>) -> Result<Arc<dyn Tier>> + Send + 'static,
+    ) -> Self {
+        self.remote = Some((attach, Box::new(open)));
+        self
+    }
+
     /// Validates the settings and builds the engine.
     pub fn build(self) -> Result<Engine> {
         let mut config = self.config;
@@ -146,6 +162,18 @@ impl EngineBuilder {
                 Some(lower)
             }
         };
+        let remote = match self.remote {
+            None => None,
+            Some((attach, open)) => {
+                let persist = PersistConfig {
+                    mode: PersistMode::WriteThrough,
+                    promote_on_hit: attach.promote_to_ram,
+                    prefetch: false,
+                    writer: attach.writer,
+                };
+                Some((open_lower(&sink, persist, open)?.0, attach))
+            }
+        };
         let lower = Arc::new(RwLock::new(lower));
         let prefetcher = super::prefetch::Prefetcher::start(super::prefetch::Shared {
             ram: ram.clone(),
@@ -166,6 +194,7 @@ impl EngineBuilder {
             snapshots,
             budget,
             lower,
+            remote,
             admission: RwLock::new(()),
             sink,
             prefetcher,

@@ -57,6 +57,34 @@ impl Default for PersistConfig {
     }
 }
 
+/// How the engine uses its remote tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAttach {
+    /// The write-behind queue in front of the remote tier (default: 512 blocks, a full
+    /// queue drops).
+    pub writer: WriterConfig,
+    /// Copy a remote hit into RAM (default on).
+    pub promote_to_ram: bool,
+    /// Also queue a remote hit for the persistent tier, so the next restart finds it
+    /// locally (default on).
+    pub promote_to_ssd: bool,
+}
+
+impl Default for RemoteAttach {
+    fn default() -> Self {
+        Self {
+            // A full queue drops (counted) rather than writing on the caller's thread: a
+            // slow endpoint must never stall a store.
+            writer: WriterConfig {
+                overflow: crate::tier::writer::Overflow::Drop,
+                ..WriterConfig::default()
+            },
+            promote_to_ram: true,
+            promote_to_ssd: true,
+        }
+    }
+}
+
 /// Opens the persistent tier, given the sink it must report residency to.
 pub type TierOpener =
     Box<dyn FnOnce(Arc<dyn ResidencySink>) -> crate::Result<Arc<dyn Tier>> + Send>;

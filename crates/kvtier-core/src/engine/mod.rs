@@ -28,7 +28,7 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
-pub use lower::{PersistConfig, PersistMode, TierOpener};
+pub use lower::{PersistConfig, PersistMode, RemoteAttach, TierOpener};
 
 pub use store::StoreReport;
 
@@ -76,6 +76,8 @@ pub struct Engine {
     budget: Arc<MemoryBudget>,
     /// The persistent tier; swapped by [`Engine::reattach_persistent`].
     lower: Arc<RwLock<Option<Arc<lower::Lower>>>>,
+    /// The shared remote tier below it, if any (fixed for the engine's life).
+    remote: Option<(Arc<lower::Lower>, RemoteAttach)>,
     /// Stores and snapshot puts hold it shared; a reattach holds it exclusively, so an
     /// admission either lands before the swap (and is drained into the old tier) or
     /// waits for the new tier — none is acknowledged into the gap between them.
@@ -176,16 +178,76 @@ impl Engine {
     }
 
     /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
-    /// RAM is tried first (a block may have been promoted since the lookup); a block read
-    /// from the persistent tier is promoted into RAM when so configured.
+    /// RAM is tried first (a block may have been promoted since the lookup), then the
+    /// persistent tier, then the remote tier for the whole run of following blocks
+    /// neither holds (one request for the run). A block read from a lower tier is
+    /// promoted as configured.
     pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
-        self.load_with(refs, |r| match self.ram.get(&r.hash)? {
-            Some(b) => {
+        let mut blocks = Vec::with_capacity(refs.len());
+        let mut i = 0;
+        while i < refs.len() {
+            let r = &refs[i];
+            if let Some(b) = self.ram.get(&r.hash)? {
                 self.prefetcher.note_ram_hit(&r.hash);
-                Ok(Some(b))
+                blocks.push(b);
+                i += 1;
+                continue;
             }
-            None => self.load_lower(&r.hash),
-        })
+            if let Some(b) = self.load_lower(&r.hash)? {
+                blocks.push(b);
+                i += 1;
+                continue;
+            }
+            let Some((remote, attach)) = &self.remote else {
+                break;
+            };
+            let lower = self.lower();
+            let local = |h: &crate::hash::BlockHash| {
+                self.ram.contains(h) || lower.as_ref().is_some_and(|l| l.tier.contains(h))
+            };
+            let end = (i + 1..refs.len())
+                .find(|&j| local(&refs[j].hash))
+                .unwrap_or(refs.len());
+            let hashes: Vec<crate::hash::BlockHash> = refs[i..end].iter().map(|r| r.hash).collect();
+            let got = remote.tier.get_run(&hashes)?;
+            let n = got.len();
+            for (k, b) in got.into_iter().enumerate() {
+                self.promote_remote(&hashes[k], &b, attach, lower.as_deref());
+                blocks.push(b);
+            }
+            if n < hashes.len() {
+                break;
+            }
+            i = end;
+        }
+        let complete = blocks.len() == refs.len();
+        Ok(Loaded { blocks, complete })
+    }
+
+    /// Copies a remote hit into RAM and queues it for the persistent tier, as configured.
+    fn promote_remote(
+        &self,
+        hash: &crate::hash::BlockHash,
+        bytes: &Bytes,
+        attach: &RemoteAttach,
+        lower: Option<&lower::Lower>,
+    ) {
+        let Some(meta) = self.index.meta_of(hash) else {
+            return;
+        };
+        if attach.promote_to_ram
+            && self.ram.put(&meta, bytes.clone()).ok() == Some(crate::tier::PutOutcome::Stored)
+        {
+            self.movement
+                .promotions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if attach.promote_to_ssd
+            && let Some(lower) = lower
+            && !lower.tier.contains(hash)
+        {
+            lower.writer.enqueue(meta, bytes.clone());
+        }
     }
 
     fn load_lower(&self, hash: &crate::hash::BlockHash) -> Result<Option<Bytes>> {
@@ -215,6 +277,12 @@ impl Engine {
     /// (within `timeout`). Returns the writer's report, or `None` without a persistent
     /// tier. The engine keeps serving reads afterwards; stores reach RAM only.
     pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
+        if let Some((remote, _)) = &self.remote {
+            let report = remote.writer.stop(timeout);
+            if !report.clean {
+                tracing::warn!(left = report.left_in_queue, "the remote tier's queue did not drain before the deadline");
+            }
+        }
         let lower = self.lower()?;
         let report = lower.writer.stop(timeout);
         if let Err(e) = lower.tier.record_shutdown(report.clean) {
@@ -232,7 +300,16 @@ impl Engine {
     /// Waits until every block queued for the persistent tier is written (or `timeout`
     /// passes). Returns whether it drained; `true` without a persistent tier.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
-        self.lower().is_none_or(|l| l.writer.flush(timeout))
+        let deadline = std::time::Instant::now() + timeout;
+        let local = self.lower().is_none_or(|l| l.writer.flush(timeout));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let remote = self.remote.as_ref().is_none_or(|(r, _)| r.writer.flush(left));
+        local && remote
+    }
+
+    /// The remote tier, if one is attached.
+    pub fn remote(&self) -> Option<Arc<dyn Tier>> {
+        self.remote.as_ref().map(|(r, _)| r.tier.clone())
     }
 
     /// Swaps the persistent tier on a running engine (seed 000's quiesce → detach →
@@ -351,6 +428,11 @@ impl Engine {
         match (self.lower(), kind) {
             (_, TierKind::Ram) => Ok(self.ram.clone()),
             (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.clone()),
+            (_, TierKind::Remote) if self.remote.is_some() => {
+                Ok(self.remote.as_ref().map(|(r, _)| r.tier.clone()).ok_or_else(|| {
+                    Error::new(crate::ErrorKind::Unavailable, "the remote tier is not attached")
+                })?)
+            }
             (_, other) => Err(Error::new(
                 crate::ErrorKind::Unavailable,
                 format!("the {} tier is not attached", other.name()),
@@ -441,6 +523,8 @@ impl Engine {
             ram,
             ssd: lower.map(|(t, _)| t),
             writer: lower.map(|(_, w)| w),
+            remote: self.remote.as_ref().map(|(r, _)| r.tier.stats()),
+            remote_writer: self.remote.as_ref().map(|(r, _)| r.writer.stats()),
             promotions: get(&m.promotions),
             prefetched: get(&self.prefetcher.counters.prefetched),
             prefetch_used: get(&self.prefetcher.counters.used),

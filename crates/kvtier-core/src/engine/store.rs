@@ -5,7 +5,7 @@ use super::PersistMode;
 use crate::error::{Error, Result};
 use crate::index::Prompt;
 use crate::tier::writer::Enqueued;
-use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, TierKind, copy_payload};
+use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, copy_payload};
 
 /// What a store did, block by block from the start of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,24 +57,29 @@ impl Engine {
         let write_through = lower
             .as_ref()
             .filter(|l| l.config.mode == PersistMode::WriteThrough);
+        let remote = self.remote.as_ref().map(|(r, _)| r);
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
-            let held_lower =
-                lower.is_some() && self.index.tiers_of(&hash) & !TierKind::Ram.bit() != 0;
-            // Held where it needs to be: refresh it, copy nothing.
+            let held_lower = lower
+                .as_ref()
+                .is_some_and(|l| self.index.tiers_of(&hash) & l.tier.kind().bit() != 0);
+            // The shared tier gets every block it neither holds nor has queued.
+            let to_remote =
+                remote.filter(|r| !r.tier.contains(&hash) && !r.writer.is_pending(&hash));
+            // Held where it needs to be: refresh it, copy nothing (but for the remote
+            // tier, when it lacks the block).
             if (held_lower || write_through.is_none()) && self.ram.touch(&hash) {
+                if let Some(r) = to_remote {
+                    r.writer.enqueue(block_meta(prompt, i), copy_payload(payload));
+                }
                 report.duplicates += 1;
                 continue;
             }
-            let meta = BlockMeta {
-                layout: layout.digest(),
-                hash,
-                parent: prompt.parent_of(i),
-                position: i as u32,
-                tokens: prompt.block_tokens(i).into(),
-                extra_tag: prompt.extra_tag(i),
-            };
+            let meta = block_meta(prompt, i);
             let bytes = copy_payload(payload);
+            if let Some(r) = to_remote {
+                r.writer.enqueue(meta.clone(), bytes.clone());
+            }
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // The persistent tier gets every block it does not hold yet in write-through
             // mode, and in either mode a block RAM refused (a chain longer than RAM, or a
@@ -100,5 +105,17 @@ impl Engine {
             }
         }
         Ok(report)
+    }
+}
+
+/// The description of block `i` of `prompt`.
+fn block_meta(prompt: &Prompt, i: usize) -> BlockMeta {
+    BlockMeta {
+        layout: prompt.layout().digest(),
+        hash: prompt.hashes()[i],
+        parent: prompt.parent_of(i),
+        position: i as u32,
+        tokens: prompt.block_tokens(i).into(),
+        extra_tag: prompt.extra_tag(i),
     }
 }

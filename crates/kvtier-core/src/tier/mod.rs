@@ -181,6 +181,30 @@ pub trait Tier: Send + Sync + Debug + 'static {
     /// that fail verification). A hit refreshes the block's recency.
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>>;
 
+    /// Admits several blocks at once, in order; one outcome per item. A tier that writes
+    /// better in batches (the remote tier packs consecutive blocks of a chain into one
+    /// object) overrides it; the default puts them one by one.
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+        items
+            .iter()
+            .map(|(meta, payload)| self.put(meta, payload.clone()))
+            .collect()
+    }
+
+    /// The payloads of the leading blocks of `hashes` the tier holds, in order, stopping
+    /// at the first it does not. A tier that reads runs in one request (the remote tier:
+    /// one ranged GET) overrides it; the default gets them one by one.
+    fn get_run(&self, hashes: &[BlockHash]) -> Result<Vec<Bytes>> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for h in hashes {
+            match self.get(h)? {
+                Some(b) => out.push(b),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// Bytes `range` of `hash`'s payload — one layer's page, say — without reading the rest.
     /// `None` when the block is not held; an [`crate::ErrorKind::Invalid`] error when the
     /// range is empty or reaches past the payload.

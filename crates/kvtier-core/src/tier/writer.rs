@@ -207,9 +207,23 @@ impl Shared {
         }
     }
 
+    fn write_many(&self, batch: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome, ()>> {
+        let outcomes = self.target.put_many(batch);
+        batch
+            .iter()
+            .zip(outcomes)
+            .map(|((meta, _), o)| self.count(meta, o))
+            .collect()
+    }
+
     fn write(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome, ()> {
+        let outcome = self.target.put(meta, payload);
+        self.count(meta, outcome)
+    }
+
+    fn count(&self, meta: &BlockMeta, outcome: crate::Result<PutOutcome>) -> Result<PutOutcome, ()> {
         let c = &self.counters;
-        match self.target.put(meta, payload) {
+        match outcome {
             Ok(PutOutcome::Stored) => {
                 c.saved.fetch_add(1, Ordering::Relaxed);
                 Ok(PutOutcome::Stored)
@@ -506,30 +520,35 @@ impl Drop for WriteBehind {
     }
 }
 
+/// Most blocks the worker hands the tier in one call.
+const BATCH: usize = 64;
+
 fn run(s: &Shared, rx: &Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+    let mut next: Option<Job> = None;
+    loop {
+        let job = match next.take() {
+            Some(j) => j,
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+        };
         match job {
             Job::Put(meta, payload) => {
-                // A panic inside a tier must not leave `stop` waiting forever.
-                let hash = meta.hash;
-                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    s.write(&meta, payload)
-                }));
-                let kept = match written {
-                    Ok(Ok(PutOutcome::Stored | PutOutcome::Duplicate)) => true,
-                    Ok(_) => false,
-                    Err(_) => {
-                        s.counters.failed.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(block = %hash, "a tier panicked while writing; the block is lost");
-                        false
+                // Whatever else is queued already goes with it, so a tier that writes in
+                // batches sees a prompt's blocks together (never waiting for more).
+                let mut batch = vec![(meta, payload)];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(Job::Put(m, p)) => batch.push((m, p)),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
                     }
-                };
-                if !kept {
-                    s.report_lost(&meta);
                 }
-                s.pending.lock().remove(&hash);
-                let _life = s.life.lock();
-                s.changed.notify_all();
+                write_batch(s, batch);
             }
             Job::Snapshot(key, layout, blob) => {
                 s.write_snapshot(&key, layout, &blob);
@@ -541,5 +560,38 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
     }
     let mut life = s.life.lock();
     life.worker_done = true;
+    s.changed.notify_all();
+}
+
+fn write_batch(s: &Shared, batch: Vec<(BlockMeta, Bytes)>) {
+    // A panic inside a tier must not leave `stop` waiting forever.
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if batch.len() == 1 {
+            vec![s.write(&batch[0].0, batch[0].1.clone())]
+        } else {
+            s.write_many(&batch)
+        }
+    }));
+    let outcomes: Vec<Result<PutOutcome, ()>> = match written {
+        Ok(o) => o,
+        Err(_) => {
+            s.counters
+                .failed
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            tracing::error!(blocks = batch.len(), "a tier panicked while writing; the blocks are lost");
+            vec![Err(()); batch.len()]
+        }
+    };
+    for (i, (meta, _)) in batch.iter().enumerate() {
+        let kept = matches!(
+            outcomes.get(i),
+            Some(Ok(PutOutcome::Stored | PutOutcome::Duplicate))
+        );
+        if !kept {
+            s.report_lost(meta);
+        }
+        s.pending.lock().remove(&meta.hash);
+    }
+    let _life = s.life.lock();
     s.changed.notify_all();
 }

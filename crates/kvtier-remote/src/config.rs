@@ -1,0 +1,76 @@
+//! Settings of the remote tier.
+
+use std::time::Duration;
+
+/// One S3-compatible place to keep objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `http://host:port` or `https://host:port` (AWS: `https://s3.REGION.amazonaws.com`).
+    pub url: String,
+    /// The bucket.
+    pub bucket: String,
+    /// Region for the signature (default `us-east-1`).
+    pub region: String,
+    /// Access key; `None` takes `AWS_ACCESS_KEY_ID` from the environment.
+    pub access_key: Option<String>,
+    /// Secret key; `None` takes `AWS_SECRET_ACCESS_KEY` from the environment.
+    pub secret_key: Option<String>,
+    /// Send requests unsigned (a gateway in `--auth none` mode).
+    pub unsigned: bool,
+}
+
+impl Endpoint {
+    /// `bucket` at `url`, region `us-east-1`, credentials from the environment.
+    pub fn new(url: impl Into<String>, bucket: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            bucket: bucket.into(),
+            region: "us-east-1".into(),
+            access_key: None,
+            secret_key: None,
+            unsigned: false,
+        }
+    }
+
+    /// With these credentials.
+    pub fn with_credentials(mut self, access_key: &str, secret_key: &str) -> Self {
+        self.access_key = Some(access_key.into());
+        self.secret_key = Some(secret_key.into());
+        self
+    }
+
+    /// The placement identity: URL and bucket.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.url.trim_end_matches('/'), self.bucket)
+    }
+}
+
+/// Settings of a [`crate::RemoteTier`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Where objects go, by rendezvous hashing of their names (at least one).
+    pub endpoints: Vec<Endpoint>,
+    /// Name prefix of every object (default `kv`); tiers with other prefixes never see
+    /// each other's objects.
+    pub prefix: String,
+    /// Longest time one tier call may take, retries included (default 2 s). Past it the
+    /// call is a miss (a load) or a failed write (counted); nothing waits longer.
+    pub deadline: Duration,
+    /// Retries of a failed request (5xx, reset, timeout) within the deadline (default 3).
+    pub retries: usize,
+    /// Most blocks in one run object (default 1,024).
+    pub max_run_blocks: usize,
+}
+
+impl RemoteConfig {
+    /// Defaults over `endpoints`.
+    pub fn new(endpoints: Vec<Endpoint>) -> Self {
+        Self {
+            endpoints,
+            prefix: "kv".into(),
+            deadline: Duration::from_secs(2),
+            retries: 3,
+            max_run_blocks: 1024,
+        }
+    }
+}

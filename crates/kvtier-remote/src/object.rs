@@ -1,0 +1,181 @@
+//! The object layout of the remote tier (docs/remote-tier.md).
+//!
+//! A **run object** holds the payloads of consecutive blocks of one chain, back to back in
+//! chain order, nothing between them: block `i` of the object is bytes
+//! `[i·B, (i+1)·B)` where `B` is the layout's block size. An object always starts at the
+//! chain's first block when its writer could get the ancestors' bytes, so the KV of any
+//! block-aligned prefix is the one range `[0, k·B)` — a hit is one GET with one Range.
+//!
+//! Its **manifest** (`….kvm`, JSON) names the layout, the block size, the first block's
+//! position, and for every block its hash, parent, tokens, extra-key tag and CRC-32C.
+//! The manifest is written after the data object and is the commit point: an object
+//! without a manifest is invisible (a crashed writer's leftover), and a reader verifies
+//! every block it serves against the manifest's checksum.
+//!
+//! Names: `PREFIX/LAYOUT/FIRST-LAST.kvo` and `.kvm`, hashes in hex. Objects are immutable:
+//! growing a run writes a new, longer object under a new name.
+
+use std::sync::Arc;
+
+use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
+use kvtier_core::tier::BlockMeta;
+use serde::{Deserialize, Serialize};
+
+/// Manifest format version.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// One block in a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestBlock {
+    /// Block hash, hex.
+    pub hash: String,
+    /// Parent hash, hex.
+    pub parent: String,
+    /// The block's tokens.
+    pub tokens: Vec<u32>,
+    /// Extra-key tag, hex, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_tag: Option<String>,
+    /// CRC-32C of the block's payload.
+    pub crc32c: u32,
+}
+
+/// The manifest of a run object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// Layout digest, hex.
+    pub layout: String,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Chain position of the object's first block.
+    pub first_position: u32,
+    /// The blocks, in chain order.
+    pub blocks: Vec<ManifestBlock>,
+}
+
+/// A run object as the tier keeps it in memory.
+#[derive(Debug)]
+pub struct RunObject {
+    /// Which target holds it (index into the tier's targets).
+    pub target: usize,
+    /// Object name of the data.
+    pub data_name: String,
+    /// The blocks, in order.
+    pub metas: Vec<BlockMeta>,
+    /// CRC-32C of each block.
+    pub crcs: Vec<u32>,
+    /// Bytes per block.
+    pub block_bytes: u64,
+}
+
+fn hex16(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    kvtier_core::hash::hex(bytes)
+}
+
+/// Object names for a run of `metas` under `prefix`: `(data, manifest)`.
+pub fn names(prefix: &str, metas: &[BlockMeta]) -> Option<(String, String)> {
+    let (first, last) = (metas.first()?, metas.last()?);
+    let stem = format!(
+        "{prefix}/{}/{}-{}",
+        first.layout.to_hex(),
+        first.hash.to_hex(),
+        last.hash.to_hex()
+    );
+    Some((format!("{stem}.kvo"), format!("{stem}.kvm")))
+}
+
+/// The manifest name of a data name, and back.
+pub fn manifest_of(data_name: &str) -> Option<String> {
+    data_name.strip_suffix(".kvo").map(|s| format!("{s}.kvm"))
+}
+
+/// The data name of a manifest name.
+pub fn data_of(manifest_name: &str) -> Option<String> {
+    manifest_name.strip_suffix(".kvm").map(|s| format!("{s}.kvo"))
+}
+
+impl Manifest {
+    /// The manifest of `metas` (consecutive, one chain) with their checksums.
+    pub fn of(metas: &[BlockMeta], crcs: &[u32], block_bytes: u64) -> Option<Self> {
+        let first = metas.first()?;
+        Some(Self {
+            version: MANIFEST_VERSION,
+            layout: first.layout.to_hex(),
+            block_bytes,
+            first_position: first.position,
+            blocks: metas
+                .iter()
+                .zip(crcs)
+                .map(|(m, c)| ManifestBlock {
+                    hash: m.hash.to_hex(),
+                    parent: m.parent.to_hex(),
+                    tokens: m.tokens.to_vec(),
+                    extra_tag: m.extra_tag.map(|t| to_hex(&t)),
+                    crc32c: *c,
+                })
+                .collect(),
+        })
+    }
+
+    /// The blocks it describes, or `None` when anything is malformed: a wrong version, a
+    /// bad hex field, or a chain whose parents do not link up. A manifest that fails here
+    /// is ignored (its object is never served).
+    pub fn metas(&self) -> Option<Vec<BlockMeta>> {
+        if self.version != MANIFEST_VERSION || self.blocks.is_empty() || self.block_bytes == 0 {
+            return None;
+        }
+        let layout = LayoutDigest(hex16(&self.layout)?);
+        let mut out: Vec<BlockMeta> = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let hash = BlockHash(hex16(&b.hash)?);
+            let parent = BlockHash(hex16(&b.parent)?);
+            if let Some(prev) = out.last()
+                && prev.hash != parent
+            {
+                return None;
+            }
+            let extra_tag = match &b.extra_tag {
+                Some(t) => Some(hex16(t)?),
+                None => None,
+            };
+            // The manifest must be self-consistent: each hash is the chain hash of its
+            // parent, tokens and tag, and a first block hangs off the layout's root. A
+            // block is then served only under the exact prefix it was computed for.
+            if kvtier_core::hash::block_hash(parent, &b.tokens, extra_tag) != hash {
+                return None;
+            }
+            let position = self.first_position.checked_add(i as u32)?;
+            if position == 0 && parent.0 != layout.0 {
+                return None;
+            }
+            out.push(BlockMeta {
+                layout,
+                hash,
+                parent,
+                position,
+                tokens: Arc::from(b.tokens.as_slice()),
+                extra_tag,
+            });
+        }
+        Some(out)
+    }
+}
+
+/// CRC-32C of a payload.
+pub fn crc(bytes: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(bytes)
+}

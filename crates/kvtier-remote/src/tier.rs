@@ -1,0 +1,600 @@
+//! [`RemoteTier`]: kvtier's tier on S3-compatible object storage (object_store's S3
+//! client), with the object layout of [`crate::object`].
+//!
+//! - **Hits are one GET.** The tier keeps, in memory, which run object and which slot of
+//!   it holds each block; [`Tier::get_run`] serves consecutive blocks of one object with one
+//!   ranged GET and checks each block's CRC-32C from the manifest.
+//! - **Misses, never errors.** A 404 is a miss and forgets every block of that object
+//!   (reported to the sink); 5xx, resets and timeouts are retried with backoff inside
+//!   [`RemoteConfig::deadline`], then the call is a miss. A load never waits past the
+//!   deadline, whatever the endpoint does.
+//! - **Writes** (through the engine's write-behind queue) group consecutive blocks of a
+//!   chain into one object; when the run's parent is already in an object that starts at
+//!   the chain's root, the new object repeats those bytes first (read with one GET), so
+//!   the longer prefix is again one range from offset 0. The manifest goes last.
+//! - **Restart**: [`RemoteTier::open`] lists the manifests under the prefix and registers
+//!   their blocks; nothing else is read.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::stats::TierStats;
+use kvtier_core::tier::{BlockMeta, PutOutcome, RemovalCause, ResidencySink, Tier, TierKind};
+use kvtier_core::{Error, ErrorKind, Result};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
+use parking_lot::RwLock;
+
+use crate::config::RemoteConfig;
+use crate::object::{Manifest, RunObject, crc, data_of, names};
+use crate::placement::{Placement, Target};
+
+/// Where a block is: an object and its slot in it.
+#[derive(Debug, Clone)]
+struct Slot {
+    object: Arc<RunObject>,
+    index: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    stores: AtomicU64,
+    dedup_skips: AtomicU64,
+    io_errors: AtomicU64,
+    removed_explicit: AtomicU64,
+    removed_corrupt: AtomicU64,
+    gets: AtomicU64,
+    puts: AtomicU64,
+}
+
+/// See the module docs.
+pub struct RemoteTier {
+    config: RemoteConfig,
+    stores: Vec<Arc<dyn ObjectStore>>,
+    placement: Placement,
+    runtime: tokio::runtime::Runtime,
+    blocks: RwLock<HashMap<BlockHash, Slot>>,
+    sink: Arc<dyn ResidencySink>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for RemoteTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTier")
+            .field("endpoints", &self.placement.targets())
+            .field("prefix", &self.config.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one remote call came to.
+enum Fetch<T> {
+    Got(T),
+    /// 404: the object is gone.
+    Gone,
+    /// Failed after retries, or the deadline passed.
+    Failed(String),
+}
+
+impl RemoteTier {
+    /// Connects to the endpoints (no request is made for that), then lists the manifests
+    /// under the prefix and reports the blocks they hold to `sink`. An endpoint that does
+    /// not answer within the deadline is logged and skipped: the tier starts with what it
+    /// could list.
+    pub fn open(config: RemoteConfig, sink: Arc<dyn ResidencySink>) -> Result<Self> {
+        if config.endpoints.is_empty() {
+            return Err(Error::invalid("the remote tier needs at least one endpoint"));
+        }
+        if config.prefix.is_empty() || config.prefix.contains("..") {
+            return Err(Error::invalid("the remote tier's prefix must be a plain non-empty name"));
+        }
+        let mut stores: Vec<Arc<dyn ObjectStore>> = Vec::new();
+        for e in &config.endpoints {
+            stores.push(Arc::new(build_store(e, &config)?));
+        }
+        let placement = Placement::new(config.endpoints.iter().map(|e| Target::new(e.id())));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kvtier-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot start the remote tier's runtime: {e}")))?;
+        let tier = Self {
+            config,
+            stores,
+            placement,
+            runtime,
+            blocks: RwLock::new(HashMap::new()),
+            sink,
+            counters: Counters::default(),
+        };
+        tier.recover();
+        Ok(tier)
+    }
+
+    /// Runs `fut` on the tier's runtime and waits at most the deadline (plus a margin for
+    /// the runtime's own scheduling); safe to call from any thread, async or not.
+    fn call<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = object_store::Result<T>> + Send + 'static,
+    ) -> Fetch<T> {
+        let deadline = self.config.deadline;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let out = match tokio::time::timeout(deadline, fut).await {
+                Ok(Ok(v)) => Fetch::Got(v),
+                Ok(Err(object_store::Error::NotFound { .. })) => Fetch::Gone,
+                Ok(Err(e)) => Fetch::Failed(e.to_string()),
+                Err(_) => Fetch::Failed(format!("no answer within {deadline:?}")),
+            };
+            let _ = tx.send(out);
+        });
+        rx.recv_timeout(deadline + Duration::from_millis(250))
+            .unwrap_or_else(|_| Fetch::Failed(format!("no answer within {deadline:?}")))
+    }
+
+    fn target_of(&self, data_name: &str) -> usize {
+        let chosen = self.placement.pick(data_name.as_bytes());
+        self.placement
+            .targets()
+            .iter()
+            .position(|t| Some(t) == chosen)
+            .unwrap_or(0)
+    }
+
+    /// Lists and reads every manifest under the prefix, on every endpoint.
+    fn recover(&self) {
+        let mut found: Vec<Arc<RunObject>> = Vec::new();
+        for (t, store) in self.stores.iter().enumerate() {
+            let store = store.clone();
+            let prefix = Path::from(self.config.prefix.as_str());
+            let listed = self.call(async move {
+                let mut names = Vec::new();
+                let mut list = store.list(Some(&prefix));
+                while let Some(meta) = list.next().await {
+                    let meta = meta?;
+                    let name = meta.location.to_string();
+                    if name.ends_with(".kvm") {
+                        names.push(name);
+                    }
+                }
+                Ok(names)
+            });
+            let names = match listed {
+                Fetch::Got(n) => n,
+                Fetch::Gone => Vec::new(),
+                Fetch::Failed(e) => {
+                    tracing::warn!(endpoint = %self.placement.targets()[t].id, error = %e, "remote tier: cannot list objects; starting without them");
+                    self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            for name in names {
+                let store = self.stores[t].clone();
+                let path = Path::from(name.as_str());
+                let got = self.call(async move { store.get(&path).await?.bytes().await });
+                let Fetch::Got(bytes) = got else { continue };
+                let Some(object) = parse_manifest(&bytes, t, &name) else {
+                    tracing::warn!(manifest = %name, "remote tier: ignoring a malformed manifest");
+                    continue;
+                };
+                found.push(object);
+            }
+        }
+        let mut blocks = self.blocks.write();
+        let mut metas: Vec<&BlockMeta> = Vec::new();
+        for object in &found {
+            for (i, m) in object.metas.iter().enumerate() {
+                // Prefer the object holding the longer run from the root.
+                let better = blocks
+                    .get(&m.hash)
+                    .is_none_or(|s| s.object.metas.len() < object.metas.len());
+                if better {
+                    if !blocks.contains_key(&m.hash) {
+                        metas.push(m);
+                    }
+                    blocks.insert(
+                        m.hash,
+                        Slot {
+                            object: object.clone(),
+                            index: i,
+                        },
+                    );
+                }
+            }
+        }
+        self.sink.inserted_many(TierKind::Remote, &metas);
+        tracing::info!(objects = found.len(), blocks = blocks.len(), "remote tier recovered");
+    }
+
+    /// Forgets every block that points at `object` (it is gone or corrupt).
+    fn forget_object(&self, object: &Arc<RunObject>, cause: RemovalCause) {
+        let mut blocks = self.blocks.write();
+        for m in &object.metas {
+            if blocks
+                .get(&m.hash)
+                .is_some_and(|s| Arc::ptr_eq(&s.object, object))
+            {
+                blocks.remove(&m.hash);
+                self.sink.removed(TierKind::Remote, m, cause, None);
+                let c = match cause {
+                    RemovalCause::Corrupt => &self.counters.removed_corrupt,
+                    _ => &self.counters.removed_explicit,
+                };
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// One ranged GET of slots `range` of `object`, each block verified.
+    fn fetch(&self, object: &Arc<RunObject>, range: Range<usize>) -> Option<Vec<Bytes>> {
+        let b = object.block_bytes;
+        let bytes_range = range.start as u64 * b..range.end as u64 * b;
+        let store = self.stores[object.target].clone();
+        let path = Path::from(object.data_name.as_str());
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        match self.call(async move { store.get_range(&path, bytes_range).await }) {
+            Fetch::Got(bytes) => {
+                if bytes.len() as u64 != (range.end - range.start) as u64 * b {
+                    tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");
+                    self.forget_object(object, RemovalCause::Corrupt);
+                    return None;
+                }
+                let mut out = Vec::with_capacity(range.len());
+                for (k, slot) in range.enumerate() {
+                    let block = bytes.slice(k * b as usize..(k + 1) * b as usize);
+                    if crc(&block) != object.crcs[slot] {
+                        tracing::error!(object = %object.data_name, slot, "remote block failed its checksum; dropping the object");
+                        self.forget_object(object, RemovalCause::Corrupt);
+                        return None;
+                    }
+                    out.push(block);
+                }
+                Some(out)
+            }
+            Fetch::Gone => {
+                tracing::info!(object = %object.data_name, "remote object is gone; forgetting its blocks");
+                self.forget_object(object, RemovalCause::Explicit);
+                None
+            }
+            Fetch::Failed(e) => {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = %object.data_name, error = %e, "remote read failed; a miss");
+                None
+            }
+        }
+    }
+
+    /// The payloads of the run that ends with `parent` from the chain's root, if one
+    /// object holds it from position 0 and it can be read in time.
+    fn ancestors(&self, parent: &BlockHash) -> Option<(Vec<BlockMeta>, Vec<u32>, Vec<Bytes>)> {
+        let slot = self.blocks.read().get(parent).cloned()?;
+        if slot.object.metas.first()?.position != 0 {
+            return None;
+        }
+        let blocks = self.fetch(&slot.object, 0..slot.index + 1)?;
+        Some((
+            slot.object.metas[..=slot.index].to_vec(),
+            slot.object.crcs[..=slot.index].to_vec(),
+            blocks,
+        ))
+    }
+
+    /// Writes one run (consecutive blocks of one chain) as one object, its ancestors first
+    /// when they can be had.
+    fn write_run(&self, run: &[(BlockMeta, Bytes)]) -> std::result::Result<(), String> {
+        let (first, _) = run.first().ok_or("empty run")?;
+        let block_bytes = run[0].1.len() as u64;
+        let (mut metas, mut crcs, mut payloads) = if first.position > 0 {
+            self.ancestors(&first.parent).unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        if payloads.iter().any(|p| p.len() as u64 != block_bytes) {
+            (metas, crcs, payloads) = Default::default();
+        }
+        for (m, p) in run {
+            metas.push(m.clone());
+            crcs.push(crc(p));
+            payloads.push(p.clone());
+        }
+        let (data_name, manifest_name) = names(&self.config.prefix, &metas).ok_or("empty run")?;
+        let manifest = Manifest::of(&metas, &crcs, block_bytes).ok_or("empty run")?;
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+        let mut data = BytesMut::with_capacity(payloads.len() * block_bytes as usize);
+        for p in &payloads {
+            data.extend_from_slice(p);
+        }
+        let target = self.target_of(&data_name);
+        let store = self.stores[target].clone();
+        let (dpath, mpath) = (Path::from(data_name.as_str()), Path::from(manifest_name.as_str()));
+        let data = data.freeze();
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        // Data first, manifest last: the manifest is the commit point.
+        match self.call(async move {
+            store.put(&dpath, PutPayload::from_bytes(data)).await?;
+            store.put(&mpath, PutPayload::from(manifest)).await?;
+            Ok(())
+        }) {
+            Fetch::Got(()) => {}
+            Fetch::Gone => return Err("the bucket does not exist".into()),
+            Fetch::Failed(e) => return Err(e),
+        }
+        let object = Arc::new(RunObject {
+            target,
+            data_name,
+            metas,
+            crcs,
+            block_bytes,
+        });
+        let mut blocks = self.blocks.write();
+        for (i, m) in object.metas.iter().enumerate() {
+            let new = !blocks.contains_key(&m.hash);
+            blocks.insert(
+                m.hash,
+                Slot {
+                    object: object.clone(),
+                    index: i,
+                },
+            );
+            if new {
+                self.sink.inserted(TierKind::Remote, m);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remote requests made so far: `(ranged GETs of data, PUTs of objects)`.
+    pub fn requests(&self) -> (u64, u64) {
+        (
+            self.counters.gets.load(Ordering::Relaxed),
+            self.counters.puts.load(Ordering::Relaxed),
+        )
+    }
+}
+
+fn build_store(
+    e: &crate::config::Endpoint,
+    config: &RemoteConfig,
+) -> Result<object_store::aws::AmazonS3> {
+    let mut b = AmazonS3Builder::from_env()
+        .with_endpoint(e.url.trim_end_matches('/'))
+        .with_bucket_name(&e.bucket)
+        .with_region(&e.region)
+        .with_allow_http(e.url.starts_with("http://"))
+        .with_virtual_hosted_style_request(false)
+        .with_skip_signature(e.unsigned)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(20),
+                max_backoff: config.deadline / 4,
+                base: 2.0,
+            },
+            max_retries: config.retries,
+            retry_timeout: config.deadline,
+        })
+        .with_client_options(
+            ClientOptions::new()
+                .with_timeout(config.deadline)
+                .with_connect_timeout(config.deadline.min(Duration::from_secs(1))),
+        );
+    if let Some(k) = &e.access_key {
+        b = b.with_access_key_id(k);
+    }
+    if let Some(s) = &e.secret_key {
+        b = b.with_secret_access_key(s);
+    }
+    b.build().map_err(|err| {
+        Error::invalid(format!("remote endpoint {}: {err}", e.id()))
+    })
+}
+
+fn parse_manifest(bytes: &[u8], target: usize, manifest_name: &str) -> Option<Arc<RunObject>> {
+    let manifest: Manifest = serde_json::from_slice(bytes).ok()?;
+    let metas = manifest.metas()?;
+    Some(Arc::new(RunObject {
+        target,
+        data_name: data_of(manifest_name)?,
+        crcs: manifest.blocks.iter().map(|b| b.crc32c).collect(),
+        metas,
+        block_bytes: manifest.block_bytes,
+    }))
+}
+
+/// Splits `items` into runs: consecutive blocks of one chain (each the parent of the
+/// next, same layout and size), at most `max` blocks each.
+fn runs(items: &[(BlockMeta, Bytes)], max: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=items.len() {
+        let cut = i == items.len()
+            || i - start >= max
+            || items[i].0.parent != items[i - 1].0.hash
+            || items[i].0.layout != items[i - 1].0.layout
+            || items[i].1.len() != items[i - 1].1.len();
+        if cut {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
+impl Tier for RemoteTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Remote
+    }
+
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_many(&[(meta.clone(), payload)])
+            .pop()
+            .unwrap_or(Ok(PutOutcome::Duplicate))
+    }
+
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+        let mut out: Vec<Result<PutOutcome>> = Vec::with_capacity(items.len());
+        for run in runs(items, self.config.max_run_blocks.max(1)) {
+            let slice = &items[run.clone()];
+            // Already held blocks at the run's start are refreshed, not rewritten.
+            let held = {
+                let blocks = self.blocks.read();
+                slice
+                    .iter()
+                    .take_while(|(m, _)| blocks.contains_key(&m.hash))
+                    .count()
+            };
+            for _ in 0..held {
+                self.counters.dedup_skips.fetch_add(1, Ordering::Relaxed);
+                out.push(Ok(PutOutcome::Duplicate));
+            }
+            let rest = &slice[held..];
+            if rest.is_empty() {
+                continue;
+            }
+            match self.write_run(rest) {
+                Ok(()) => {
+                    self.counters
+                        .stores
+                        .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                    out.extend(rest.iter().map(|_| Ok(PutOutcome::Stored)));
+                }
+                Err(e) => {
+                    self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    let msg = format!("remote write failed: {e}");
+                    out.extend(
+                        rest.iter()
+                            .map(|_| Err(Error::new(ErrorKind::Unavailable, msg.clone()))),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
+        Ok(self.get_run(std::slice::from_ref(hash))?.pop())
+    }
+
+    fn get_run(&self, hashes: &[BlockHash]) -> Result<Vec<Bytes>> {
+        let mut out: Vec<Bytes> = Vec::with_capacity(hashes.len());
+        while out.len() < hashes.len() {
+            let rest = &hashes[out.len()..];
+            let Some(slot) = self.blocks.read().get(&rest[0]).cloned() else {
+                break;
+            };
+            // How far the asked-for run continues in this object.
+            let n = rest
+                .iter()
+                .zip(&slot.object.metas[slot.index..])
+                .take_while(|(h, m)| **h == m.hash)
+                .count();
+            match self.fetch(&slot.object, slot.index..slot.index + n) {
+                Some(blocks) => out.extend(blocks),
+                None => break,
+            }
+        }
+        self.counters
+            .hits
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        if out.len() < hashes.len() {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>> {
+        let Some(slot) = self.blocks.read().get(hash).cloned() else {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        if range.start >= range.end || range.end > slot.object.block_bytes {
+            return Err(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of a {}-byte payload",
+                range.start, range.end, slot.object.block_bytes
+            )));
+        }
+        // The whole block is read so its checksum can be verified.
+        Ok(self
+            .get(hash)?
+            .map(|b| b.slice(range.start as usize..range.end as usize)))
+    }
+
+    fn contains(&self, hash: &BlockHash) -> bool {
+        self.blocks.read().contains_key(hash)
+    }
+
+    fn remove(&self, hash: &BlockHash) -> Result<bool> {
+        // Objects are shared and immutable: removing a block forgets it here; deleting
+        // objects is their owner's job (the cluster metadata issue).
+        let Some(slot) = self.blocks.write().remove(hash) else {
+            return Ok(false);
+        };
+        self.counters.removed_explicit.fetch_add(1, Ordering::Relaxed);
+        self.sink.removed(
+            TierKind::Remote,
+            &slot.object.metas[slot.index],
+            RemovalCause::Explicit,
+            None,
+        );
+        Ok(true)
+    }
+
+    fn stats(&self) -> TierStats {
+        let blocks = self.blocks.read();
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = TierStats {
+            hits: g(&self.counters.hits),
+            misses: g(&self.counters.misses),
+            stores: g(&self.counters.stores),
+            dedup_skips: g(&self.counters.dedup_skips),
+            io_errors: g(&self.counters.io_errors),
+            resident_blocks: blocks.len() as u64,
+            resident_bytes: blocks.values().map(|s| s.object.block_bytes).sum(),
+            capacity_bytes: u64::MAX,
+            ..TierStats::default()
+        };
+        s.evictions.explicit = g(&self.counters.removed_explicit);
+        s.evictions.corrupt = g(&self.counters.removed_corrupt);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn meta(hash: u8, parent: u8) -> (BlockMeta, Bytes) {
+        (
+            BlockMeta {
+                layout: kvtier_core::layout::LayoutDigest([7; 16]),
+                hash: BlockHash([hash; 16]),
+                parent: BlockHash([parent; 16]),
+                position: 0,
+                tokens: Arc::from(&[1u32][..]),
+                extra_tag: None,
+            },
+            Bytes::from_static(b"abcd"),
+        )
+    }
+
+    #[test]
+    fn runs_cut_where_the_chain_breaks_or_grows_too_long() {
+        let items = vec![meta(1, 0), meta(2, 1), meta(3, 2), meta(9, 8), meta(10, 9)];
+        assert_eq!(runs(&items, 100), vec![0..3, 3..5]);
+        assert_eq!(runs(&items, 2), vec![0..2, 2..3, 3..5]);
+        assert!(runs(&[], 4).is_empty());
+    }
+}
