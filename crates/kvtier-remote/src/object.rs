@@ -105,7 +105,9 @@ pub fn manifest_of(data_name: &str) -> Option<String> {
 
 /// The data name of a manifest name.
 pub fn data_of(manifest_name: &str) -> Option<String> {
-    manifest_name.strip_suffix(".kvm").map(|s| format!("{s}.kvo"))
+    manifest_name
+        .strip_suffix(".kvm")
+        .map(|s| format!("{s}.kvo"))
 }
 
 impl Manifest {

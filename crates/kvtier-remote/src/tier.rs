@@ -95,10 +95,14 @@ impl RemoteTier {
     /// could list.
     pub fn open(config: RemoteConfig, sink: Arc<dyn ResidencySink>) -> Result<Self> {
         if config.endpoints.is_empty() {
-            return Err(Error::invalid("the remote tier needs at least one endpoint"));
+            return Err(Error::invalid(
+                "the remote tier needs at least one endpoint",
+            ));
         }
         if config.prefix.is_empty() || config.prefix.contains("..") {
-            return Err(Error::invalid("the remote tier's prefix must be a plain non-empty name"));
+            return Err(Error::invalid(
+                "the remote tier's prefix must be a plain non-empty name",
+            ));
         }
         let mut stores: Vec<Arc<dyn ObjectStore>> = Vec::new();
         for e in &config.endpoints {
@@ -110,7 +114,12 @@ impl RemoteTier {
             .thread_name("kvtier-remote")
             .enable_all()
             .build()
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot start the remote tier's runtime: {e}")))?;
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("cannot start the remote tier's runtime: {e}"),
+                )
+            })?;
         let tier = Self {
             config,
             stores,
@@ -216,7 +225,11 @@ impl RemoteTier {
             }
         }
         self.sink.inserted_many(TierKind::Remote, &metas);
-        tracing::info!(objects = found.len(), blocks = blocks.len(), "remote tier recovered");
+        tracing::info!(
+            objects = found.len(),
+            blocks = blocks.len(),
+            "remote tier recovered"
+        );
     }
 
     /// Forgets every block that points at `object` (it is gone or corrupt).
@@ -319,7 +332,10 @@ impl RemoteTier {
         }
         let target = self.target_of(&data_name);
         let store = self.stores[target].clone();
-        let (dpath, mpath) = (Path::from(data_name.as_str()), Path::from(manifest_name.as_str()));
+        let (dpath, mpath) = (
+            Path::from(data_name.as_str()),
+            Path::from(manifest_name.as_str()),
+        );
         let data = data.freeze();
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         // Data first, manifest last: the manifest is the commit point.
@@ -373,7 +389,6 @@ fn build_store(
         .with_endpoint(e.url.trim_end_matches('/'))
         .with_bucket_name(&e.bucket)
         .with_region(&e.region)
-        .with_allow_http(e.url.starts_with("http://"))
         .with_virtual_hosted_style_request(false)
         .with_skip_signature(e.unsigned)
         .with_retry(RetryConfig {
@@ -386,7 +401,9 @@ fn build_store(
             retry_timeout: config.deadline,
         })
         .with_client_options(
+            // Client options replace the builder's: allow_http must be set here.
             ClientOptions::new()
+                .with_allow_http(e.url.starts_with("http://"))
                 .with_timeout(config.deadline)
                 .with_connect_timeout(config.deadline.min(Duration::from_secs(1))),
         );
@@ -396,9 +413,8 @@ fn build_store(
     if let Some(s) = &e.secret_key {
         b = b.with_secret_access_key(s);
     }
-    b.build().map_err(|err| {
-        Error::invalid(format!("remote endpoint {}: {err}", e.id()))
-    })
+    b.build()
+        .map_err(|err| Error::invalid(format!("remote endpoint {}: {err}", e.id())))
 }
 
 fn parse_manifest(bytes: &[u8], target: usize, manifest_name: &str) -> Option<Arc<RunObject>> {
@@ -541,7 +557,9 @@ impl Tier for RemoteTier {
         let Some(slot) = self.blocks.write().remove(hash) else {
             return Ok(false);
         };
-        self.counters.removed_explicit.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .removed_explicit
+            .fetch_add(1, Ordering::Relaxed);
         self.sink.removed(
             TierKind::Remote,
             &slot.object.metas[slot.index],

@@ -280,7 +280,10 @@ impl Engine {
         if let Some((remote, _)) = &self.remote {
             let report = remote.writer.stop(timeout);
             if !report.clean {
-                tracing::warn!(left = report.left_in_queue, "the remote tier's queue did not drain before the deadline");
+                tracing::warn!(
+                    left = report.left_in_queue,
+                    "the remote tier's queue did not drain before the deadline"
+                );
             }
         }
         let lower = self.lower()?;
@@ -303,7 +306,10 @@ impl Engine {
         let deadline = std::time::Instant::now() + timeout;
         let local = self.lower().is_none_or(|l| l.writer.flush(timeout));
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let remote = self.remote.as_ref().is_none_or(|(r, _)| r.writer.flush(left));
+        let remote = self
+            .remote
+            .as_ref()
+            .is_none_or(|(r, _)| r.writer.flush(left));
         local && remote
     }
 
@@ -428,11 +434,16 @@ impl Engine {
         match (self.lower(), kind) {
             (_, TierKind::Ram) => Ok(self.ram.clone()),
             (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.clone()),
-            (_, TierKind::Remote) if self.remote.is_some() => {
-                Ok(self.remote.as_ref().map(|(r, _)| r.tier.clone()).ok_or_else(|| {
-                    Error::new(crate::ErrorKind::Unavailable, "the remote tier is not attached")
-                })?)
-            }
+            (_, TierKind::Remote) if self.remote.is_some() => Ok(self
+                .remote
+                .as_ref()
+                .map(|(r, _)| r.tier.clone())
+                .ok_or_else(|| {
+                    Error::new(
+                        crate::ErrorKind::Unavailable,
+                        "the remote tier is not attached",
+                    )
+                })?),
             (_, other) => Err(Error::new(
                 crate::ErrorKind::Unavailable,
                 format!("the {} tier is not attached", other.name()),

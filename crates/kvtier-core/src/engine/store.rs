@@ -58,6 +58,7 @@ impl Engine {
             .as_ref()
             .filter(|l| l.config.mode == PersistMode::WriteThrough);
         let remote = self.remote.as_ref().map(|(r, _)| r);
+        let mut for_remote = Vec::new();
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
             let held_lower = lower
@@ -69,16 +70,16 @@ impl Engine {
             // Held where it needs to be: refresh it, copy nothing (but for the remote
             // tier, when it lacks the block).
             if (held_lower || write_through.is_none()) && self.ram.touch(&hash) {
-                if let Some(r) = to_remote {
-                    r.writer.enqueue(block_meta(prompt, i), copy_payload(payload));
+                if to_remote.is_some() {
+                    for_remote.push((block_meta(prompt, i), copy_payload(payload)));
                 }
                 report.duplicates += 1;
                 continue;
             }
             let meta = block_meta(prompt, i);
             let bytes = copy_payload(payload);
-            if let Some(r) = to_remote {
-                r.writer.enqueue(meta.clone(), bytes.clone());
+            if to_remote.is_some() {
+                for_remote.push((meta.clone(), bytes.clone()));
             }
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // The persistent tier gets every block it does not hold yet in write-through
@@ -103,6 +104,12 @@ impl Engine {
                     break;
                 }
             }
+        }
+        // One job for the remote tier: the run becomes one object.
+        if let Some(r) = remote
+            && !for_remote.is_empty()
+        {
+            r.writer.enqueue_run(for_remote);
         }
         Ok(report)
     }

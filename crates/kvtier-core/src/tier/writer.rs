@@ -136,6 +136,8 @@ pub struct Shutdown {
 
 enum Job {
     Put(BlockMeta, Bytes),
+    /// Blocks of one store, written together (one object for the remote tier).
+    Run(Vec<(BlockMeta, Bytes)>),
     Snapshot(SnapshotKey, LayoutDigest, Bytes),
     Stop,
 }
@@ -221,7 +223,11 @@ impl Shared {
         self.count(meta, outcome)
     }
 
-    fn count(&self, meta: &BlockMeta, outcome: crate::Result<PutOutcome>) -> Result<PutOutcome, ()> {
+    fn count(
+        &self,
+        meta: &BlockMeta,
+        outcome: crate::Result<PutOutcome>,
+    ) -> Result<PutOutcome, ()> {
         let c = &self.counters;
         match outcome {
             Ok(PutOutcome::Stored) => {
@@ -375,6 +381,55 @@ impl WriteBehind {
         }
     }
 
+    /// Queues the blocks of one store as one job, so the tier gets them in one call (the
+    /// remote tier writes them as one object). Blocks already queued are left out. Never
+    /// waits longer than the configured wait; then the overflow policy applies to the
+    /// whole run.
+    pub fn enqueue_run(&self, items: Vec<(BlockMeta, Bytes)>) -> Enqueued {
+        self.admitted(|| {
+            let s = &self.shared;
+            let items: Vec<(BlockMeta, Bytes)> = items
+                .into_iter()
+                .filter(|(m, p)| {
+                    let fresh = s.add_pending(m, p);
+                    if !fresh {
+                        s.counters.pending_dedup.fetch_add(1, Ordering::Relaxed);
+                    }
+                    fresh
+                })
+                .collect();
+            if items.is_empty() {
+                return Enqueued::AlreadyPending;
+            }
+            let n = items.len() as u64;
+            let job = match self.tx.send_timeout(Job::Run(items), self.config.wait) {
+                Ok(()) => {
+                    s.counters.enqueued.fetch_add(n, Ordering::Relaxed);
+                    return Enqueued::Queued;
+                }
+                Err(e) => e.into_inner(),
+            };
+            let Job::Run(items) = job else {
+                return Enqueued::Closed;
+            };
+            match self.config.overflow {
+                Overflow::SyncWrite => {
+                    s.counters.sync_fallback.fetch_add(n, Ordering::Relaxed);
+                    write_batch(s, items);
+                    Enqueued::WrittenInline(Ok(PutOutcome::Stored))
+                }
+                Overflow::Drop => {
+                    let mut pending = s.pending.lock();
+                    for (m, _) in &items {
+                        pending.remove(&m.hash);
+                    }
+                    s.counters.dropped_full.fetch_add(n, Ordering::Relaxed);
+                    Enqueued::Dropped
+                }
+            }
+        })
+    }
+
     /// Queues a snapshot for the target tier's snapshot store (a no-op for a tier without
     /// one). Never waits: a full queue writes it on the caller's thread.
     pub fn enqueue_snapshot(
@@ -520,36 +575,13 @@ impl Drop for WriteBehind {
     }
 }
 
-/// Most blocks the worker hands the tier in one call.
-const BATCH: usize = 64;
-
 fn run(s: &Shared, rx: &Receiver<Job>) {
-    let mut next: Option<Job> = None;
-    loop {
-        let job = match next.take() {
-            Some(j) => j,
-            None => match rx.recv() {
-                Ok(j) => j,
-                Err(_) => break,
-            },
-        };
+    while let Ok(job) = rx.recv() {
         match job {
-            Job::Put(meta, payload) => {
-                // Whatever else is queued already goes with it, so a tier that writes in
-                // batches sees a prompt's blocks together (never waiting for more).
-                let mut batch = vec![(meta, payload)];
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(Job::Put(m, p)) => batch.push((m, p)),
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                write_batch(s, batch);
-            }
+            Job::Put(meta, payload) => write_batch(s, vec![(meta, payload)]),
+            // The blocks of one store, in one call: a tier that writes in batches (the
+            // remote tier: one object) sees them together.
+            Job::Run(items) => write_batch(s, items),
             Job::Snapshot(key, layout, blob) => {
                 s.write_snapshot(&key, layout, &blob);
                 let _life = s.life.lock();
@@ -578,7 +610,10 @@ fn write_batch(s: &Shared, batch: Vec<(BlockMeta, Bytes)>) {
             s.counters
                 .failed
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            tracing::error!(blocks = batch.len(), "a tier panicked while writing; the blocks are lost");
+            tracing::error!(
+                blocks = batch.len(),
+                "a tier panicked while writing; the blocks are lost"
+            );
             vec![Err(()); batch.len()]
         }
     };
