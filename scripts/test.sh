@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# A --user pip install (boto3, awscli, moto) puts its commands here.
+export PATH="$HOME/.local/bin:$PATH"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --doc 2>&1 | tee "$log"

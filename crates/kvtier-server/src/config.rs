@@ -116,6 +116,46 @@ impl Default for SsdSettings {
     }
 }
 
+/// The shared remote tier (S3-compatible object storage; off unless an endpoint is set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteSettings {
+    /// Endpoint URLs (`http://host:port`, `https://s3.REGION.amazonaws.com`); several
+    /// spread objects by rendezvous hashing. Empty: no remote tier.
+    pub endpoints: Vec<String>,
+    /// The bucket on every endpoint.
+    pub bucket: String,
+    /// Name prefix of kvtier's objects.
+    pub prefix: String,
+    /// Region for SigV4.
+    pub region: String,
+    /// Access key (default: `AWS_ACCESS_KEY_ID` from the environment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_key: Option<String>,
+    /// Secret key (default: `AWS_SECRET_ACCESS_KEY` from the environment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_key: Option<String>,
+    /// Longest a remote call may take, retries included; past it, a miss.
+    pub deadline: HumanDuration,
+    /// Also queue remote hits for the SSD tier.
+    pub promote_to_ssd: bool,
+}
+
+impl Default for RemoteSettings {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            bucket: "kvtier".into(),
+            prefix: "kv".into(),
+            region: "us-east-1".into(),
+            access_key: None,
+            secret_key: None,
+            deadline: HumanDuration(Duration::from_secs(2)),
+            promote_to_ssd: true,
+        }
+    }
+}
+
 /// Bearer tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -151,6 +191,8 @@ pub struct Settings {
     pub shutdown_timeout: HumanDuration,
     /// The SSD tier.
     pub ssd: SsdSettings,
+    /// The remote tier.
+    pub remote: RemoteSettings,
     /// Tokens.
     pub auth: AuthSettings,
 }
@@ -166,6 +208,7 @@ impl Default for Settings {
             workers: 0,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
             ssd: SsdSettings::default(),
+            remote: RemoteSettings::default(),
             auth: AuthSettings::default(),
         }
     }
@@ -191,7 +234,11 @@ impl Settings {
     /// The settings as TOML, tokens replaced by `<redacted>`.
     pub fn to_toml_redacted(&self) -> Result<String, String> {
         let mut shown = self.clone();
-        for t in [&mut shown.auth.admin_token, &mut shown.auth.data_token] {
+        for t in [
+            &mut shown.auth.admin_token,
+            &mut shown.auth.data_token,
+            &mut shown.remote.secret_key,
+        ] {
             if t.is_some() {
                 *t = Some("<redacted>".into());
             }
@@ -305,6 +352,18 @@ pub struct ServeArgs {
     /// How long shutdown and reattach wait for the SSD queue [default: 30s].
     #[arg(long, env = "KVTIER_SSD_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub ssd_drain_timeout: Option<HumanDuration>,
+    /// Remote tier endpoint URLs, comma-separated [default: none, no remote tier].
+    #[arg(long, env = "KVTIER_REMOTE_ENDPOINTS", value_name = "URLS", value_delimiter = ',')]
+    pub remote_endpoints: Option<Vec<String>>,
+    /// Remote tier bucket [default: kvtier].
+    #[arg(long, env = "KVTIER_REMOTE_BUCKET", value_name = "NAME")]
+    pub remote_bucket: Option<String>,
+    /// Remote tier object name prefix [default: kv].
+    #[arg(long, env = "KVTIER_REMOTE_PREFIX", value_name = "NAME")]
+    pub remote_prefix: Option<String>,
+    /// Longest a remote call may take before it is a miss [default: 2s].
+    #[arg(long, env = "KVTIER_REMOTE_DEADLINE", value_name = "DURATION")]
+    pub remote_deadline: Option<HumanDuration>,
     /// Bearer token for the admin endpoints; without one they are disabled.
     #[arg(
         long,
@@ -343,6 +402,10 @@ impl ServeArgs {
             }
         }
         set(&mut s.listen, &self.listen);
+        set(&mut s.remote.endpoints, &self.remote_endpoints);
+        set(&mut s.remote.bucket, &self.remote_bucket);
+        set(&mut s.remote.prefix, &self.remote_prefix);
+        set(&mut s.remote.deadline, &self.remote_deadline);
         set(&mut s.data_dir, &self.data_dir);
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);

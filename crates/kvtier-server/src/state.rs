@@ -49,6 +49,30 @@ impl AppState {
             let (persist, open) = ssd_opener(&settings.ssd, dir, recovery.clone());
             builder = builder.persistent_tier(persist, open);
         }
+        if !settings.remote.endpoints.is_empty() {
+            let r = &settings.remote;
+            let mut config = kvtier_remote::RemoteConfig::new(
+                r.endpoints
+                    .iter()
+                    .map(|url| {
+                        let mut e = kvtier_remote::Endpoint::new(url.clone(), r.bucket.clone());
+                        e.region = r.region.clone();
+                        e.access_key = r.access_key.clone();
+                        e.secret_key = r.secret_key.clone();
+                        e
+                    })
+                    .collect(),
+            );
+            config.prefix = r.prefix.clone();
+            config.deadline = r.deadline.0;
+            let attach = kvtier_core::engine::RemoteAttach {
+                promote_to_ssd: r.promote_to_ssd,
+                ..kvtier_core::engine::RemoteAttach::default()
+            };
+            builder = builder.remote_tier(attach, move |sink| {
+                Ok(Arc::new(kvtier_remote::RemoteTier::open(config, sink)?))
+            });
+        }
         let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
         let metrics = Metrics::new();
         metrics.attach(&engine, recovery.clone());

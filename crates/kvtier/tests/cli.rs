@@ -95,6 +95,11 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "server.load.64x2MiB.GBps",
         "server.store.2MiB.GBps",
         "server.lookup.p99.ms",
+        "s3.gateway.range128KiB.c1.p50.ms",
+        "s3.gateway.range128KiB.c8.p99.ms",
+        "s3.gateway.range128KiB.c8.ops",
+        "s3.moto.range128KiB.c8.ops",
+        "s3.gateway_vs_moto.c8.ops",
     ];
     for name in expected {
         assert!(names.contains(&name), "row {name} missing; got {names:?}");
