@@ -57,7 +57,7 @@ pub struct GatewayArgs {
     #[arg(long, value_enum, default_value = "fsync")]
     pub durability: DurabilityArg,
 
-    /// Worker threads. Default: one per core.
+    /// Worker threads. Default: half the cores, at least one.
     #[arg(long)]
     pub workers: Option<usize>,
 }

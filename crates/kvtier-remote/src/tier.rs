@@ -64,7 +64,9 @@ pub struct RemoteTier {
     config: RemoteConfig,
     stores: Vec<Arc<dyn ObjectStore>>,
     placement: Placement,
-    runtime: tokio::runtime::Runtime,
+    /// Taken and shut down in the background on drop: the tier may be dropped inside
+    /// another runtime (the server's), where a blocking shutdown would panic.
+    runtime: Option<tokio::runtime::Runtime>,
     blocks: RwLock<HashMap<BlockHash, Slot>>,
     sink: Arc<dyn ResidencySink>,
     counters: Counters,
@@ -124,7 +126,7 @@ impl RemoteTier {
             config,
             stores,
             placement,
-            runtime,
+            runtime: Some(runtime),
             blocks: RwLock::new(HashMap::new()),
             sink,
             counters: Counters::default(),
@@ -141,7 +143,10 @@ impl RemoteTier {
     ) -> Fetch<T> {
         let deadline = self.config.deadline;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
+        let Some(runtime) = &self.runtime else {
+            return Fetch::Failed("the remote tier is shut down".into());
+        };
+        runtime.spawn(async move {
             let out = match tokio::time::timeout(deadline, fut).await {
                 Ok(Ok(v)) => Fetch::Got(v),
                 Ok(Err(object_store::Error::NotFound { .. })) => Fetch::Gone,
@@ -378,6 +383,14 @@ impl RemoteTier {
             self.counters.gets.load(Ordering::Relaxed),
             self.counters.puts.load(Ordering::Relaxed),
         )
+    }
+}
+
+impl Drop for RemoteTier {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -386,3 +386,49 @@ fn a_gateway_killed_mid_load_gives_a_miss_and_nothing_corrupt() {
     let _ = engine.lookup(&prompt);
     assert!(t0.elapsed() < Duration::from_millis(100));
 }
+
+#[test]
+fn objects_spread_over_two_endpoints_and_all_hit_after_a_restart() {
+    let (a, b) = (Gateway::start(), Gateway::start());
+    let endpoints = vec![a.endpoint(), b.endpoint()];
+    let open = || {
+        let mut config = common::config(endpoints[0].clone(), "spread");
+        config.endpoints = endpoints.clone();
+        let engine = Engine::builder()
+            .remote_tier(RemoteAttach::default(), move |sink| {
+                Ok(Arc::new(RemoteTier::open(config, sink)?))
+            })
+            .build()
+            .unwrap();
+        let layout = engine
+            .register_layout(LayoutKey::new(
+                "remote-test",
+                KvDtype::F16,
+                TPB as u32,
+                4,
+                2,
+                64,
+            ))
+            .unwrap();
+        (engine, layout.digest())
+    };
+    let prompts: Vec<Vec<u32>> = (0..12).map(|s| tokens(2, 100 + s)).collect();
+    {
+        let (engine, layout) = open();
+        for t in &prompts {
+            store(&engine, layout, t);
+        }
+    }
+    let (engine, layout) = open();
+    let before = (a.gets(), b.gets());
+    for t in &prompts {
+        let (found, blocks, complete) = hit(&engine, layout, t);
+        assert_eq!((found, blocks.len(), complete), (2, 2, true));
+    }
+    let (on_a, on_b) = (a.gets() - before.0, b.gets() - before.1);
+    assert_eq!(on_a + on_b, 12, "one GET per prompt");
+    assert!(
+        on_a > 0 && on_b > 0,
+        "placement used both endpoints ({on_a}, {on_b})"
+    );
+}

@@ -353,7 +353,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KVTIER_SSD_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub ssd_drain_timeout: Option<HumanDuration>,
     /// Remote tier endpoint URLs, comma-separated [default: none, no remote tier].
-    #[arg(long, env = "KVTIER_REMOTE_ENDPOINTS", value_name = "URLS", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "KVTIER_REMOTE_ENDPOINTS",
+        value_name = "URLS",
+        value_delimiter = ','
+    )]
     pub remote_endpoints: Option<Vec<String>>,
     /// Remote tier bucket [default: kvtier].
     #[arg(long, env = "KVTIER_REMOTE_BUCKET", value_name = "NAME")]
@@ -364,6 +369,23 @@ pub struct ServeArgs {
     /// Longest a remote call may take before it is a miss [default: 2s].
     #[arg(long, env = "KVTIER_REMOTE_DEADLINE", value_name = "DURATION")]
     pub remote_deadline: Option<HumanDuration>,
+    /// Region for SigV4 [default: us-east-1].
+    #[arg(long, env = "KVTIER_REMOTE_REGION", value_name = "NAME")]
+    pub remote_region: Option<String>,
+    /// Access key for the remote endpoints [default: AWS_ACCESS_KEY_ID from the environment].
+    #[arg(long, env = "KVTIER_REMOTE_ACCESS_KEY", value_name = "KEY")]
+    pub remote_access_key: Option<String>,
+    /// Secret key for the remote endpoints [default: AWS_SECRET_ACCESS_KEY from the environment].
+    #[arg(
+        long,
+        env = "KVTIER_REMOTE_SECRET_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub remote_secret_key: Option<String>,
+    /// Also queue remote hits for the SSD tier [default: true].
+    #[arg(long, env = "KVTIER_REMOTE_PROMOTE_TO_SSD", value_name = "BOOL")]
+    pub remote_promote_to_ssd: Option<bool>,
     /// Bearer token for the admin endpoints; without one they are disabled.
     #[arg(
         long,
@@ -406,6 +428,14 @@ impl ServeArgs {
         set(&mut s.remote.bucket, &self.remote_bucket);
         set(&mut s.remote.prefix, &self.remote_prefix);
         set(&mut s.remote.deadline, &self.remote_deadline);
+        set(&mut s.remote.region, &self.remote_region);
+        set(&mut s.remote.promote_to_ssd, &self.remote_promote_to_ssd);
+        if self.remote_access_key.is_some() {
+            s.remote.access_key = self.remote_access_key.clone();
+        }
+        if self.remote_secret_key.is_some() {
+            s.remote.secret_key = self.remote_secret_key.clone();
+        }
         set(&mut s.data_dir, &self.data_dir);
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);

@@ -1,0 +1,107 @@
+//! `kvtier serve` with a remote tier on `kvtier gateway` (both real processes): blocks
+//! stored through the API reach the shared bucket; a second server with another data
+//! directory and no SSD — a fresh replica — finds them, reports them as remote (`o`),
+//! and loads them byte for byte.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod server;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use kvtier_client::wire::frame::EndStatus;
+use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
+
+const ACCESS: &str = "serve-remote";
+const SECRET: &str = "serve-remote-secret";
+
+#[test]
+fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args([
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            ACCESS,
+            "--secret-key",
+            SECRET,
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("s3"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let endpoint = line
+        .split_once("listening on ")
+        .unwrap()
+        .1
+        .trim()
+        .to_owned();
+    let made = Command::new("python3")
+        .args(["-c", "import boto3,sys; boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2], aws_secret_access_key=sys.argv[3], region_name='us-east-1').create_bucket(Bucket='shared')"])
+        .args([&endpoint, ACCESS, SECRET])
+        .status()
+        .unwrap();
+    assert!(made.success(), "creating the bucket with boto3");
+
+    // The remote tier's settings and credentials come from the config file.
+    let config = dir.path().join("kvtier.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[remote]\nendpoints = [\"{endpoint}\"]\nbucket = \"shared\"\naccess_key = \"{ACCESS}\"\nsecret_key = \"{SECRET}\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let start = |data: &str, extra: &[&str]| {
+        let mut args = vec!["--config", config.as_str()];
+        args.extend_from_slice(extra);
+        Server::start(&dir.path().join(data), &args)
+    };
+    let rt = runtime();
+    let spec = layout_spec("shared", 4);
+    let first = start("a", &[]);
+    let layout = rt.block_on(async {
+        let c = first.client();
+        let layout = c.register_layout(&spec).await.unwrap();
+        let stored = c
+            .store(&prompt(&layout, 5, 6), payloads(&layout, 5, 6))
+            .await
+            .unwrap();
+        assert_eq!(stored.stored, 6);
+        layout
+    });
+    // SIGTERM drains the remote queue before the process exits.
+    assert!(first.stop().success());
+
+    let second = start("b", &["--ssd-enabled", "false"]);
+    rt.block_on(async {
+        let c = second.client();
+        assert_eq!(c.register_layout(&spec).await.unwrap(), layout);
+        let hit = c.lookup(&prompt(&layout, 5, 6)).await.unwrap();
+        assert_eq!(hit.matched_tokens, 96);
+        assert_eq!(hit.tiers, "oooooo");
+        let got = load_all(&c, &layout, &hit).await;
+        assert_eq!(got.status, EndStatus::Complete);
+        assert_eq!(got.blocks, payloads(&layout, 5, 6));
+        let stats = c.stats().await.unwrap();
+        assert_eq!(stats["remote_hits"], 6, "{stats:?}");
+    });
+    assert!(second.stop().success());
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
