@@ -57,7 +57,7 @@ pub struct GatewayArgs {
     #[arg(long, value_enum, default_value = "fsync")]
     pub durability: DurabilityArg,
 
-    /// Worker threads. Default: half the cores, at least one.
+    /// Worker threads. Default: one per core.
     #[arg(long)]
     pub workers: Option<usize>,
 }

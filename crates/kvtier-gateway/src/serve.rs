@@ -45,17 +45,17 @@ pub struct GatewayConfig {
     pub durability: Durability,
     /// Bytes per segment file; the largest object is 1 MiB less (default 1 GiB).
     pub segment_bytes: u64,
-    /// Worker threads of the runtime (default: half the cores, at least one). Measured
-    /// on 2 cores with 8 clients on the same machine: one worker gave a p99 of
-    /// 0.85–1.3 ms against 1.75–2.1 ms with two, at the same throughput — the clients
-    /// (or the inference engine) need the other core, and one worker avoids cross-thread
-    /// wakeups (the same finding as `kvtier serve`, ADR 0007).
+    /// Worker threads of the runtime (default: one per core). Measured on 2 cores with the
+    /// 8 SigV4 clients of the bench on the same machine: with one worker the gateway is
+    /// the bottleneck (signature checks) and the p99 rose to 3.8 ms (median of three
+    /// runs) against 2.7 ms with two; unsigned (`--auth none`), one worker had the lower
+    /// tail (0.85–1.3 ms against 1.75–2.1 ms). Signed is what deployments run.
     pub workers: usize,
 }
 
 impl GatewayConfig {
-    /// Defaults for a store in `dir`: 127.0.0.1:9000, no authentication, fsync, half the
-    /// cores as workers.
+    /// Defaults for a store in `dir`: 127.0.0.1:9000, no authentication, fsync, one
+    /// worker per core.
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
@@ -63,7 +63,7 @@ impl GatewayConfig {
             auth: Auth::None,
             durability: Durability::Fsync,
             segment_bytes: 1 << 30,
-            workers: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }

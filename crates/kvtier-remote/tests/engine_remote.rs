@@ -32,7 +32,6 @@ fn engine(endpoint: &Endpoint, prefix: &str) -> (Engine, LayoutDigest) {
     let engine = Engine::builder()
         .ram(RamConfig {
             capacity_bytes: 64 << 20,
-            ..RamConfig::default()
         })
         .remote_tier(RemoteAttach::default(), move |sink| {
             Ok(Arc::new(RemoteTier::open(config, sink)?))
