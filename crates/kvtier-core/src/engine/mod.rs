@@ -275,7 +275,8 @@ impl Engine {
 
     /// Stops the persistent tier's writer: no new writes, everything queued is written
     /// (within `timeout`). Returns the writer's report, or `None` without a persistent
-    /// tier. The engine keeps serving reads afterwards; stores reach RAM only.
+    /// tier. The remote tier's writer, if any, is stopped first the same way (a partial
+    /// drain is logged). The engine keeps serving reads afterwards; stores reach RAM only.
     pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
         if let Some((remote, _)) = &self.remote {
             let report = remote.writer.stop(timeout);
@@ -300,8 +301,9 @@ impl Engine {
         self.lower().and_then(|l| l.tier.previous_shutdown_clean())
     }
 
-    /// Waits until every block queued for the persistent tier is written (or `timeout`
-    /// passes). Returns whether it drained; `true` without a persistent tier.
+    /// Waits until every block queued for the persistent tier and the remote tier is
+    /// written (or `timeout` passes, for both together). Returns whether they drained;
+    /// `true` without either.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
         let local = self.lower().is_none_or(|l| l.writer.flush(timeout));
