@@ -21,7 +21,7 @@ use common::{Gateway, Mode, Moto, Proxy};
 use kvtier_core::engine::RemoteAttach;
 use kvtier_core::hash::ExtraKeys;
 use kvtier_core::layout::{KvDtype, LayoutKey};
-use kvtier_core::tier::{RamConfig, TierKind};
+use kvtier_core::tier::{RamConfig, Tier, TierKind};
 use kvtier_core::{Engine, layout::LayoutDigest};
 use kvtier_remote::{Endpoint, RemoteTier};
 
@@ -193,16 +193,14 @@ fn delete_objects(endpoint: &Endpoint, prefix: &str, suffix: &str) -> usize {
     })
 }
 
-#[test]
-fn an_object_deleted_behind_the_tiers_back_is_a_miss() {
-    let gateway = Gateway::start();
+fn deleted_behind_the_back(endpoint: &Endpoint, prefix: &str) {
     let t = tokens(4, 4);
     {
-        let (engine, layout) = engine(&gateway.endpoint(), "deleted");
+        let (engine, layout) = engine(endpoint, prefix);
         store(&engine, layout, &t);
     }
-    let (engine, layout) = engine(&gateway.endpoint(), "deleted");
-    assert_eq!(delete_objects(&gateway.endpoint(), "deleted", ".kvo"), 1);
+    let (engine, layout) = engine(endpoint, prefix);
+    assert_eq!(delete_objects(endpoint, prefix, ".kvo"), 1);
     let (found, blocks, complete) = hit(&engine, layout, &t);
     assert_eq!(found, 4, "the index still listed the blocks");
     assert!(
@@ -212,6 +210,70 @@ fn an_object_deleted_behind_the_tiers_back_is_a_miss() {
     // The blocks are forgotten: the next lookup finds nothing.
     let (found, _, _) = hit(&engine, layout, &t);
     assert_eq!(found, 0);
+}
+
+#[test]
+fn an_object_deleted_behind_the_tiers_back_is_a_miss() {
+    let gateway = Gateway::start();
+    deleted_behind_the_back(&gateway.endpoint(), "deleted");
+}
+
+#[test]
+fn an_object_deleted_behind_the_tiers_back_is_a_miss_on_moto() {
+    let moto = Moto::start();
+    deleted_behind_the_back(&moto.endpoint(), "deleted");
+}
+
+#[test]
+fn remote_hits_are_promoted_into_ram_and_the_ssd() {
+    let gateway = Gateway::start();
+    let t = tokens(3, 40);
+    let expected = {
+        let (engine, layout) = engine(&gateway.endpoint(), "promote");
+        store(&engine, layout, &t)
+    };
+    // A replica with an empty SSD of its own.
+    let ssd_dir = tempfile::tempdir().unwrap();
+    let config = common::config(gateway.endpoint(), "promote");
+    let dir = ssd_dir.path().to_path_buf();
+    let engine = Engine::builder()
+        .persistent_tier(kvtier_core::engine::PersistConfig::default(), move |sink| {
+            let mut c = kvtier_ssd::SsdConfig::new(dir);
+            c.min_free_bytes = 0;
+            let clock: Arc<dyn kvtier_core::clock::Clock> =
+                Arc::new(kvtier_core::clock::SystemClock::new());
+            Ok(Arc::new(kvtier_ssd::SsdTier::open(c, clock, sink)?))
+        })
+        .remote_tier(RemoteAttach::default(), move |sink| {
+            Ok(Arc::new(RemoteTier::open(config, sink)?))
+        })
+        .build()
+        .unwrap();
+    let layout = engine
+        .register_layout(LayoutKey::new(
+            "remote-test",
+            KvDtype::F16,
+            TPB as u32,
+            4,
+            2,
+            64,
+        ))
+        .unwrap()
+        .digest();
+    let (found, blocks, complete) = hit(&engine, layout, &t);
+    assert!(found == 3 && complete);
+    assert!(engine.flush(Duration::from_secs(10)));
+    let ssd = engine.persistent().unwrap();
+    let prompt = engine.prompt(layout, &t, &ExtraKeys::none()).unwrap();
+    for (i, h) in prompt.hashes().iter().enumerate() {
+        assert!(engine.ram().contains(h), "block {i} promoted into RAM");
+        assert!(
+            ssd.contains(h),
+            "block {i} queued for and written to the SSD"
+        );
+        assert_eq!(&ssd.get(h).unwrap().unwrap()[..], &expected[i][..]);
+        assert_eq!(&blocks[i][..], &expected[i][..]);
+    }
 }
 
 #[test]
