@@ -60,6 +60,11 @@ pub struct GatewayArgs {
     /// Worker threads. Default: one per core.
     #[arg(long)]
     pub workers: Option<usize>,
+
+    /// Create this bucket at start if it does not exist (repeatable).
+    /// Default: none.
+    #[arg(long, value_name = "NAME")]
+    pub create_bucket: Vec<String>,
 }
 
 impl GatewayArgs {
@@ -89,6 +94,7 @@ impl GatewayArgs {
         if let Some(w) = self.workers {
             config.workers = w.max(1);
         }
+        config.create_buckets = self.create_bucket.clone();
         Ok(config)
     }
 }

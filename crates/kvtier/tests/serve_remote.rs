@@ -34,6 +34,7 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
             "--secret-key",
             SECRET,
         ])
+        .args(["--create-bucket", "shared"])
         .arg("--dir")
         .arg(dir.path().join("s3"))
         .stdout(Stdio::piped())
@@ -50,13 +51,6 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
         .1
         .trim()
         .to_owned();
-    let made = Command::new("python3")
-        .args(["-c", "import boto3,sys; boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2], aws_secret_access_key=sys.argv[3], region_name='us-east-1').create_bucket(Bucket='shared')"])
-        .args([&endpoint, ACCESS, SECRET])
-        .status()
-        .unwrap();
-    assert!(made.success(), "creating the bucket with boto3");
-
     // The remote tier's settings and credentials come from the config file.
     let config = dir.path().join("kvtier.toml");
     std::fs::write(

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kvtier_gateway::store::GatewayStore;
 use kvtier_gateway::{Auth, GatewayConfig, RunningGateway};
 use kvtier_remote::{Endpoint, RemoteConfig};
 
@@ -28,11 +27,6 @@ pub struct Gateway {
 impl Gateway {
     pub fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let (store, _) = GatewayStore::open(dir.path(), kvtier_ssd::StoreConfig::default())
-                .expect("open gateway store");
-            store.create_bucket(BUCKET).expect("create bucket");
-        }
         let mut g = Self { running: None, dir };
         g.restart();
         g
@@ -48,6 +42,10 @@ impl Gateway {
             secret_key: SECRET.into(),
         };
         config.durability = kvtier_ssd::Durability::BestEffort;
+        // Created by the gateway itself: opening the store here first and reopening it in
+        // the gateway races with child processes other tests fork (they inherit the
+        // directory lock's descriptor until they exec).
+        config.create_buckets = vec![BUCKET.into()];
         self.running = Some(RunningGateway::start(config).expect("start gateway"));
     }
 
