@@ -132,7 +132,7 @@ fn check_md5(header: Option<&str>, md5_hex_value: &str) -> S3Result<()> {
     if given.len() != 16 {
         return Err(s3_error!(InvalidDigest, "Content-MD5 is not 16 bytes"));
     }
-    if crate::store::hex(&given) != md5_hex_value {
+    if kvtier_core::hash::hex(&given) != md5_hex_value {
         return Err(s3_error!(BadDigest, "the body does not match Content-MD5"));
     }
     Ok(())

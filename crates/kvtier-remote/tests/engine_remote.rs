@@ -28,11 +28,18 @@ use kvtier_remote::{Endpoint, RemoteTier};
 const TPB: usize = 16;
 
 fn engine(endpoint: &Endpoint, prefix: &str) -> (Engine, LayoutDigest) {
-    let config = common::config(endpoint.clone(), prefix);
-    let engine = Engine::builder()
-        .ram(RamConfig {
-            capacity_bytes: 64 << 20,
-        })
+    let builder = Engine::builder().ram(RamConfig {
+        capacity_bytes: 64 << 20,
+    });
+    engine_with(builder, common::config(endpoint.clone(), prefix))
+}
+
+/// `builder` with a remote tier of `config` attached, and the test layout registered.
+fn engine_with(
+    builder: kvtier_core::engine::EngineBuilder,
+    config: kvtier_remote::RemoteConfig,
+) -> (Engine, LayoutDigest) {
+    let engine = builder
         .remote_tier(RemoteAttach::default(), move |sink| {
             Ok(Arc::new(RemoteTier::open(config, sink)?))
         })
@@ -159,10 +166,15 @@ fn the_remote_tier_works_against_moto() {
     }
 }
 
-/// Deletes every object under `prefix` ending in `suffix`, straight through the S3 API.
-fn delete_objects(endpoint: &Endpoint, prefix: &str, suffix: &str) -> usize {
+/// Runs `f` with an S3 client of `endpoint` that bypasses the tier, and the names of
+/// the data objects (`.kvo`) under `prefix`.
+fn with_data_objects<T>(
+    endpoint: &Endpoint,
+    prefix: &str,
+    f: impl AsyncFnOnce(&object_store::aws::AmazonS3, Vec<object_store::path::Path>) -> T,
+) -> T {
     use futures_util::StreamExt;
-    use object_store::{ObjectStore, ObjectStoreExt};
+    use object_store::ObjectStore;
     let store = object_store::aws::AmazonS3Builder::new()
         .with_endpoint(&endpoint.url)
         .with_bucket_name(&endpoint.bucket)
@@ -182,14 +194,21 @@ fn delete_objects(endpoint: &Endpoint, prefix: &str, suffix: &str) -> usize {
             .list(Some(&p))
             .filter_map(|m| async move { m.ok() })
             .map(|m| m.location)
+            .filter(|n| std::future::ready(n.as_ref().ends_with(".kvo")))
             .collect()
             .await;
-        let mut n = 0;
-        for name in names.into_iter().filter(|n| n.as_ref().ends_with(suffix)) {
-            store.delete(&name).await.unwrap();
-            n += 1;
+        f(&store, names).await
+    })
+}
+
+/// Deletes every data object under `prefix`, straight through the S3 API.
+fn delete_objects(endpoint: &Endpoint, prefix: &str) -> usize {
+    use object_store::ObjectStoreExt;
+    with_data_objects(endpoint, prefix, async |store, names| {
+        for name in &names {
+            store.delete(name).await.unwrap();
         }
-        n
+        names.len()
     })
 }
 
@@ -200,7 +219,7 @@ fn deleted_behind_the_back(endpoint: &Endpoint, prefix: &str) {
         store(&engine, layout, &t);
     }
     let (engine, layout) = engine(endpoint, prefix);
-    assert_eq!(delete_objects(endpoint, prefix, ".kvo"), 1);
+    assert_eq!(delete_objects(endpoint, prefix), 1);
     let (found, blocks, complete) = hit(&engine, layout, &t);
     assert_eq!(found, 4, "the index still listed the blocks");
     assert!(
@@ -236,30 +255,17 @@ fn remote_hits_are_promoted_into_ram_and_the_ssd() {
     let ssd_dir = tempfile::tempdir().unwrap();
     let config = common::config(gateway.endpoint(), "promote");
     let dir = ssd_dir.path().to_path_buf();
-    let engine = Engine::builder()
-        .persistent_tier(kvtier_core::engine::PersistConfig::default(), move |sink| {
+    let builder = Engine::builder().persistent_tier(
+        kvtier_core::engine::PersistConfig::default(),
+        move |sink| {
             let mut c = kvtier_ssd::SsdConfig::new(dir);
             c.min_free_bytes = 0;
             let clock: Arc<dyn kvtier_core::clock::Clock> =
                 Arc::new(kvtier_core::clock::SystemClock::new());
             Ok(Arc::new(kvtier_ssd::SsdTier::open(c, clock, sink)?))
-        })
-        .remote_tier(RemoteAttach::default(), move |sink| {
-            Ok(Arc::new(RemoteTier::open(config, sink)?))
-        })
-        .build()
-        .unwrap();
-    let layout = engine
-        .register_layout(LayoutKey::new(
-            "remote-test",
-            KvDtype::F16,
-            TPB as u32,
-            4,
-            2,
-            64,
-        ))
-        .unwrap()
-        .digest();
+        },
+    );
+    let (engine, layout) = engine_with(builder, config);
     let (found, blocks, complete) = hit(&engine, layout, &t);
     assert!(found == 3 && complete);
     assert!(engine.flush(Duration::from_secs(10)));
@@ -301,31 +307,10 @@ fn a_corrupt_object_is_never_served() {
     );
 }
 
+/// Replaces the one data object under `prefix` with `bytes`, straight through the S3 API.
 fn overwrite_data(endpoint: &Endpoint, prefix: &str, bytes: Vec<u8>) {
-    use futures_util::StreamExt;
-    use object_store::{ObjectStore, ObjectStoreExt};
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(&endpoint.url)
-        .with_bucket_name(&endpoint.bucket)
-        .with_region("us-east-1")
-        .with_access_key_id(common::ACCESS)
-        .with_secret_access_key(common::SECRET)
-        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
-        .build()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let p = object_store::path::Path::from(prefix);
-        let names: Vec<_> = store
-            .list(Some(&p))
-            .filter_map(|m| async move { m.ok() })
-            .map(|m| m.location)
-            .filter(|n| std::future::ready(n.as_ref().ends_with(".kvo")))
-            .collect()
-            .await;
+    use object_store::ObjectStoreExt;
+    with_data_objects(endpoint, prefix, async |store, names| {
         assert_eq!(names.len(), 1);
         store.put(&names[0], bytes.into()).await.unwrap();
     });
@@ -455,23 +440,7 @@ fn objects_spread_over_two_endpoints_and_all_hit_after_a_restart() {
     let open = || {
         let mut config = common::config(endpoints[0].clone(), "spread");
         config.endpoints = endpoints.clone();
-        let engine = Engine::builder()
-            .remote_tier(RemoteAttach::default(), move |sink| {
-                Ok(Arc::new(RemoteTier::open(config, sink)?))
-            })
-            .build()
-            .unwrap();
-        let layout = engine
-            .register_layout(LayoutKey::new(
-                "remote-test",
-                KvDtype::F16,
-                TPB as u32,
-                4,
-                2,
-                64,
-            ))
-            .unwrap();
-        (engine, layout.digest())
+        engine_with(Engine::builder(), config)
     };
     let prompts: Vec<Vec<u32>> = (0..12).map(|s| tokens(2, 100 + s)).collect();
     {

@@ -10,63 +10,13 @@
     reason = "tests"
 )]
 
-use std::io::{BufRead, BufReader};
+mod gateway;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-const ACCESS: &str = "gateway-test";
-const SECRET: &str = "gateway-test-secret";
-
-struct Gateway {
-    child: Child,
-    endpoint: String,
-}
-
-impl Gateway {
-    fn start(dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-            .args([
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--access-key",
-                ACCESS,
-                "--secret-key",
-                SECRET,
-            ])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kvtier gateway");
-        let out = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(out).read_line(&mut line).unwrap();
-        let addr = line
-            .split_once("listening on ")
-            .map(|(_, a)| a.trim().to_owned())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Self {
-            child,
-            endpoint: addr,
-        }
-    }
-
-    fn signal(&mut self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        let _ = rustix::process::kill_process(pid, sig);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use gateway::{ACCESS, Gateway, SECRET};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/s3_clients.py")
@@ -94,7 +44,7 @@ fn assert_ok(out: &Output, what: &str) {
 #[test]
 fn boto3_can_use_every_supported_operation() {
     let dir = tempfile::tempdir().unwrap();
-    let g = Gateway::start(dir.path());
+    let g = Gateway::start(dir.path(), &[]);
     assert_ok(
         &python(&g.endpoint, SECRET, "full", &[]),
         "the boto3 checks",
@@ -104,10 +54,10 @@ fn boto3_can_use_every_supported_operation() {
 #[test]
 fn objects_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut g = Gateway::start(dir.path());
+    let mut g = Gateway::start(dir.path(), &[]);
     assert_ok(&python(&g.endpoint, SECRET, "put", &[]), "put");
     g.signal(rustix::process::Signal::TERM);
-    let g = Gateway::start(dir.path());
+    let g = Gateway::start(dir.path(), &[]);
     assert_ok(
         &python(&g.endpoint, SECRET, "check", &[]),
         "check after restart",
@@ -119,7 +69,7 @@ fn a_kill_9_during_puts_loses_no_acknowledged_object_and_leaves_no_partial_one()
     let dir = tempfile::tempdir().unwrap();
     let acks = dir.path().join("acks.txt");
     let store = dir.path().join("store");
-    let mut g = Gateway::start(&store);
+    let mut g = Gateway::start(&store, &[]);
     let mut writer = Command::new("python3")
         .arg(script())
         .args([g.endpoint.as_str(), ACCESS, SECRET, "crashw"])
@@ -141,7 +91,7 @@ fn a_kill_9_during_puts_loses_no_acknowledged_object_and_leaves_no_partial_one()
     g.signal(rustix::process::Signal::KILL);
     let _ = writer.kill();
     let _ = writer.wait();
-    let g = Gateway::start(&store);
+    let g = Gateway::start(&store, &[]);
     let out = python(&g.endpoint, SECRET, "crashc", &[acks.to_str().unwrap()]);
     assert_ok(&out, "the check after kill -9");
 }
@@ -173,7 +123,7 @@ fn aws_ok(endpoint: &str, args: &[&str]) -> String {
 #[test]
 fn the_aws_cli_can_copy_list_get_ranges_and_delete() {
     let dir = tempfile::tempdir().unwrap();
-    let g = Gateway::start(&dir.path().join("store"));
+    let g = Gateway::start(&dir.path().join("store"), &[]);
     let file = dir.path().join("up.bin");
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(&file, &data).unwrap();

@@ -10,47 +10,18 @@
     reason = "tests"
 )]
 
+mod gateway;
 mod server;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-
+use gateway::{ACCESS, Gateway, SECRET};
 use kvtier_client::wire::frame::EndStatus;
 use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
-
-const ACCESS: &str = "serve-remote";
-const SECRET: &str = "serve-remote-secret";
 
 #[test]
 fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
     let dir = tempfile::tempdir().unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args([
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            ACCESS,
-            "--secret-key",
-            SECRET,
-        ])
-        .args(["--create-bucket", "shared"])
-        .arg("--dir")
-        .arg(dir.path().join("s3"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(gateway.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let endpoint = line
-        .split_once("listening on ")
-        .unwrap()
-        .1
-        .trim()
-        .to_owned();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let endpoint = gateway.endpoint.clone();
     // The remote tier's settings and credentials come from the config file.
     let config = dir.path().join("kvtier.toml");
     std::fs::write(
@@ -96,6 +67,5 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
         assert_eq!(stats["remote_hits"], 6, "{stats:?}");
     });
     assert!(second.stop().success());
-    let _ = gateway.kill();
-    let _ = gateway.wait();
+    drop(gateway);
 }

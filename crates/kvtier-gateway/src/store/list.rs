@@ -44,7 +44,7 @@ fn token(is_prefix: bool, name: &str) -> String {
     let mut raw = Vec::with_capacity(name.len() + 1);
     raw.push(if is_prefix { b'p' } else { b'k' });
     raw.extend_from_slice(name.as_bytes());
-    super::hex(&raw)
+    kvtier_core::hash::hex(&raw)
 }
 
 /// Decodes a token; `None` when it is not one of ours.

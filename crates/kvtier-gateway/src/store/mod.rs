@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use kvtier_core::hash::BlockHash;
+use kvtier_core::hash::{BlockHash, hex};
 use kvtier_core::layout::LayoutDigest;
 use kvtier_ssd::format::{Kind, RecordHeader, chunk_crcs};
 use kvtier_ssd::store::{Loc, ReadFault};
@@ -740,16 +740,6 @@ impl GatewayStore {
         }
         Ok(object)
     }
-}
-
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 fn unhex(s: &str) -> Vec<u8> {

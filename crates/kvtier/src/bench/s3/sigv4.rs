@@ -1,6 +1,7 @@
 //! AWS Signature Version 4 for the load generator's requests (header form), so the bench
 //! measures what a real client costs the server: a signature check per request.
 
+use kvtier_core::hash::hex;
 use sha2::{Digest, Sha256};
 
 /// SHA-256 of the empty body, hex.
@@ -21,14 +22,6 @@ fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     outer.update(block.map(|b| b ^ 0x5c));
     outer.update(inner.finalize());
     outer.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// SHA-256 of `body`, hex.
