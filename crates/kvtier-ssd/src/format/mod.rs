@@ -13,7 +13,9 @@ mod index_log;
 mod record;
 mod segment;
 
-pub use index_log::{IndexEntry, decode_index_entries, encode_index_entry};
+pub use index_log::{
+    IndexEntry, LogDamage, decode_index_entries, encode_index_entry, salvage_index_entries,
+};
 pub use record::{DecodeError, Kind, RECORD_HEADER_LEN, RecordHeader, chunk_crcs};
 pub use segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 

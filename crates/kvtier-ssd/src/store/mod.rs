@@ -1,25 +1,39 @@
 //! The segment store: append-only segments of checksummed records, positioned reads, and
-//! recovery from the per-segment index logs.
+//! recovery that salvages every intact record (see `recovery.rs` and `scan.rs`).
 //!
-//! Writes go to the tail of one active segment, under one mutex (the async writer is the
-//! only writer in normal operation). Reads are positioned (`pread`) and take no lock but a
-//! short read lock on the segment table. A record becomes visible — its `Loc` is returned
-//! to the caller, who publishes it — only after its bytes and its index entry are written
-//! and, with [`Durability::Fsync`], synced: write, make durable, then publish (seed 004).
+//! Writes go to the tail of one active segment, under one mutex. Reads are positioned
+//! (`pread`) and take no lock but a short read lock on the segment table. A record becomes
+//! visible — its `Loc` is returned to the caller, who publishes it — only after its bytes
+//! and its index entry are written and, with [`Durability::Fsync`], synced: write, make
+//! durable, then publish (seed 004).
+//!
+//! - **Group commit.** [`SegmentStore::sync_pending`] makes everything appended before it
+//!   was called durable; callers that arrive while a sync runs wait for it and then find
+//!   their writes covered, or share the next one. Sixteen concurrent durable stores cost
+//!   about one `fdatasync` per batch, not sixteen.
+//! - **What a sync covers.** A record's own header in the `.seg` is its durable index
+//!   entry: recovery finds a record the `.idx` lacks by reading it, so a durable append
+//!   syncs the segment's data only. Tombstones live only in the `.idx`, so a durable
+//!   tombstone syncs the log.
+//! - **Nothing written at open.** The active segment is created by the first append, so a
+//!   store on a full disk opens and serves what it holds; appends fail with `NoSpace`
+//!   until space returns, then resume.
 
 mod buffers;
 pub mod direct;
 mod lock;
 mod read;
 mod recovery;
+mod scan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvtier_core::{Error, Result};
+use kvtier_core::{Error, ErrorKind, Result};
 use parking_lot::{Mutex, RwLock};
 
 pub use lock::{DirLock, io_error};
@@ -29,17 +43,21 @@ use crate::format::{
     IndexEntry, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, encode_index_entry,
 };
 
-/// When a write counts as done.
+/// When an append or tombstone returns. Either way the bytes are in the page cache when
+/// it returns, so they survive the process being killed; only `Fsync` makes them survive
+/// a power loss (or call [`SegmentStore::sync_pending`] for a batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
     /// One attempt; the page cache decides when bytes reach the disk.
     BestEffort,
-    /// Up to `retries` further attempts when a write fails; no sync.
+    /// Up to `retries` further attempts when a write fails; the page cache decides when
+    /// bytes reach the disk (no sync).
     Persistent {
         /// Extra attempts after the first.
         retries: u32,
     },
-    /// Data and index entry are synced (`fdatasync`) before the write is acknowledged.
+    /// Every append (its record) and tombstone (its log entry) is synced (`fdatasync`,
+    /// shared between concurrent callers) before it returns.
     Fsync,
 }
 
@@ -113,7 +131,8 @@ pub enum ReadFault {
 struct Segment {
     id: u64,
     seg: File,
-    idx: Mutex<File>,
+    /// `None` when the store is read-only (or the log could not be opened at recovery).
+    idx: Mutex<Option<File>>,
 }
 
 #[derive(Debug)]
@@ -122,15 +141,37 @@ struct Active {
     tail: u64,
 }
 
+#[derive(Debug)]
+struct ActiveSlot {
+    /// Created by the first append after open.
+    current: Option<Active>,
+    next_id: u64,
+}
+
+/// Writes not yet synced, for group commit.
+#[derive(Debug, Default)]
+struct Unsynced {
+    /// Segments with record bytes written since their last sync.
+    data: BTreeSet<u64>,
+    /// Segments with log entries that must be synced (tombstones).
+    logs: BTreeSet<u64>,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct SegmentStore {
     dir: PathBuf,
     config: StoreConfig,
     segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
-    active: Mutex<Active>,
+    active: Mutex<ActiveSlot>,
     buffers: buffers::BufferPool,
-    _lock: DirLock,
+    /// Writes counted when they are marked unsynced; `sync_gate` holds how many a
+    /// completed sync covered.
+    writes: AtomicU64,
+    unsynced: Mutex<Unsynced>,
+    sync_gate: Mutex<u64>,
+    read_only: bool,
+    _lock: Option<DirLock>,
 }
 
 fn now_ms() -> u64 {
@@ -148,8 +189,10 @@ fn idx_path(dir: &Path, id: u64) -> PathBuf {
 }
 
 impl SegmentStore {
-    /// Opens (creating if needed) the store in `dir`, takes its exclusive lock, recovers
-    /// every live record from the index logs, and starts a fresh active segment.
+    /// Opens (creating if needed) the store in `dir`, takes its exclusive lock and
+    /// recovers every live record, repairing what recovery found (torn tails, damaged
+    /// logs, tombstones older copies lack). Writes nothing else: the active segment is
+    /// created by the first append.
     pub fn open(dir: &Path, config: StoreConfig) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
         if !(9..=30).contains(&config.chunk_log2) || config.segment_bytes < 2 * SEGMENT_HEADER_LEN {
             return Err(Error::invalid(format!(
@@ -166,27 +209,70 @@ impl SegmentStore {
             .ok()
             .map(|s| s.trim() == "clean");
         let _ = std::fs::remove_file(&shutdown_file);
-        let (segments, recovered, mut report, max_seen) = recovery::recover(dir)?;
+        let (segments, recovered, mut report, max_seen) =
+            recovery::recover(dir, recovery::Mode::Repair)?;
         report.previous_shutdown_clean = previous_clean;
-        let next_id = max_seen + 1;
-        let active = Arc::new(create_segment(dir, next_id)?);
-        let mut table: BTreeMap<u64, Arc<Segment>> = segments;
-        table.insert(next_id, active.clone());
         Ok((
-            Self {
-                dir: dir.to_path_buf(),
-                config,
-                segments: RwLock::new(table),
-                active: Mutex::new(Active {
-                    segment: active,
-                    tail: SEGMENT_HEADER_LEN,
-                }),
-                buffers: buffers::BufferPool::default(),
-                _lock: lock,
-            },
+            Self::assemble(dir, config, segments, max_seen, false, Some(lock)),
             recovered,
             report,
         ))
+    }
+
+    /// Opens the store in `dir` without changing anything in it: no lock, no repair, every
+    /// file opened read-only, so it works beside a running server (which may be writing:
+    /// a record being appended shows as a torn tail). Appends, tombstones and syncs are
+    /// refused. `previous_shutdown_clean` reports the shutdown record, left in place.
+    pub fn open_read_only(dir: &Path) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
+        if !dir.is_dir() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("`{}` is not a directory", dir.display()),
+            ));
+        }
+        let previous_clean = std::fs::read_to_string(dir.join("SHUTDOWN"))
+            .ok()
+            .map(|s| s.trim() == "clean");
+        let (segments, recovered, mut report, max_seen) =
+            recovery::recover(dir, recovery::Mode::ReadOnly)?;
+        report.previous_shutdown_clean = previous_clean;
+        let store = Self::assemble(dir, StoreConfig::default(), segments, max_seen, true, None);
+        Ok((store, recovered, report))
+    }
+
+    fn assemble(
+        dir: &Path,
+        config: StoreConfig,
+        segments: BTreeMap<u64, Arc<Segment>>,
+        max_seen: u64,
+        read_only: bool,
+        lock: Option<DirLock>,
+    ) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            config,
+            segments: RwLock::new(segments),
+            active: Mutex::new(ActiveSlot {
+                current: None,
+                next_id: max_seen + 1,
+            }),
+            buffers: buffers::BufferPool::default(),
+            writes: AtomicU64::new(0),
+            unsynced: Mutex::new(Unsynced::default()),
+            sync_gate: Mutex::new(0),
+            read_only,
+            _lock: lock,
+        }
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("store `{}` is open read-only", self.dir.display()),
+            ));
+        }
+        Ok(())
     }
 
     /// The store's directory.
@@ -203,62 +289,156 @@ impl SegmentStore {
     /// `payload`) and its index entry; returns where it lives once it is durable as
     /// configured.
     pub fn append(&self, header: &RecordHeader, payload: &[u8]) -> Result<Loc> {
+        self.writable()?;
         let meta = header.encode();
-        let mut active = self.active.lock();
-        if active.tail > SEGMENT_HEADER_LEN
-            && active.tail + header.record_len() > self.config.segment_bytes
-        {
-            let id = active.segment.id + 1;
-            let segment = Arc::new(create_segment(&self.dir, id)?);
-            self.segments.write().insert(id, segment.clone());
-            *active = Active {
-                segment,
-                tail: SEGMENT_HEADER_LEN,
-            };
-        }
+        let mut slot = self.active.lock();
+        let active = self.active_with_room(&mut slot, header.record_len())?;
         let seg = active.segment.clone();
         let offset = active.tail;
         let loc = Loc::new(seg.id, offset, header);
         let path = seg_path(&self.dir, seg.id);
         self.with_retries(|| {
             seg.seg.write_all_at(&meta, offset)?;
-            seg.seg.write_all_at(payload, offset + loc.payload_offset)?;
-            if self.config.durability == Durability::Fsync {
-                seg.seg.sync_data()?;
-            }
-            Ok(())
+            seg.seg.write_all_at(payload, offset + loc.payload_offset)
         })
         .map_err(|e| io_error(&path, "write record to", &e))?;
         // The tail moves even if the index entry fails: the space is simply dead.
         active.tail = offset + loc.record_len;
-        self.append_index(
+        drop(slot);
+        self.mark_unsynced(seg.id, true, false);
+        // The record describes itself: a failed log entry only costs recovery a read.
+        if let Err(e) = self.append_index(
             &seg,
             &IndexEntry::Record {
                 offset,
                 header: header.clone(),
             },
-        )?;
+        ) {
+            tracing::warn!(error = %e, "index log entry not written; recovery will read the record instead");
+        }
+        if self.config.durability == Durability::Fsync {
+            self.sync_pending()?;
+        }
         Ok(loc)
+    }
+
+    /// The active segment, after starting a new one if there is none yet or a record of
+    /// `record_len` bytes would take it past the segment size.
+    fn active_with_room<'a>(
+        &self,
+        slot: &'a mut ActiveSlot,
+        record_len: u64,
+    ) -> Result<&'a mut Active> {
+        let full = slot.current.as_ref().is_none_or(|a| {
+            a.tail > SEGMENT_HEADER_LEN && a.tail + record_len > self.config.segment_bytes
+        });
+        if full {
+            let id = slot.next_id;
+            // Ids are never reused, not even one whose creation failed.
+            slot.next_id += 1;
+            let segment = Arc::new(create_segment(&self.dir, id)?);
+            self.segments.write().insert(id, segment.clone());
+            slot.current = Some(Active {
+                segment,
+                tail: SEGMENT_HEADER_LEN,
+            });
+        }
+        slot.current
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "no active segment"))
+    }
+
+    fn mark_unsynced(&self, segment: u64, data: bool, log: bool) {
+        let mut u = self.unsynced.lock();
+        if data {
+            u.data.insert(segment);
+        }
+        if log {
+            u.logs.insert(segment);
+        }
+        // Counted under the same lock as the sets, so a sync that reads the count also
+        // takes every segment the counted writes touched.
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Makes every append (its record) and every tombstone that returned before this call
+    /// durable (`fdatasync`). Concurrent callers share syncs (group commit): one waits for
+    /// a sync in progress and returns at once if it covered its writes.
+    pub fn sync_pending(&self) -> Result<()> {
+        self.writable()?;
+        let wanted = self.writes.load(Ordering::SeqCst);
+        let mut synced = self.sync_gate.lock();
+        if *synced >= wanted {
+            return Ok(());
+        }
+        let (upto, data, logs) = {
+            let mut u = self.unsynced.lock();
+            (
+                self.writes.load(Ordering::SeqCst),
+                std::mem::take(&mut u.data),
+                std::mem::take(&mut u.logs),
+            )
+        };
+        let table: Vec<(u64, Option<Arc<Segment>>)> = {
+            let segs = self.segments.read();
+            data.iter()
+                .chain(&logs)
+                .map(|id| (*id, segs.get(id).cloned()))
+                .collect()
+        };
+        let mut result = Ok(());
+        for (n, (id, seg)) in table.iter().enumerate() {
+            // A segment removed since (compaction) needs no sync.
+            let Some(seg) = seg else { continue };
+            let synced_one = if n < data.len() {
+                seg.seg
+                    .sync_data()
+                    .map_err(|e| io_error(&seg_path(&self.dir, *id), "sync", &e))
+            } else {
+                match seg.idx.lock().as_ref() {
+                    Some(idx) => idx
+                        .sync_data()
+                        .map_err(|e| io_error(&idx_path(&self.dir, *id), "sync", &e)),
+                    None => Ok(()),
+                }
+            };
+            if let Err(e) = synced_one {
+                result = Err(e);
+                break;
+            }
+        }
+        if result.is_err() {
+            // Not durable: a later sync must cover these segments again.
+            let mut u = self.unsynced.lock();
+            u.data.extend(data);
+            u.logs.extend(logs);
+            return result;
+        }
+        *synced = upto;
+        Ok(())
     }
 
     /// Syncs every segment's data and index log (`fdatasync`), making everything
     /// written so far durable whatever the configured durability.
     pub fn sync(&self) -> Result<()> {
+        self.writable()?;
+        let _gate = self.sync_gate.lock();
         let segments: Vec<Arc<Segment>> = self.segments.read().values().cloned().collect();
         for seg in segments {
             seg.seg
                 .sync_data()
                 .map_err(|e| io_error(&seg_path(&self.dir, seg.id), "sync", &e))?;
-            seg.idx
-                .lock()
-                .sync_data()
-                .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", &e))?;
+            if let Some(idx) = seg.idx.lock().as_ref() {
+                idx.sync_data()
+                    .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", &e))?;
+            }
         }
         Ok(())
     }
 
     /// Writes (and syncs) `DIR/SHUTDOWN` with how the engine stopped.
     pub fn record_shutdown(&self, clean: bool) -> Result<()> {
+        self.writable()?;
         let path = self.dir.join("SHUTDOWN");
         let tmp = self.dir.join("SHUTDOWN.tmp");
         let text = if clean { "clean\n" } else { "partial\n" };
@@ -269,9 +449,14 @@ impl SegmentStore {
             .map_err(|e| io_error(&path, "write", &e))
     }
 
-    /// The id of the segment being appended to.
-    pub fn active_segment(&self) -> u64 {
-        self.active.lock().segment.id
+    /// The id of the segment being appended to, once the first append created it.
+    pub fn active_segment(&self) -> Option<u64> {
+        self.active.lock().current.as_ref().map(|a| a.segment.id)
+    }
+
+    /// Whether the store was opened with [`SegmentStore::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// The ids of every segment, oldest first.
@@ -288,7 +473,8 @@ impl SegmentStore {
     /// Deletes sealed segment `id` (data file and index log). The caller has moved or
     /// given up every live record in it. The active segment is never removed.
     pub fn remove_segment(&self, id: u64) -> Result<()> {
-        if id == self.active_segment() {
+        self.writable()?;
+        if Some(id) == self.active_segment() {
             return Err(Error::invalid("the active segment cannot be removed"));
         }
         self.segments.write().remove(&id);
@@ -299,11 +485,15 @@ impl SegmentStore {
                 Err(e) => return Err(io_error(&path, "remove", &e)),
             }
         }
+        let _ = sync_dir(&self.dir);
         Ok(())
     }
 
-    /// Marks the record at `loc` (with `key`) dead in its segment's index log.
+    /// Marks the record at `loc` (with `key`) dead in its segment's index log. Callers
+    /// tombstone the newest copy of a key (the one they serve): recovery then treats every
+    /// older copy as dead too.
     pub fn tombstone(&self, loc: &Loc, key: [u8; 32]) -> Result<()> {
+        self.writable()?;
         let Some(seg) = self.segments.read().get(&loc.segment).cloned() else {
             return Ok(());
         };
@@ -313,20 +503,27 @@ impl SegmentStore {
                 offset: loc.offset,
                 key,
             },
-        )
+        )?;
+        self.mark_unsynced(seg.id, false, true);
+        if self.config.durability == Durability::Fsync {
+            self.sync_pending()?;
+        }
+        Ok(())
     }
 
     fn append_index(&self, seg: &Segment, entry: &IndexEntry) -> Result<()> {
         let bytes = encode_index_entry(entry);
         let path = idx_path(&self.dir, seg.id);
         let idx = seg.idx.lock();
+        let Some(idx) = idx.as_ref() else {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("index log `{}` is not open for writing", path.display()),
+            ));
+        };
         self.with_retries(|| {
             let end = idx.metadata()?.len();
-            idx.write_all_at(&bytes, end)?;
-            if self.config.durability == Durability::Fsync {
-                idx.sync_data()?;
-            }
-            Ok(())
+            idx.write_all_at(&bytes, end)
         })
         .map_err(|e| io_error(&path, "append index entry to", &e))
     }
@@ -348,33 +545,48 @@ impl SegmentStore {
     }
 }
 
+/// Creates segment `id` (header synced, directory entry synced). On failure nothing is
+/// left behind.
 fn create_segment(dir: &Path, id: u64) -> Result<Segment> {
     let path = seg_path(dir, id);
-    let seg = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| io_error(&path, "create segment", &e))?;
-    let header = SegmentHeader {
-        id,
-        created_ms: now_ms(),
-    }
-    .encode();
-    seg.write_all_at(&header, 0)
-        .and_then(|()| seg.sync_data())
-        .map_err(|e| io_error(&path, "write segment header to", &e))?;
     let ipath = idx_path(dir, id);
-    let idx = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&ipath)
-        .map_err(|e| io_error(&ipath, "create index log", &e))?;
-    Ok(Segment {
-        id,
-        seg,
-        idx: Mutex::new(idx),
-    })
+    let created = (|| -> Result<Segment> {
+        let seg = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_error(&path, "create segment", &e))?;
+        let header = SegmentHeader {
+            id,
+            created_ms: now_ms(),
+        }
+        .encode();
+        seg.write_all_at(&header, 0)
+            .and_then(|()| seg.sync_data())
+            .map_err(|e| io_error(&path, "write segment header to", &e))?;
+        let idx = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&ipath)
+            .map_err(|e| io_error(&ipath, "create index log", &e))?;
+        sync_dir(dir).map_err(|e| io_error(dir, "sync directory", &e))?;
+        Ok(Segment {
+            id,
+            seg,
+            idx: Mutex::new(Some(idx)),
+        })
+    })();
+    if created.is_err() {
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&ipath);
+    }
+    created
+}
+
+/// Syncs a directory, so the names created, renamed or removed in it are durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }

@@ -1,7 +1,22 @@
-//! Recovery at open: rebuild the list of live records from the segments' index logs
-//! without reading payloads; cut torn tails; drop what is missing; remove orphans.
+//! Recovery at open: find every record in every segment (see `scan.rs`), decide which copy
+//! of each key is current, then — unless opened read-only — repair what the scan found.
+//!
+//! Rules, in the order they matter:
+//! - **Nothing valid is destroyed.** Bytes are cut off only where no record decodes (a torn
+//!   tail); a segment is removed only when it holds no live record; a damaged log entry or
+//!   segment header never takes intact records with it.
+//! - **The newest copy of a key decides** (newest = highest segment id, then offset). If it
+//!   is tombstoned the key is deleted, whatever older copies exist; otherwise it is the live
+//!   one. A delete writes its tombstone for the copy it removes, which is always the newest,
+//!   so a deleted or overwritten key never comes back from an older copy.
+//! - **Older copies get their own tombstones** before any segment is removed (they are
+//!   appended to their own segment's log). A segment's tombstones are removed with it, so
+//!   this is what keeps an older copy dead after the newer one's segment is gone. If those
+//!   appends fail (a full disk), no segment is removed this time.
+//! - **Repairs never stop the open.** A log that cannot be rewritten or a tail that cannot
+//!   be cut is logged and left; the next open finds the same and tries again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::hash::BuildHasherDefault;
 use std::os::unix::fs::FileExt;
@@ -12,11 +27,9 @@ use std::time::{Duration, Instant};
 use kvtier_core::{PassThroughHasher, Result};
 use parking_lot::Mutex;
 
-use super::{Loc, Segment, idx_path, io_error, seg_path};
-use crate::format::{
-    IndexEntry, RECORD_HEADER_LEN, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, align_up,
-    decode_index_entries, encode_index_entry,
-};
+use super::scan::{SegmentScan, scan_segment};
+use super::{Loc, Segment, idx_path, io_error, seg_path, sync_dir};
+use crate::format::{IndexEntry, RecordHeader, encode_index_entry};
 
 /// A live record found at open.
 #[derive(Debug, Clone)]
@@ -36,19 +49,34 @@ pub struct RecoveryReport {
     pub records: u64,
     /// Index entries whose record data is missing or cut short (dropped).
     pub dropped_missing: u64,
-    /// Records marked dead by a tombstone.
+    /// Records marked dead by a tombstone (their own, or the newest copy's).
     pub tombstoned: u64,
     /// Older copies of a key stored again later (the newest wins).
     pub superseded: u64,
-    /// Bytes of torn or corrupt index-log tails cut off.
+    /// Bytes of index logs that belonged to no intact entry (damage or torn tails).
     pub torn_index_bytes: u64,
-    /// Bytes of unindexed data cut off segment tails (writes a crash interrupted).
+    /// Bytes of unfinished writes cut off segment tails (writes a crash interrupted).
     pub torn_segment_bytes: u64,
-    /// Segments whose index log was missing or empty and was rebuilt by scanning.
+    /// Segments whose index log was rewritten from what the scan found.
     pub rescanned_segments: u64,
-    /// Files removed: orphan index logs, segments with a bad header, empty segments,
-    /// leftover temporary files.
+    /// Records the log lacked, found by reading their own headers in the segment.
+    pub salvaged_records: u64,
+    /// Records that failed their own checks (header damaged in segment and log): skipped.
+    pub damaged_records: u64,
+    /// Bytes skipped over with those records.
+    pub damaged_bytes: u64,
+    /// Segments whose 4 KiB file header is damaged (their records are still read).
+    pub damaged_segment_headers: u64,
+    /// Tombstones written at open for older copies of keys that had none.
+    pub tombstones_written: u64,
+    /// Files removed: orphan index logs, segments without a live record, leftover
+    /// temporary files.
     pub removed_files: u64,
+    /// Entries named like store files that are not regular files (directories, symlinks),
+    /// or segments that could not be opened: left alone.
+    pub stray_files: u64,
+    /// Repairs that failed (a full or read-only disk): retried at the next open.
+    pub repairs_failed: u64,
     /// Wall time recovery took.
     pub elapsed: Duration,
     /// How the previous run ended: `Some(true)` clean shutdown, `Some(false)` partial
@@ -58,41 +86,39 @@ pub struct RecoveryReport {
 
 /// Kept segments, live records, the report, and the highest segment id ever seen (new
 /// segments take higher ids, so a removed segment's name is never reused).
-type Recovery = (
+pub(super) type Recovery = (
     BTreeMap<u64, Arc<Segment>>,
     Vec<Recovered>,
     RecoveryReport,
     u64,
 );
 
-pub(super) fn recover(dir: &Path) -> Result<Recovery> {
+/// Whether recovery may change the directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Cut torn tails, rewrite logs, write tombstones, remove dead segments.
+    Repair,
+    /// Open every file read-only and change nothing (`kvtier inspect`).
+    ReadOnly,
+}
+
+struct Found {
+    id: u64,
+    seg: File,
+    scan: SegmentScan,
+}
+
+pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
-    let mut seg_ids = Vec::new();
-    let mut idx_ids = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, "list", &e))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let parse = |stem: &str| u64::from_str_radix(stem, 16).ok();
-        if let Some(id) = name.strip_suffix(".seg").and_then(parse) {
-            seg_ids.push(id);
-        } else if let Some(id) = name.strip_suffix(".idx").and_then(parse) {
-            idx_ids.push(id);
-        } else if name.ends_with(".tmp") {
-            remove(&entry.path(), &mut report);
+    let (seg_ids, idx_ids, max_seen) = list(dir, mode, &mut report)?;
+    let repair = mode == Mode::Repair;
+    if repair {
+        for id in idx_ids.iter().filter(|id| !seg_ids.contains(id)) {
+            remove(&idx_path(dir, *id), &mut report);
         }
     }
-    seg_ids.sort_unstable();
-    let max_seen = seg_ids.iter().chain(&idx_ids).copied().max().unwrap_or(0);
-    for id in idx_ids.iter().filter(|id| !seg_ids.contains(id)) {
-        remove(&idx_path(dir, *id), &mut report);
-    }
 
-    let mut segments = BTreeMap::new();
-    // key -> (segment, position in `live`), so a later copy supersedes an earlier one.
-    let mut by_key: HashMap<[u8; 32], usize, BuildHasherDefault<PassThroughHasher>> =
-        HashMap::default();
-    let mut live: Vec<Option<Recovered>> = Vec::new();
     // A bar on a terminal for stores of many segments; hidden otherwise (logs, tests).
     let bar = if seg_ids.len() >= 32 {
         indicatif::ProgressBar::new(seg_ids.len() as u64)
@@ -100,185 +126,283 @@ pub(super) fn recover(dir: &Path) -> Result<Recovery> {
         indicatif::ProgressBar::hidden()
     };
     bar.set_message(format!("recovering {}", dir.display()));
+    let mut found: Vec<Found> = Vec::with_capacity(seg_ids.len());
+    // A segment we could not read may hold what makes an older copy dead: remove nothing.
+    let mut unreadable = false;
     for id in seg_ids {
         bar.inc(1);
-        let Some((segment, records)) = recover_segment(dir, id, &mut report)? else {
-            continue;
-        };
-        if records.is_empty() {
-            // Nothing live: reclaim the space now.
-            drop(segment);
-            remove(&seg_path(dir, id), &mut report);
-            remove(&idx_path(dir, id), &mut report);
-            continue;
-        }
-        for r in records {
-            if let Some(old) = by_key.insert(r.header.key, live.len()) {
-                live[old] = None;
-                report.superseded += 1;
+        let path = seg_path(dir, id);
+        let seg = match OpenOptions::new().read(true).write(repair).open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(segment = %path.display(), error = %e, "cannot open a segment; leaving it alone");
+                report.stray_files += 1;
+                unreadable = true;
+                continue;
             }
-            live.push(Some(r));
-        }
-        segments.insert(id, Arc::new(segment));
+        };
+        let log = if idx_ids.contains(&id) {
+            std::fs::read(idx_path(dir, id)).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let scan = scan_segment(id, &seg, &log).map_err(|e| io_error(&path, "scan", &e))?;
+        found.push(Found { id, seg, scan });
     }
     bar.finish_and_clear();
-    let live: Vec<Recovered> = live.into_iter().flatten().collect();
-    report.segments = segments.len() as u64;
-    report.records = live.len() as u64;
-    report.elapsed = started.elapsed();
-    Ok((segments, live, report, max_seen))
-}
 
-fn remove(path: &Path, report: &mut RecoveryReport) {
-    match std::fs::remove_file(path) {
-        Ok(()) => report.removed_files += 1,
-        Err(e) => {
-            tracing::warn!(file = %path.display(), error = %e, "could not remove a leftover file")
+    let resolved = resolve(&found, &mut report);
+    let mut segments = BTreeMap::new();
+    let mut removable = Vec::new();
+    for (i, f) in found.into_iter().enumerate() {
+        let s = &f.scan;
+        report.salvaged_records += s.salvaged;
+        report.damaged_records += s.damaged;
+        report.damaged_bytes += s.skipped_bytes;
+        report.dropped_missing += s.dropped_missing;
+        report.torn_index_bytes += s.log_bad_bytes;
+        report.damaged_segment_headers += u64::from(!s.header_ok);
+        if let Some(t) = s.tail_from.filter(|t| *t < s.seg_len) {
+            report.torn_segment_bytes += s.seg_len - t;
+        }
+        if resolved.live_per_segment[i] == 0 {
+            removable.push(f);
+            continue;
+        }
+        let idx = if repair {
+            repair_segment(dir, &f, &resolved.own_tombstones_to_write[i], &mut report)
+        } else {
+            None
+        };
+        segments.insert(
+            f.id,
+            Arc::new(Segment {
+                id: f.id,
+                seg: f.seg,
+                idx: Mutex::new(idx),
+            }),
+        );
+    }
+    if repair {
+        if unreadable || report.repairs_failed > 0 {
+            if !removable.is_empty() {
+                tracing::warn!(
+                    segments = removable.len(),
+                    "keeping segments without live records until their older copies are marked dead"
+                );
+            }
+        } else {
+            for f in removable {
+                drop(f.seg);
+                remove(&seg_path(dir, f.id), &mut report);
+                remove(&idx_path(dir, f.id), &mut report);
+            }
+        }
+        if report.removed_files > 0 || report.rescanned_segments > 0 {
+            let _ = sync_dir(dir);
         }
     }
+    report.segments = segments.len() as u64;
+    report.records = resolved.live.len() as u64;
+    report.elapsed = started.elapsed();
+    Ok((segments, resolved.live, report, max_seen))
 }
 
-/// Recovers one segment: `None` if its header is bad (both files are removed).
-fn recover_segment(
-    dir: &Path,
-    id: u64,
-    report: &mut RecoveryReport,
-) -> Result<Option<(Segment, Vec<Recovered>)>> {
-    let spath = seg_path(dir, id);
-    let seg = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&spath)
-        .map_err(|e| io_error(&spath, "open segment", &e))?;
-    let seg_len = seg
-        .metadata()
-        .map_err(|e| io_error(&spath, "stat", &e))?
-        .len();
-    let mut head = vec![0u8; SEGMENT_HEADER_LEN as usize];
-    let header_ok = seg.read_exact_at(&mut head, 0).is_ok()
-        && SegmentHeader::decode(&head).is_some_and(|h| h.id == id);
-    if !header_ok {
-        tracing::warn!(segment = %spath.display(), "segment header is missing or corrupt; removing the segment");
-        drop(seg);
-        remove(&spath, report);
-        remove(&idx_path(dir, id), report);
-        return Ok(None);
+/// Segment and log ids in the directory (sorted), and the highest id named by any file.
+fn list(dir: &Path, mode: Mode, report: &mut RecoveryReport) -> Result<(Vec<u64>, Vec<u64>, u64)> {
+    let mut seg_ids = Vec::new();
+    let mut idx_ids = Vec::new();
+    let mut max_seen = 0;
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, "list", &e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let parse = |stem: &str| u64::from_str_radix(stem, 16).ok();
+        let seg = name.strip_suffix(".seg").and_then(parse);
+        let idx = name.strip_suffix(".idx").and_then(parse);
+        let regular = entry.file_type().is_ok_and(|t| t.is_file());
+        if let Some(id) = seg.or(idx) {
+            // Never reuse a name, even one a stray entry holds.
+            max_seen = max_seen.max(id);
+            if !regular {
+                tracing::warn!(entry = %entry.path().display(), "not a regular file; ignoring it");
+                report.stray_files += 1;
+                continue;
+            }
+        }
+        match (seg, idx) {
+            (Some(id), _) => seg_ids.push(id),
+            (_, Some(id)) => idx_ids.push(id),
+            _ if regular && name.ends_with(".tmp") && mode == Mode::Repair => {
+                remove(&entry.path(), report)
+            }
+            _ => {}
+        }
     }
+    seg_ids.sort_unstable();
+    Ok((seg_ids, idx_ids, max_seen))
+}
 
-    let ipath = idx_path(dir, id);
-    let idx = OpenOptions::new()
+struct Resolved {
+    live: Vec<Recovered>,
+    live_per_segment: Vec<u64>,
+    /// Per segment: dead records with no tombstone of their own (offset, key).
+    own_tombstones_to_write: Vec<Vec<(u64, [u8; 32])>>,
+}
+
+/// Applies the newest-copy-decides rule across segments (`found` is in id order).
+fn resolve(found: &[Found], report: &mut RecoveryReport) -> Resolved {
+    type Map<V> = HashMap<[u8; 32], V, BuildHasherDefault<PassThroughHasher>>;
+    let dead: Vec<HashSet<(u64, [u8; 32])>> = found
+        .iter()
+        .map(|f| f.scan.tombstones.iter().copied().collect())
+        .collect();
+    let is_dead = |s: usize, r: &Recovered| dead[s].contains(&(r.loc.offset, r.header.key));
+    // key -> (segment index, record index) of its newest copy.
+    let mut newest: Map<(usize, usize)> = Map::default();
+    for (s, f) in found.iter().enumerate() {
+        for (r, rec) in f.scan.records.iter().enumerate() {
+            let slot = newest.entry(rec.header.key).or_insert((s, r));
+            let (ps, pr) = *slot;
+            if ps < s || f.scan.order[r] > found[ps].scan.order[pr] {
+                *slot = (s, r);
+            }
+        }
+    }
+    let mut live = Vec::with_capacity(newest.len());
+    let mut live_per_segment = vec![0u64; found.len()];
+    let mut to_write = vec![Vec::new(); found.len()];
+    for (s, f) in found.iter().enumerate() {
+        for (r, rec) in f.scan.records.iter().enumerate() {
+            let (ns, nr) = newest[&rec.header.key];
+            let newest_rec = &found[ns].scan.records[nr];
+            let key_deleted = is_dead(ns, newest_rec);
+            if (ns, nr) == (s, r) && !key_deleted {
+                live.push(rec.clone());
+                live_per_segment[s] += 1;
+                continue;
+            }
+            if key_deleted {
+                report.tombstoned += 1;
+            } else {
+                report.superseded += 1;
+            }
+            if !is_dead(s, rec) {
+                to_write[s].push((rec.loc.offset, rec.header.key));
+            }
+        }
+    }
+    Resolved {
+        live,
+        live_per_segment,
+        own_tombstones_to_write: to_write,
+    }
+}
+
+/// Repairs one kept segment: its log (rewritten, or its torn tail cut), its torn data
+/// tail, the tombstones its dead copies lack. Returns its log opened for appends, or
+/// `None` if the log cannot be opened (the segment is then read-only for this run).
+fn repair_segment(
+    dir: &Path,
+    f: &Found,
+    tombstones: &[(u64, [u8; 32])],
+    report: &mut RecoveryReport,
+) -> Option<File> {
+    let s = &f.scan;
+    let ipath = idx_path(dir, f.id);
+    let mut failed = |what: &str, e: std::io::Error| {
+        tracing::warn!(segment = f.id, error = %e, "recovery could not {what}; retrying at the next open");
+        report.repairs_failed += 1;
+    };
+    if s.log_needs_rewrite {
+        let mut log = Vec::new();
+        for r in &s.records {
+            log.extend_from_slice(&encode_index_entry(&IndexEntry::Record {
+                offset: r.loc.offset,
+                header: r.header.clone(),
+            }));
+        }
+        for (offset, key) in s.tombstones.iter().chain(tombstones) {
+            log.extend_from_slice(&encode_index_entry(&IndexEntry::Tombstone {
+                offset: *offset,
+                key: *key,
+            }));
+        }
+        match replace_file(&ipath, &log) {
+            Ok(()) => {
+                report.rescanned_segments += 1;
+                report.tombstones_written += tombstones.len() as u64;
+            }
+            Err(e) => failed("rewrite an index log", e),
+        }
+    } else if s.log_clean_prefix < s.log_len {
+        if let Err(e) = OpenOptions::new()
+            .write(true)
+            .open(&ipath)
+            .and_then(|f| f.set_len(s.log_clean_prefix))
+        {
+            failed("cut a torn index-log tail", e);
+        }
+    }
+    if let Some(t) = s.tail_from.filter(|t| *t < s.seg_len) {
+        if let Err(e) = f.seg.set_len(t) {
+            failed("cut a torn segment tail", e);
+        }
+    }
+    let idx = match OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&ipath)
-        .map_err(|e| io_error(&ipath, "open index log", &e))?;
-    let bytes = std::fs::read(&ipath).map_err(|e| io_error(&ipath, "read", &e))?;
-    let (mut entries, valid) = decode_index_entries(&bytes);
-    if valid < bytes.len() {
-        report.torn_index_bytes += (bytes.len() - valid) as u64;
-        idx.set_len(valid as u64)
-            .map_err(|e| io_error(&ipath, "truncate", &e))?;
-    }
-    if entries.is_empty() && seg_len > SEGMENT_HEADER_LEN {
-        entries = rescan(&seg, seg_len);
-        report.rescanned_segments += 1;
-        let mut log = Vec::new();
-        for e in &entries {
-            log.extend_from_slice(&encode_index_entry(e));
+    {
+        Ok(idx) => idx,
+        Err(e) => {
+            failed("open an index log", e);
+            return None;
         }
-        idx.set_len(0)
-            .and_then(|()| idx.write_all_at(&log, 0))
-            .map_err(|e| io_error(&ipath, "rebuild", &e))?;
-    }
-
-    // Records are logged in offset order; tombstones (rare) name a record by offset.
-    let mut records: Vec<Recovered> = Vec::with_capacity(entries.len());
-    let mut dead: HashMap<u64, [u8; 32]> = HashMap::new();
-    for entry in entries {
-        match entry {
-            IndexEntry::Record { offset, header } => {
-                let loc = Loc::new(id, offset, &header);
-                if offset < SEGMENT_HEADER_LEN || loc.data_end() > seg_len {
-                    report.dropped_missing += 1;
-                    continue;
-                }
-                records.push(Recovered { loc, header });
-            }
-            IndexEntry::Tombstone { offset, key } => {
-                dead.insert(offset, key);
-            }
-        }
-    }
-    if !dead.is_empty() {
-        records.retain(|r| {
-            let is_dead = dead.get(&r.loc.offset).is_some_and(|k| *k == r.header.key);
-            if is_dead {
-                report.tombstoned += 1;
-            }
-            !is_dead
-        });
-    }
-    // A record written twice at one offset cannot happen (offsets only grow); sort in
-    // case a rebuilt log listed them out of order.
-    records.sort_by_key(|r| r.loc.offset);
-    // Data past the last indexed record was never acknowledged: cut it off.
-    let end = records
-        .iter()
-        .map(|r| align_up(r.loc.data_end()))
-        .max()
-        .unwrap_or(SEGMENT_HEADER_LEN);
-    if seg_len > end {
-        report.torn_segment_bytes += seg_len - end;
-        seg.set_len(end)
-            .map_err(|e| io_error(&spath, "truncate", &e))?;
-    }
-    let segment = Segment {
-        id,
-        seg,
-        idx: Mutex::new(idx),
     };
-    Ok(Some((segment, records)))
+    if !s.log_needs_rewrite && !tombstones.is_empty() {
+        let mut bytes = Vec::new();
+        for (offset, key) in tombstones {
+            bytes.extend_from_slice(&encode_index_entry(&IndexEntry::Tombstone {
+                offset: *offset,
+                key: *key,
+            }));
+        }
+        let appended = idx
+            .metadata()
+            .and_then(|m| idx.write_all_at(&bytes, m.len()))
+            .and_then(|()| idx.sync_data());
+        match appended {
+            Ok(()) => report.tombstones_written += tombstones.len() as u64,
+            Err(e) => failed("write tombstones for older copies", e),
+        }
+    }
+    Some(idx)
 }
 
-/// Rebuilds a segment's index entries by reading every record header in order, stopping
-/// at the first that does not decode or whose data is cut short.
-fn rescan(seg: &File, seg_len: u64) -> Vec<IndexEntry> {
-    let mut out = Vec::new();
-    let mut offset = SEGMENT_HEADER_LEN;
-    while offset + RECORD_HEADER_LEN <= seg_len {
-        let mut fixed = [0u8; RECORD_HEADER_LEN as usize];
-        if seg.read_exact_at(&mut fixed, offset).is_err() {
-            break;
+/// Writes `bytes` to a temporary file, syncs it and renames it over `path`.
+fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("idx.tmp");
+    let written = File::create(&tmp).and_then(|f| {
+        f.write_all_at(bytes, 0)?;
+        f.sync_data()
+    });
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
         }
-        let tokens = u64::from(u32::from_le_bytes([
-            fixed[76], fixed[77], fixed[78], fixed[79],
-        ]));
-        let mut pl = [0u8; 8];
-        pl.copy_from_slice(&fixed[96..104]);
-        let payload_len = u64::from_le_bytes(pl);
-        let chunk_log2 = fixed[112];
-        if !(9..=30).contains(&chunk_log2) || tokens > 1 << 16 || payload_len > 1 << 31 {
-            break;
-        }
-        let meta_len =
-            RECORD_HEADER_LEN + 4 * (tokens + RecordHeader::chunks_for(payload_len, chunk_log2));
-        let mut meta = vec![0u8; meta_len as usize];
-        if seg.read_exact_at(&mut meta, offset).is_err() {
-            break;
-        }
-        let Ok(header) = RecordHeader::decode(&meta) else {
-            break;
-        };
-        let loc = Loc::new(0, offset, &header);
-        if loc.data_end() > seg_len {
-            break;
-        }
-        offset += loc.record_len;
-        out.push(IndexEntry::Record {
-            offset: loc.offset,
-            header,
-        });
     }
-    out
+}
+
+fn remove(path: &Path, report: &mut RecoveryReport) {
+    match std::fs::remove_file(path) {
+        Ok(()) => report.removed_files += 1,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "could not remove a leftover file")
+        }
+    }
 }

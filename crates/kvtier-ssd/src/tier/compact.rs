@@ -31,7 +31,7 @@ impl SsdTier {
         let mut done = Compacted::default();
         let active = self.store.active_segment();
         for id in self.store.segment_ids() {
-            if id == active {
+            if Some(id) == active {
                 continue;
             }
             let Some(len) = self.store.segment_len(id) else {
