@@ -19,6 +19,7 @@
 //!   store on a full disk opens and serves what it holds; appends fail with `NoSpace`
 //!   until space returns, then resume.
 
+mod append_stream;
 mod buffers;
 pub mod direct;
 mod lock;
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvtier_core::{Error, ErrorKind, Result};
 use parking_lot::{Mutex, RwLock};
 
+pub use append_stream::Reservation;
 pub use lock::{DirLock, io_error};
 pub use recovery::{Recovered, RecoveryReport};
 
