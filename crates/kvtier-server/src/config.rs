@@ -189,6 +189,15 @@ pub struct Settings {
     pub workers: usize,
     /// How long shutdown waits for requests in flight.
     pub shutdown_timeout: HumanDuration,
+    /// Connections open at once; at the cap a new connection closes the longest-idle one,
+    /// or is closed itself when every connection has a request in progress.
+    pub max_connections: usize,
+    /// A request head must be complete this long after its first byte.
+    pub header_timeout: HumanDuration,
+    /// A request body must have arrived whole this long after its head (else 408).
+    pub body_timeout: HumanDuration,
+    /// A connection with no request in progress is closed after this long.
+    pub idle_timeout: HumanDuration,
     /// The SSD tier.
     pub ssd: SsdSettings,
     /// The remote tier.
@@ -207,6 +216,10 @@ impl Default for Settings {
             max_body: ByteSize(1 << 30),
             workers: 0,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
+            max_connections: 1024,
+            header_timeout: HumanDuration(Duration::from_secs(10)),
+            body_timeout: HumanDuration(Duration::from_secs(60)),
+            idle_timeout: HumanDuration(Duration::from_secs(60)),
             ssd: SsdSettings::default(),
             remote: RemoteSettings::default(),
             auth: AuthSettings::default(),
@@ -272,6 +285,18 @@ impl Settings {
         if self.max_body.0 < 1024 {
             return Err("max_body must be at least 1KiB".into());
         }
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        for (name, d) in [
+            ("header_timeout", self.header_timeout),
+            ("body_timeout", self.body_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if d.0.is_zero() {
+                return Err(format!("{name} must be longer than 0"));
+            }
+        }
         Ok(())
     }
 }
@@ -307,6 +332,18 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests in flight [default: 30s].
     #[arg(long, env = "KVTIER_SHUTDOWN_TIMEOUT", value_name = "DURATION")]
     pub shutdown_timeout: Option<HumanDuration>,
+    /// Connections open at once; at the cap the longest-idle one is closed [default: 1024].
+    #[arg(long, env = "KVTIER_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// A request head must be complete this long after its first byte [default: 10s].
+    #[arg(long, env = "KVTIER_HEADER_TIMEOUT", value_name = "DURATION")]
+    pub header_timeout: Option<HumanDuration>,
+    /// A request body must arrive whole this long after its head [default: 60s].
+    #[arg(long, env = "KVTIER_BODY_TIMEOUT", value_name = "DURATION")]
+    pub body_timeout: Option<HumanDuration>,
+    /// A connection with no request in progress is closed after this long [default: 60s].
+    #[arg(long, env = "KVTIER_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub idle_timeout: Option<HumanDuration>,
     /// Attach the SSD tier at start [default: true].
     #[arg(long, env = "KVTIER_SSD_ENABLED", value_name = "BOOL")]
     pub ssd_enabled: Option<bool>,
@@ -442,6 +479,10 @@ impl ServeArgs {
         set(&mut s.max_body, &self.max_body);
         set(&mut s.workers, &self.workers);
         set(&mut s.shutdown_timeout, &self.shutdown_timeout);
+        set(&mut s.max_connections, &self.max_connections);
+        set(&mut s.header_timeout, &self.header_timeout);
+        set(&mut s.body_timeout, &self.body_timeout);
+        set(&mut s.idle_timeout, &self.idle_timeout);
         let ssd = &mut s.ssd;
         set(&mut ssd.enabled, &self.ssd_enabled);
         if self.ssd_dir.is_some() {

@@ -5,6 +5,11 @@ use axum::response::{IntoResponse, Response};
 use kvtier_client::wire::{ErrorBody, ErrorDetail};
 use kvtier_core::ErrorKind;
 
+/// The code of an error answer, kept in the response's extensions so that the layer
+/// logging refusals can name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
+
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -61,9 +66,19 @@ impl IntoResponse for ApiError {
             },
         };
         let mut resp = (self.status, axum::Json(body)).into_response();
+        resp.extensions_mut().insert(ErrorCode(self.code));
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The rest of a timed-out or oversized body is not read: the connection cannot
+        // carry another request.
+        if matches!(
+            self.status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+        ) {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

@@ -5,10 +5,12 @@
 //! - `routes`: the HTTP API (docs/API.md) — data endpoints, admin control plane, health.
 //! - [`metrics`]: Prometheus exposition of every engine counter and request latencies.
 //! - [`state`]: the engine and the SSD tier's open / reattach.
-//! - [`serve`]: listening, graceful shutdown.
+//! - [`listen`]: connections, with timeouts and a cap.
+//! - [`serve`]: start, graceful shutdown.
 
 pub mod config;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 mod routes;
 pub mod serve;

@@ -6,10 +6,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
+use crate::listen::{self, Limits};
 use crate::routes;
 use crate::state::AppState;
 
@@ -57,29 +57,28 @@ impl Running {
     /// Serves until `stop` resolves, then shuts down in order.
     pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let app = self.app;
-        let deadline = app.settings.read().shutdown_timeout.0;
-        // Small answers (lookups) must not wait for Nagle's algorithm.
-        let listener = self.listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
-        let graceful = {
-            let mut rx = stopping_rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
+        let (deadline, limits) = {
+            let s = app.settings.read();
+            let limits = Limits {
+                max_connections: listen::reserve_descriptors(s.max_connections),
+                header_timeout: s.header_timeout.0,
+                body_timeout: s.body_timeout.0,
+                idle_timeout: s.idle_timeout.0,
+            };
+            (s.shutdown_timeout.0, limits)
         };
-        let server = axum::serve(listener, routes::router(app.clone()))
-            .with_graceful_shutdown(graceful)
-            .into_future();
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+        let server = listen::serve(
+            self.listener,
+            routes::router(app.clone()),
+            limits,
+            stopping_rx,
+        );
         let server = tokio::spawn(server);
         stop.await;
         tracing::info!("stopping: no new connections; finishing requests in flight");
         let _ = stopping_tx.send(true);
-        let requests_finished =
-            matches!(tokio::time::timeout(deadline, server).await, Ok(Ok(Ok(()))));
+        let requests_finished = matches!(tokio::time::timeout(deadline, server).await, Ok(Ok(())));
         if !requests_finished {
             tracing::warn!(
                 ?deadline,

@@ -81,10 +81,12 @@ impl fmt::Display for ByteSize {
         if self.0 == 0 {
             return f.write_str("0B");
         }
-        // Binary units first: capacities are usually powers of two.
+        // The unit that divides exactly and leaves the smallest number, so a size prints
+        // back as it was written: `2GB` (not `1953125KiB`), `64GiB`.
         let (unit, mult) = SIZE_UNITS
             .iter()
-            .find(|(_, m)| self.0.is_multiple_of(*m))
+            .filter(|(_, m)| self.0.is_multiple_of(*m))
+            .min_by_key(|(_, m)| self.0 / m)
             .copied()
             .unwrap_or(("B", 1));
         write!(f, "{}{unit}", self.0 / mult)
@@ -176,6 +178,10 @@ mod tests {
         }
         assert_eq!(ByteSize(64 << 30).to_string(), "64GiB");
         assert_eq!(ByteSize(1_500_000).to_string(), "1500KB");
+        // Decimal sizes divisible by a binary unit print in the unit they were written in.
+        for text in ["2GB", "10MB", "3TB", "512MiB", "1KiB", "1KB", "3B"] {
+            assert_eq!(text.parse::<ByteSize>().unwrap().to_string(), text);
+        }
         for bad in ["", "GiB", "12XB", "-1GiB", "99999999999999TiB"] {
             assert!(bad.parse::<ByteSize>().is_err(), "{bad}");
         }

@@ -14,8 +14,18 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Reads the whole body, refusing more than `limit` bytes (413) and cut-off bodies (400).
+/// Buffers reserved ahead of the bytes that arrived are at most this large, whatever
+/// length the client announces: memory follows the bytes actually received.
+const RESERVE_AHEAD: u64 = 16 << 20;
+
+/// Reads the whole body, refusing more than `limit` bytes (413, before reading anything
+/// when the announced length is already over), bodies that do not arrive within the body
+/// timeout (408) and cut-off bodies (400).
+///
+/// The bytes are gathered into one buffer as they arrive, so a request holds at most
+/// `limit` bytes (plus one chunk) however it sends them.
 pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
+    use axum::body::HttpBody as _;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -23,31 +33,48 @@ pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
             format!("the request body is larger than the limit of {limit} bytes (max_body)"),
         )
     };
+    let hint = body.size_hint();
+    if hint.lower() > limit {
+        return Err(too_large());
+    }
+    let announced = hint.exact().unwrap_or(0);
     let mut stream = body.into_data_stream();
-    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
-            ApiError::bad(
-                "body_unreadable",
-                format!("the request body could not be read: {e}"),
-            )
+            let inner = e.into_inner();
+            match crate::listen::timed_out(inner.as_ref()) {
+                Some(t) => {
+                    ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", t.to_string())
+                }
+                None => ApiError::bad(
+                    "body_unreadable",
+                    format!("the request body could not be read: {inner}"),
+                ),
+            }
         })?;
         total += chunk.len() as u64;
         if total > limit {
             return Err(too_large());
         }
-        chunks.push(chunk);
+        // One chunk needs no copy; from the second on, chunks are gathered.
+        match first.take() {
+            None if buf.is_empty() => first = Some(chunk),
+            held => {
+                if buf.is_empty() {
+                    let expected = announced.max(total).min(total + RESERVE_AHEAD);
+                    buf.reserve(expected as usize);
+                }
+                if let Some(h) = held {
+                    buf.extend_from_slice(&h);
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
     }
-    // One chunk needs no copy; more are gathered into one buffer.
-    if chunks.len() == 1 {
-        return Ok(chunks.swap_remove(0));
-    }
-    let mut buf = BytesMut::with_capacity(total as usize);
-    for c in &chunks {
-        buf.extend_from_slice(c);
-    }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 /// Parses JSON, naming what was wrong.

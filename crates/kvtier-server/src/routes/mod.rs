@@ -6,6 +6,8 @@ mod data;
 pub(crate) mod input;
 mod load_stream;
 mod ops;
+mod raw_store;
+mod rejections;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -117,6 +119,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/lookup", post(data::lookup))
         .route("/v1/load", post(data::load))
         .route("/v1/store", post(data::store))
+        .route("/v1/store/raw", post(raw_store::store_raw))
         .route("/v1/snapshot", put(data::snapshot_put))
         .route("/v1/snapshot/get", post(data::snapshot_get))
         .route("/v1/stats", get(data::stats))
@@ -132,5 +135,6 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/health", get(ops::health))
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(app.clone(), timed))
+        .layer(middleware::from_fn(rejections::json_errors))
         .with_state(app)
 }

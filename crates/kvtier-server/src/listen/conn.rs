@@ -1,0 +1,259 @@
+//! One connection: its state as the cap and the timers see it, the socket wrapper that
+//! notices a request head beginning, and the task that serves it until it ends, times
+//! out, is evicted, or the server stops.
+//!
+//! A connection is *busy* while a request is in progress (from its head to the end of
+//! its response) and *idle* otherwise. An idle connection is closed `idle_timeout` after
+//! it became idle (accepted, or its last response sent) — unless bytes of a next request
+//! head have arrived, in which case that head must be complete `header_timeout` after its
+//! first byte. A busy connection's body has its own deadline ([`super::body`]).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Limits;
+use super::body::{InFlight, TimedBody, TrackedBody};
+use super::refusals::{Level, REFUSALS};
+
+/// No time recorded.
+const NEVER: u64 = u64::MAX;
+
+/// What the cap and the timers know about one connection.
+#[derive(Debug)]
+pub struct ConnState {
+    epoch: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds since `epoch` when the connection last became idle.
+    idle_since: AtomicU64,
+    /// Milliseconds since `epoch` of the first byte of a head not yet complete, or NEVER.
+    head_started: AtomicU64,
+    /// Set when the cap or the timers want the connection gone.
+    pub(super) close: Notify,
+    /// Woken when a deadline may have moved (a head began, a request ended).
+    changed: Notify,
+}
+
+impl ConnState {
+    /// A connection accepted now, idle.
+    pub fn new(epoch: Instant) -> Self {
+        let s = Self {
+            epoch,
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_started: AtomicU64::new(NEVER),
+            close: Notify::new(),
+            changed: Notify::new(),
+        };
+        s.idle_since.store(s.now_ms(), Ordering::Relaxed);
+        s
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// When it last became idle, if it is idle now (for choosing whom to evict).
+    pub fn idle_since(&self) -> Option<u64> {
+        (self.in_flight.load(Ordering::Acquire) == 0)
+            .then(|| self.idle_since.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.head_started.store(NEVER, Ordering::Relaxed);
+    }
+
+    pub(super) fn request_ended(&self) {
+        self.idle_since.store(self.now_ms(), Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.changed.notify_one();
+    }
+
+    fn bytes_arrived(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0
+            && self.head_started.load(Ordering::Relaxed) == NEVER
+        {
+            self.head_started.store(self.now_ms(), Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection must be closed if nothing changes, and why; None while busy.
+    fn deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let at = |ms: u64, d: Duration| self.epoch + Duration::from_millis(ms) + d;
+        match self.head_started.load(Ordering::Relaxed) {
+            NEVER => Some((
+                at(self.idle_since.load(Ordering::Relaxed), limits.idle_timeout),
+                "idle_timeout",
+            )),
+            ms => Some((at(ms, limits.header_timeout), "header_timeout")),
+        }
+    }
+}
+
+/// The socket, telling its connection's state when bytes arrive.
+struct WatchedIo {
+    tcp: TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for WatchedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.bytes_arrived();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for WatchedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // Loads send block bytes as vectored writes, without copying them.
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+/// Serves one connection until the client closes it, a timer or the cap closes it, or
+/// the server stops (then the request in progress, if any, is finished first).
+pub async fn serve(
+    tcp: TcpStream,
+    state: Arc<ConnState>,
+    router: axum::Router,
+    limits: Limits,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let body_timeout = limits.body_timeout;
+    let svc_state = state.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let in_flight = InFlight::start(svc_state.clone());
+        let req = req.map(|b| TimedBody::new(b, body_timeout));
+        let call = tower_call(router.clone(), req);
+        async move {
+            let resp = call.await;
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|b| axum::body::Body::new(TrackedBody::new(b, in_flight))),
+            )
+        }
+    });
+    let io = TokioIo::new(WatchedIo {
+        tcp,
+        state: state.clone(),
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The timers below replace hyper's own header timeout (which needs a hyper timer and
+    // cannot tell an idle connection from a slow head).
+    builder.keep_alive(true).header_read_timeout(None);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut stopping_seen = *stopping.borrow();
+    if stopping_seen {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let deadline = state.deadline(&limits);
+        let sleep = async {
+            match deadline {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = state.close.notified() => {
+                // Evicted by the cap: only ever an idle connection.
+                return;
+            }
+            _ = state.changed.notified() => {}
+            changed = stopping.changed(), if !stopping_seen => {
+                if changed.is_err() || *stopping.borrow() {
+                    stopping_seen = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = sleep => {
+                if let Some((at, why)) = state.deadline(&limits)
+                    && Instant::now() >= at
+                {
+                    let limit = match why {
+                        "header_timeout" => limits.header_timeout,
+                        _ => limits.idle_timeout,
+                    };
+                    if why == "header_timeout" {
+                        REFUSALS.note(
+                            Level::Warn,
+                            why,
+                            &format_args!("a request head was not complete within {limit:?}; connection closed"),
+                        );
+                    } else {
+                        tracing::debug!(?limit, "idle connection closed");
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Calls the router (a tower service) once.
+fn tower_call(
+    router: axum::Router,
+    req: hyper::Request<TimedBody>,
+) -> impl Future<Output = axum::response::Response> + Send {
+    use hyper::service::Service as _;
+    let svc = hyper_util::service::TowerToHyperService::new(router);
+    async move {
+        match svc.call(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        }
+    }
+}

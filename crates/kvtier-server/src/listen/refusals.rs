@@ -1,0 +1,131 @@
+//! Logging refusals without flooding the log.
+//!
+//! A refused request — a malformed body, a wrong token, a connection closed for a
+//! timeout or for the connection cap — is the client's problem, not the server's, and a
+//! misbehaving or hostile client can cause thousands a second. Each kind is therefore
+//! logged at most once per [`INTERVAL`], at `info` (requests) or `warn` (connection
+//! limits an operator may want to raise), with the number of the same kind left unlogged
+//! since the previous line. Nothing here logs at `error`.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// At most one line per kind in this period.
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+/// How loud a kind of refusal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Ordinary client mistakes (4xx answers).
+    Info,
+    /// Connections closed by a limit: worth an operator's look.
+    Warn,
+}
+
+#[derive(Debug)]
+struct Slot {
+    logged_at: Instant,
+    unlogged: u64,
+}
+
+/// Per-kind rate limiting, and a count of every refusal by kind (for metrics).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    slots: Mutex<HashMap<&'static str, Slot>>,
+    totals: Mutex<HashMap<&'static str, u64>>,
+    logged: AtomicU64,
+}
+
+/// The process's refusal log: one per process, as the log itself is.
+pub static REFUSALS: LazyLock<Refusals> = LazyLock::new(Refusals::default);
+
+impl Refusals {
+    /// Counts one refusal of `kind` and logs it unless one of that kind was logged less
+    /// than [`INTERVAL`] ago. Returns whether a line was written.
+    pub fn note(&self, level: Level, kind: &'static str, detail: &dyn std::fmt::Display) -> bool {
+        self.note_at(Instant::now(), level, kind, detail)
+    }
+
+    fn note_at(
+        &self,
+        now: Instant,
+        level: Level,
+        kind: &'static str,
+        detail: &dyn std::fmt::Display,
+    ) -> bool {
+        *self.totals.lock().entry(kind).or_insert(0) += 1;
+        let unlogged = {
+            let mut slots = self.slots.lock();
+            match slots.get_mut(kind) {
+                Some(slot) if now.saturating_duration_since(slot.logged_at) < INTERVAL => {
+                    slot.unlogged += 1;
+                    return false;
+                }
+                Some(slot) => {
+                    let n = slot.unlogged;
+                    *slot = Slot {
+                        logged_at: now,
+                        unlogged: 0,
+                    };
+                    n
+                }
+                None => {
+                    slots.insert(
+                        kind,
+                        Slot {
+                            logged_at: now,
+                            unlogged: 0,
+                        },
+                    );
+                    0
+                }
+            }
+        };
+        self.logged.fetch_add(1, Ordering::Relaxed);
+        match level {
+            Level::Info => {
+                tracing::info!(kind, unlogged_since_last = unlogged, "refused: {detail}")
+            }
+            Level::Warn => {
+                tracing::warn!(kind, unlogged_since_last = unlogged, "refused: {detail}")
+            }
+        }
+        true
+    }
+
+    /// Every refusal so far, by kind.
+    pub fn totals(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self.totals.lock().iter().map(|(k, n)| (*k, *n)).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn one_line_per_kind_per_interval_and_every_refusal_counted() {
+        let r = Refusals::default();
+        let t0 = Instant::now();
+        let mut lines = 0;
+        for i in 0..1000u64 {
+            // 1000 refusals over 25 s: lines at 0 s, 10 s and 20 s.
+            let at = t0 + Duration::from_millis(i * 25);
+            lines += u32::from(r.note_at(at, Level::Info, "bad_json", &"x"));
+        }
+        assert_eq!(lines, 3);
+        assert!(
+            r.note_at(t0, Level::Warn, "idle_timeout", &"y"),
+            "kinds are apart"
+        );
+        assert_eq!(r.totals(), vec![("bad_json", 1000), ("idle_timeout", 1)]);
+    }
+}

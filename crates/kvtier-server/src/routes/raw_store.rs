@@ -1,0 +1,109 @@
+//! `POST /v1/store/raw?layout=…&tokens=1,2,3`: a store a shell can send.
+//!
+//! The store endpoint takes an upload body (a binary head, a JSON head, then the payload),
+//! which is what clients should send but which `curl` cannot build without a helper. This
+//! form takes the payload as the raw body (`curl --data-binary @kv.bin`) and the rest from
+//! the query string, then stores exactly as `POST /v1/store` does — it builds the same
+//! upload and hands it to the same handler, so validation and answers cannot differ. It
+//! copies the payload once more than the binary form: it is for trying kvtier out and for
+//! scripts, not for an inference engine's hot path.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::Uri;
+use kvtier_client::wire::{PromptSpec, StoreAnswer, frame};
+
+use super::data;
+use super::input::read_body;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The query of a raw store: `layout=<32 hex>&tokens=<u32>,<u32>,…`.
+fn parse_query(query: Option<&str>) -> Result<PromptSpec, ApiError> {
+    let bad = |m: String| ApiError::bad("bad_query", m);
+    let mut layout = None;
+    let mut tokens = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "layout" => layout = Some(value.to_owned()),
+            "tokens" => {
+                let list = value.replace("%2C", ",").replace("%2c", ",");
+                let parsed = list
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(|t| {
+                        t.parse::<u32>()
+                            .map_err(|_| bad(format!("token `{t}` is not a u32")))
+                    })
+                    .collect::<Result<Vec<u32>, _>>()?;
+                tokens = Some(parsed);
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown query parameter `{other}` (layout, tokens)"
+                )));
+            }
+        }
+    }
+    match (layout, tokens) {
+        (Some(layout), Some(tokens)) => Ok(PromptSpec::new(layout, tokens)),
+        _ => Err(bad(
+            "a raw store needs `?layout=<32 hex digits>&tokens=<comma-separated u32s>`".into(),
+        )),
+    }
+}
+
+/// `POST /v1/store/raw`: the body is the payload (whole blocks, block 0 first).
+pub async fn store_raw(
+    State(app): State<Arc<AppState>>,
+    uri: Uri,
+    body: Body,
+) -> Result<Json<StoreAnswer>, ApiError> {
+    let spec = parse_query(uri.query())?;
+    let limit = app.settings.read().max_body.0;
+    let payload = read_body(body, limit).await?;
+    let head = serde_json::to_vec(&spec).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot encode the upload head: {e}"),
+        )
+    })?;
+    let head_len = u32::try_from(head.len())
+        .map_err(|_| ApiError::bad("bad_query", "the query makes too long a head"))?;
+    let mut upload = Vec::with_capacity(12 + head.len() + payload.len());
+    upload.extend_from_slice(&frame::upload_head(head_len));
+    upload.extend_from_slice(&head);
+    upload.extend_from_slice(&payload);
+    drop(payload);
+    data::store(State(app), Body::from(upload)).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn the_query_names_the_layout_and_tokens_and_nothing_else() {
+        let spec = parse_query(Some("layout=ab12&tokens=1,2%2C3,")).unwrap();
+        assert_eq!(spec.layout, "ab12");
+        assert_eq!(spec.token_ids().unwrap(), vec![1, 2, 3]);
+        for bad in [
+            None,
+            Some("layout=ab12"),
+            Some("tokens=1,2"),
+            Some("layout=ab&tokens=1,x"),
+            Some("layout=ab&tokens=1&durable=yes"),
+            Some("layout=ab&tokens=-1"),
+        ] {
+            let e = parse_query(bad).unwrap_err();
+            assert_eq!(e.code, "bad_query", "{bad:?}");
+        }
+    }
+}
