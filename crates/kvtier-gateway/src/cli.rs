@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kvtier_ssd::Durability;
 
@@ -61,10 +62,85 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub workers: Option<usize>,
 
-    /// Create this bucket at start if it does not exist (repeatable).
-    /// Default: none.
+    /// Create this bucket at start if it does not exist (repeatable). The name must
+    /// follow S3's bucket naming rules (3-63 characters of a-z, 0-9, '.', '-', starting
+    /// and ending with a letter or digit, no '..', not an IP address). Default: none.
     #[arg(long, value_name = "NAME")]
     pub create_bucket: Vec<String>,
+
+    /// A request head (request line and headers) must arrive within this.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// A request body may send nothing for at most this long.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+
+    /// A keep-alive connection with no request in flight is closed after this.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Open connections at most; at the cap the longest-idle connection is closed to
+    /// admit a new one, and a new one is refused only when all are busy.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Refused requests (bad signature, unknown key, malformed) are logged at WARN at
+    /// most once per this interval, with the count since the last line.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub refusal_log_interval: Duration,
+}
+
+/// `250ms`, `10s`, `2m`, `1h`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (like 250ms, 10s, 2m)"))?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        other => return Err(format!("unknown unit `{other}` in `{s}` (ms, s, m, h)")),
+    };
+    if d.is_zero() {
+        return Err("a timeout must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+/// Whether `name` follows S3's bucket naming rules, so every client can address it.
+pub fn valid_bucket_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (3..=63).contains(&b.len())
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && !name.contains("..")
+        && !name.contains(".-")
+        && !name.contains("-.")
+        && name.parse::<std::net::Ipv4Addr>().is_err()
+        && !name.starts_with("xn--")
+        && !name.ends_with("-s3alias")
+}
+
+/// Logging for `kvtier gateway`: `RUST_LOG` decides; by default info for kvtier, warn
+/// otherwise, and s3s's own per-error lines off (the gateway logs refusals itself,
+/// rate-limited, and server errors where they arise).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,kvtier=info,kvtier_gateway=info,kvtier_ssd=info,s3s=off",
+        )
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 impl GatewayArgs {
@@ -94,7 +170,17 @@ impl GatewayArgs {
         if let Some(w) = self.workers {
             config.workers = w.max(1);
         }
+        if let Some(bad) = self.create_bucket.iter().find(|b| !valid_bucket_name(b)) {
+            return Err(format!(
+                "--create-bucket `{bad}`: not a valid S3 bucket name (3-63 characters of a-z, 0-9, '.', '-', starting and ending with a letter or digit, no '..', not an IP address)"
+            ));
+        }
         config.create_buckets = self.create_bucket.clone();
+        config.header_timeout = self.header_timeout;
+        config.body_timeout = self.body_timeout;
+        config.idle_timeout = self.idle_timeout;
+        config.max_connections = self.max_connections.max(1);
+        config.refusal_log_interval = self.refusal_log_interval;
         Ok(config)
     }
 }
@@ -126,4 +212,40 @@ pub fn run(args: &GatewayArgs) -> Result<(), String> {
         "kvtier gateway: stopped after {requests} requests ({gets} GETs, {ranged} ranged, {bytes} bytes sent)"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names_follow_s3_rules() {
+        for ok in ["abc", "my-bucket.1", "a1b", &"a".repeat(63)] {
+            assert!(valid_bucket_name(ok), "{ok}");
+        }
+        for bad in [
+            "ab",
+            "Abc",
+            "a_b",
+            "-ab",
+            "ab-",
+            "a..b",
+            "a.-b",
+            "192.168.1.1",
+            &"a".repeat(64),
+            "xn--ab",
+        ] {
+            assert!(!valid_bucket_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
 }

@@ -8,7 +8,7 @@
     reason = "tests"
 )]
 
-use kvtier_gateway::store::{GatewayStore, ListQuery, ObjectInfo, StoreError};
+use kvtier_gateway::store::{GatewayStore, ListQuery, ObjectInfo, Precondition, StoreError};
 use kvtier_ssd::StoreConfig;
 
 fn info() -> ObjectInfo {
@@ -27,7 +27,8 @@ fn objects_buckets_and_deletes_survive_a_reopen() {
         s.put_object("b1", "x", b"first", info()).unwrap();
         s.put_object("b1", "x", b"second", info()).unwrap();
         s.put_object("b1", "y", b"gone", info()).unwrap();
-        s.delete_object("b1", "y").unwrap();
+        s.delete_object("b1", "y", &Precondition::default())
+            .unwrap();
         s.create_bucket("b2").unwrap();
         s.delete_bucket("b2").unwrap();
         assert_eq!(

@@ -98,7 +98,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Gateway(args) => {
-            crate::logging::init();
+            kvtier_gateway::cli::init_logging();
             kvtier_gateway::cli::run(&args).map_err(anyhow::Error::msg)
         }
         Command::Bench(args) => crate::bench::run(&args),

@@ -42,6 +42,19 @@ pub enum Entry {
         #[serde(flatten)]
         info: ObjectInfo,
     },
+    /// `bucket/key` was deleted: shares the object's record key, so recovery (newest
+    /// record of a key wins) keeps this marker instead of any older copy of the object.
+    Deleted {
+        /// Bucket name.
+        bucket: String,
+        /// Object key.
+        key: String,
+    },
+    /// The bucket was deleted: shares the bucket's record key (see `Deleted`).
+    BucketDeleted {
+        /// Its name.
+        bucket: String,
+    },
     /// One part of a multipart upload: the data is the part's bytes.
     Part {
         /// The upload it belongs to.
@@ -69,6 +82,41 @@ pub struct ObjectInfo {
     /// When it was written, milliseconds since the Unix epoch.
     #[serde(default)]
     pub modified_ms: u64,
+    /// `Cache-Control`, `Content-Disposition`, `Content-Encoding`, `Content-Language`
+    /// and `Expires` as given at upload, returned as given.
+    #[serde(default, skip_serializing_if = "Headers::is_empty")]
+    pub headers: Headers,
+    /// The multipart upload this object completed, so that a retried completion can be
+    /// answered like the first one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
+}
+
+/// Response headers an object keeps (S3 returns them on GET and HEAD).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Headers {
+    /// `Cache-Control`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    /// `Content-Disposition`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+    /// `Content-Encoding` (without `aws-chunked`, which only describes the upload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    /// `Content-Language`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_language: Option<String>,
+    /// `Expires`, milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<i64>,
+}
+
+impl Headers {
+    /// Whether none is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Headers::default()
+    }
 }
 
 impl Entry {
@@ -77,7 +125,10 @@ impl Entry {
     pub fn record_key(&self) -> [u8; 32] {
         match self {
             Entry::Bucket { bucket } => key_of(b'B', &[bucket.as_bytes()]),
-            Entry::Object { bucket, key, .. } => key_of(b'O', &[bucket.as_bytes(), key.as_bytes()]),
+            Entry::Object { bucket, key, .. } | Entry::Deleted { bucket, key } => {
+                key_of(b'O', &[bucket.as_bytes(), key.as_bytes()])
+            }
+            Entry::BucketDeleted { bucket } => key_of(b'B', &[bucket.as_bytes()]),
             Entry::Upload { upload_id, .. } => key_of(b'U', &[upload_id.as_bytes()]),
             Entry::Part {
                 upload_id,
@@ -87,10 +138,18 @@ impl Entry {
         }
     }
 
-    /// The whole record payload: `data`, then this description and its length.
-    pub fn payload(&self, data: &[u8]) -> Vec<u8> {
+    /// The description that ends a payload: the JSON, then its length (u32, LE).
+    pub fn trailer(&self) -> Vec<u8> {
         // Serialising these plain structs cannot fail; an empty description would be
         // refused when read back, never misread.
+        let mut desc = serde_json::to_vec(self).unwrap_or_default();
+        let len = desc.len() as u32;
+        desc.extend_from_slice(&len.to_le_bytes());
+        desc
+    }
+
+    /// The whole record payload: `data`, then this description and its length.
+    pub fn payload(&self, data: &[u8]) -> Vec<u8> {
         let desc = serde_json::to_vec(self).unwrap_or_default();
         let mut out = Vec::with_capacity(data.len() + desc.len() + 4);
         out.extend_from_slice(data);
@@ -150,6 +209,7 @@ mod tests {
                 content_type: Some("text/plain".into()),
                 metadata: vec![("a".into(), "1".into())],
                 modified_ms: 7,
+                ..ObjectInfo::default()
             },
         };
         let p = e.payload(b"hello");
@@ -178,5 +238,22 @@ mod tests {
         }
         .record_key();
         assert_ne!(a, b);
+        // A deletion marker replaces exactly the object (or bucket) it names.
+        let o = Entry::Object {
+            bucket: "a".into(),
+            key: "b".into(),
+            info: ObjectInfo::default(),
+        };
+        let d = Entry::Deleted {
+            bucket: "a".into(),
+            key: "b".into(),
+        };
+        assert_eq!(o.record_key(), d.record_key());
+        let bd = Entry::BucketDeleted {
+            bucket: "ab".into(),
+        };
+        assert_eq!(bd.record_key(), a);
+        // The trailer is what `payload` appends.
+        assert!(o.payload(b"xy").ends_with(&o.trailer()));
     }
 }

@@ -103,6 +103,13 @@ pub(super) fn page(objects: &BTreeMap<String, Arc<Object>>, q: &ListQuery) -> Li
                     .find(d)
                     .map(|at| key[..q.prefix.len() + at + d.len()].to_owned())
             });
+        if let Some(cp) = &rolled
+            && after.as_ref().is_some_and(|a| cp.as_str() <= a.as_str())
+        {
+            // A common prefix at or before the marker was returned by an earlier page.
+            skip_prefix = Some(cp.clone());
+            continue;
+        }
         if count == q.max_keys {
             out.truncated = true;
             break;

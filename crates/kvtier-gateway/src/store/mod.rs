@@ -9,11 +9,18 @@
 //!   GET is one positioned read of the chunks the range touches, each verified.
 //! - **Order.** Appends and index updates happen under one lock, so the index always
 //!   agrees with what recovery would rebuild (the newest record of a key wins).
-//! - **Deletes** write a tombstone before the entry leaves the index. Space of deleted
-//!   and overwritten objects is not reclaimed yet (no compaction): `dead_bytes` counts it.
+//! - **Deletes** write a deletion marker record with the object's record key (so it is
+//!   the newest record of that key and recovery keeps it instead of any older copy), then
+//!   tombstone the deleted record. Space of deleted and overwritten objects is not
+//!   reclaimed yet (no compaction): `dead_bytes` counts it.
+//! - **Writes stream** (`write.rs`): a PUT's body goes into its reserved place in the
+//!   segment as it arrives, with bounded memory, and is published when complete.
 
 mod entry;
 mod list;
+mod multipart;
+mod rebuild;
+mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -29,8 +36,10 @@ use kvtier_ssd::store::{Loc, ReadFault};
 use kvtier_ssd::{SegmentStore, StoreConfig};
 use parking_lot::{Mutex, RwLock};
 
-pub use entry::{Entry, ObjectInfo};
+pub use entry::{Entry, Headers, ObjectInfo};
 pub use list::{ListPage, ListQuery, decode_token};
+pub use multipart::Completed;
+pub use write::{EtagMatch, Precondition, ReadVerdict, RecordWriter};
 
 /// Why a store operation did not happen; each maps to one S3 error code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +64,10 @@ pub enum StoreError {
     EntityTooLarge(u64),
     /// The stored bytes failed verification (the record is dropped from the index).
     Corrupt(String),
+    /// A condition of the request (`If-Match`, `If-None-Match`, ...) does not hold.
+    PreconditionFailed,
+    /// The request body is not what its headers promised (shorter or longer).
+    IncompleteBody(String),
     /// The disk failed.
     Io(String),
 }
@@ -76,6 +89,10 @@ impl std::fmt::Display for StoreError {
                 write!(f, "objects and parts may be at most {max} bytes here")
             }
             StoreError::Corrupt(m) => write!(f, "stored bytes failed verification: {m}"),
+            StoreError::PreconditionFailed => {
+                f.write_str("at least one of the preconditions you specified did not hold")
+            }
+            StoreError::IncompleteBody(m) => write!(f, "incomplete body: {m}"),
             StoreError::Io(m) => write!(f, "storage failed: {m}"),
         }
     }
@@ -151,6 +168,9 @@ struct Upload {
 struct Index {
     buckets: BTreeMap<String, Bucket>,
     uploads: HashMap<String, Upload>,
+    /// Completed upload id -> (bucket, key) of the object it became (while that object
+    /// is the current one), so a retried completion answers 200 as S3 does.
+    completed: HashMap<String, (String, String)>,
 }
 
 /// What opening found.
@@ -163,8 +183,11 @@ pub struct Opened {
     /// Multipart uploads in progress recovered.
     pub uploads: u64,
     /// Records dropped: unreadable descriptions, objects of missing buckets, parts of
-    /// missing uploads, records of other kinds.
+    /// missing uploads, objects of an earlier bucket of the same name, records of
+    /// other kinds.
     pub dropped: u64,
+    /// Deletion markers found (objects and buckets that stay deleted).
+    pub markers: u64,
 }
 
 /// See the module docs.
@@ -209,87 +232,7 @@ impl GatewayStore {
             dead_bytes: AtomicU64::new(0),
             upload_seq: AtomicU64::new(0),
         };
-        let mut opened = Opened::default();
-        let mut described = Vec::with_capacity(recovered.len());
-        for r in recovered {
-            let rec = Rec {
-                loc: r.loc,
-                header: Arc::new(r.header),
-            };
-            if rec.header.kind != Kind::Object {
-                opened.dropped += 1;
-                continue;
-            }
-            match store.describe(&rec) {
-                Some((entry, size)) => described.push((rec, entry, size)),
-                None => opened.dropped += 1,
-            }
-        }
-        // Buckets, then what lives in them, then parts of the uploads.
-        described.sort_by_key(|(_, e, _)| match e {
-            Entry::Bucket { .. } => 0,
-            Entry::Object { .. } | Entry::Upload { .. } => 1,
-            Entry::Part { .. } => 2,
-        });
-        let mut index = Index::default();
-        for (rec, entry, size) in described {
-            match entry {
-                Entry::Bucket { bucket } => {
-                    opened.buckets += 1;
-                    let created_ms = rec.header.created_ms;
-                    index.buckets.insert(
-                        bucket,
-                        Bucket {
-                            rec,
-                            created_ms,
-                            objects: BTreeMap::new(),
-                        },
-                    );
-                }
-                Entry::Object { bucket, key, info } => match index.buckets.get_mut(&bucket) {
-                    Some(b) => {
-                        opened.objects += 1;
-                        b.objects.insert(key, Arc::new(Object { rec, size, info }));
-                    }
-                    None => opened.dropped += 1,
-                },
-                Entry::Upload {
-                    bucket,
-                    key,
-                    upload_id,
-                    info,
-                } => {
-                    opened.uploads += 1;
-                    index.uploads.insert(
-                        upload_id,
-                        Upload {
-                            rec,
-                            bucket,
-                            key,
-                            info,
-                            parts: BTreeMap::new(),
-                        },
-                    );
-                }
-                Entry::Part {
-                    upload_id,
-                    part_number,
-                    etag,
-                } => match index.uploads.get_mut(&upload_id) {
-                    Some(u) => {
-                        let view = PartView {
-                            number: part_number,
-                            size,
-                            etag,
-                            modified_ms: rec.header.created_ms,
-                        };
-                        u.parts.insert(part_number, Part { rec, view });
-                    }
-                    None => opened.dropped += 1,
-                },
-            }
-        }
-        *store.index.write() = index;
+        let opened = rebuild::rebuild(&store, recovered);
         Ok((store, opened))
     }
 
@@ -390,8 +333,29 @@ impl GatewayStore {
             }
             b.rec.clone()
         };
+        self.write(
+            &Entry::BucketDeleted {
+                bucket: bucket.to_owned(),
+            },
+            &[],
+        )?;
         self.kill(&rec)?;
-        self.index.write().buckets.remove(bucket);
+        let uploads: Vec<Upload> = {
+            let mut index = self.index.write();
+            index.buckets.remove(bucket);
+            let ids: Vec<String> = index
+                .uploads
+                .iter()
+                .filter(|(_, u)| u.bucket == bucket)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter()
+                .filter_map(|id| index.uploads.remove(id))
+                .collect()
+        };
+        for u in &uploads {
+            self.forget_upload(u);
+        }
         Ok(())
     }
 
@@ -408,51 +372,6 @@ impl GatewayStore {
             .iter()
             .map(|(n, b)| (n.clone(), b.created_ms))
             .collect()
-    }
-
-    /// Stores `data` as `bucket/key` (replacing what was there) and returns it.
-    pub fn put_object(
-        &self,
-        bucket: &str,
-        key: &str,
-        data: &[u8],
-        info: ObjectInfo,
-    ) -> StoreResult<Arc<Object>> {
-        let _p = self.publish.lock();
-        if !self.has_bucket(bucket) {
-            return Err(StoreError::NoSuchBucket);
-        }
-        let entry = Entry::Object {
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            info,
-        };
-        let rec = self.write(&entry, data)?;
-        let Entry::Object { info, .. } = entry else {
-            return Err(StoreError::Io("unreachable entry kind".into()));
-        };
-        let object = Arc::new(Object {
-            rec,
-            size: data.len() as u64,
-            info,
-        });
-        self.publish_object(bucket, key, object.clone())?;
-        Ok(object)
-    }
-
-    fn publish_object(&self, bucket: &str, key: &str, object: Arc<Object>) -> StoreResult<()> {
-        let mut index = self.index.write();
-        let b = index
-            .buckets
-            .get_mut(bucket)
-            .ok_or(StoreError::NoSuchBucket)?;
-        if let Some(old) = b.objects.insert(key.to_owned(), object) {
-            // Superseded: recovery keeps the newest record of the key; the old one's
-            // space is dead.
-            self.dead_bytes
-                .fetch_add(old.rec.loc.record_len, Ordering::Relaxed);
-        }
-        Ok(())
     }
 
     /// The object at `bucket/key`.
@@ -502,22 +421,42 @@ impl GatewayStore {
         }
     }
 
-    /// Deletes `bucket/key`; deleting a missing key succeeds (as in S3).
-    pub fn delete_object(&self, bucket: &str, key: &str) -> StoreResult<()> {
+    /// Deletes `bucket/key` if `condition` holds for it; deleting a missing key
+    /// succeeds (as in S3). A deletion marker is written first (durable like a PUT), so
+    /// no older copy of the object can come back after a restart; then the deleted
+    /// record is tombstoned.
+    pub fn delete_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        condition: &Precondition,
+    ) -> StoreResult<()> {
         let _p = self.publish.lock();
-        let rec = {
+        let current = {
             let index = self.index.read();
             let b = index.buckets.get(bucket).ok_or(StoreError::NoSuchBucket)?;
-            match b.objects.get(key) {
-                Some(o) => o.rec.clone(),
-                None => return Ok(()),
-            }
+            b.objects.get(key).cloned()
         };
-        self.kill(&rec)?;
-        if let Some(b) = self.index.write().buckets.get_mut(bucket) {
+        condition.check_write(current.as_deref())?;
+        let Some(current) = current else {
+            return Ok(());
+        };
+        self.write(
+            &Entry::Deleted {
+                bucket: bucket.to_owned(),
+                key: key.to_owned(),
+            },
+            &[],
+        )?;
+        let mut index = self.index.write();
+        if let Some(id) = &current.info.upload_id {
+            index.completed.remove(id);
+        }
+        if let Some(b) = index.buckets.get_mut(bucket) {
             b.objects.remove(key);
         }
-        Ok(())
+        drop(index);
+        self.kill(&current.rec)
     }
 
     /// One page of a listing.
@@ -526,226 +465,6 @@ impl GatewayStore {
         let b = index.buckets.get(bucket).ok_or(StoreError::NoSuchBucket)?;
         Ok(list::page(&b.objects, query))
     }
-
-    /// Starts a multipart upload; returns its id.
-    pub fn create_upload(&self, bucket: &str, key: &str, info: ObjectInfo) -> StoreResult<String> {
-        let _p = self.publish.lock();
-        if !self.has_bucket(bucket) {
-            return Err(StoreError::NoSuchBucket);
-        }
-        let upload_id = self.new_upload_id(bucket, key);
-        let entry = Entry::Upload {
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            upload_id: upload_id.clone(),
-            info: info.clone(),
-        };
-        let rec = self.write(&entry, &[])?;
-        self.index.write().uploads.insert(
-            upload_id.clone(),
-            Upload {
-                rec,
-                bucket: bucket.to_owned(),
-                key: key.to_owned(),
-                info,
-                parts: BTreeMap::new(),
-            },
-        );
-        Ok(upload_id)
-    }
-
-    fn new_upload_id(&self, bucket: &str, key: &str) -> String {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        h.update(bucket.as_bytes());
-        h.update([0]);
-        h.update(key.as_bytes());
-        h.update(
-            self.upload_seq
-                .fetch_add(1, Ordering::Relaxed)
-                .to_le_bytes(),
-        );
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        h.update(nanos.to_le_bytes());
-        h.update(std::process::id().to_le_bytes());
-        let digest: [u8; 32] = h.finalize().into();
-        hex(&digest[..16])
-    }
-
-    fn check_upload(index: &Index, upload_id: &str, bucket: &str, key: &str) -> StoreResult<()> {
-        match index.uploads.get(upload_id) {
-            Some(u) if u.bucket == bucket && u.key == key => Ok(()),
-            _ => Err(StoreError::NoSuchUpload),
-        }
-    }
-
-    /// Stores part `number` of an upload (replacing an earlier one); returns its ETag.
-    pub fn upload_part(
-        &self,
-        upload_id: &str,
-        bucket: &str,
-        key: &str,
-        number: i32,
-        data: &[u8],
-        md5_hex: String,
-    ) -> StoreResult<String> {
-        let _p = self.publish.lock();
-        Self::check_upload(&self.index.read(), upload_id, bucket, key)?;
-        let entry = Entry::Part {
-            upload_id: upload_id.to_owned(),
-            part_number: number,
-            etag: md5_hex.clone(),
-        };
-        let rec = self.write(&entry, data)?;
-        let view = PartView {
-            number,
-            size: data.len() as u64,
-            etag: md5_hex.clone(),
-            modified_ms: rec.header.created_ms,
-        };
-        let mut index = self.index.write();
-        let upload = index
-            .uploads
-            .get_mut(upload_id)
-            .ok_or(StoreError::NoSuchUpload)?;
-        if let Some(old) = upload.parts.insert(number, Part { rec, view }) {
-            self.dead_bytes
-                .fetch_add(old.rec.loc.record_len, Ordering::Relaxed);
-        }
-        Ok(md5_hex)
-    }
-
-    /// The parts of an upload after `marker`, at most `max`; and whether more follow.
-    pub fn list_parts(
-        &self,
-        upload_id: &str,
-        bucket: &str,
-        key: &str,
-        marker: i32,
-        max: usize,
-    ) -> StoreResult<(Vec<PartView>, bool)> {
-        let index = self.index.read();
-        Self::check_upload(&index, upload_id, bucket, key)?;
-        let upload = index
-            .uploads
-            .get(upload_id)
-            .ok_or(StoreError::NoSuchUpload)?;
-        let mut after = upload
-            .parts
-            .range(marker.saturating_add(1)..)
-            .map(|(_, p)| p.view.clone());
-        let page: Vec<PartView> = after.by_ref().take(max).collect();
-        Ok((page, after.next().is_some()))
-    }
-
-    /// Drops an upload and its parts.
-    pub fn abort_upload(&self, upload_id: &str, bucket: &str, key: &str) -> StoreResult<()> {
-        let _p = self.publish.lock();
-        Self::check_upload(&self.index.read(), upload_id, bucket, key)?;
-        let Some(upload) = self.index.write().uploads.remove(upload_id) else {
-            return Err(StoreError::NoSuchUpload);
-        };
-        self.forget_upload(&upload);
-        Ok(())
-    }
-
-    fn forget_upload(&self, upload: &Upload) {
-        for part in upload.parts.values() {
-            if let Err(e) = self.kill(&part.rec) {
-                tracing::warn!(error = %e, "could not tombstone an upload part");
-            }
-        }
-        if let Err(e) = self.kill(&upload.rec) {
-            tracing::warn!(error = %e, "could not tombstone an upload");
-        }
-    }
-
-    /// Assembles the listed parts (ascending numbers, matching ETags) into the object.
-    pub fn complete_upload(
-        &self,
-        upload_id: &str,
-        bucket: &str,
-        key: &str,
-        listed: &[(i32, String)],
-    ) -> StoreResult<Arc<Object>> {
-        let _p = self.publish.lock();
-        let (recs, info) = {
-            let index = self.index.read();
-            Self::check_upload(&index, upload_id, bucket, key)?;
-            let upload = index
-                .uploads
-                .get(upload_id)
-                .ok_or(StoreError::NoSuchUpload)?;
-            if listed.is_empty() {
-                return Err(StoreError::InvalidPart("no parts listed".into()));
-            }
-            let mut recs = Vec::with_capacity(listed.len());
-            let mut last = 0;
-            for (i, (number, etag)) in listed.iter().enumerate() {
-                if *number <= last {
-                    return Err(StoreError::InvalidPartOrder);
-                }
-                last = *number;
-                let part = upload
-                    .parts
-                    .get(number)
-                    .filter(|p| p.view.etag == etag.trim_matches('"'))
-                    .ok_or_else(|| StoreError::InvalidPart(format!("part {number}")))?;
-                if i + 1 < listed.len() && part.view.size < MIN_PART_BYTES {
-                    return Err(StoreError::EntityTooSmall);
-                }
-                recs.push((part.rec.clone(), part.view.clone()));
-            }
-            (recs, upload.info.clone())
-        };
-        let total: u64 = recs.iter().map(|(_, v)| v.size).sum();
-        if total > self.max_object {
-            return Err(StoreError::EntityTooLarge(self.max_object));
-        }
-        let mut data = Vec::with_capacity(total as usize);
-        let mut md5s = Vec::with_capacity(16 * recs.len());
-        for (rec, view) in &recs {
-            if view.size > 0 {
-                data.extend_from_slice(
-                    &self
-                        .segs
-                        .read_known(&rec.loc, &rec.header, 0..view.size)
-                        .map_err(fault)?,
-                );
-            }
-            md5s.extend_from_slice(&unhex(&view.etag));
-        }
-        let etag = format!("{}-{}", md5_hex(&md5s), recs.len());
-        let info = ObjectInfo {
-            etag,
-            modified_ms: now_ms(),
-            ..info
-        };
-        let entry = Entry::Object {
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            info: info.clone(),
-        };
-        let rec = self.write(&entry, &data)?;
-        let object = Arc::new(Object {
-            rec,
-            size: total,
-            info,
-        });
-        self.publish_object(bucket, key, object.clone())?;
-        if let Some(upload) = self.index.write().uploads.remove(upload_id) {
-            self.forget_upload(&upload);
-        }
-        Ok(object)
-    }
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
 }
 
 /// MD5 of `data`, lower-case hex.

@@ -1,6 +1,16 @@
 //! Running the gateway: a listener whose accepted sockets get `TCP_NODELAY` (without it
 //! Nagle's algorithm holds the tail of a small response for the client's delayed ACK,
 //! ~40 ms), HTTP/1.1 keep-alive connections served by s3s, on a runtime of its own.
+//!
+//! Every listener resource is bounded: a request head must arrive within
+//! `header_timeout`, a body may pause at most `body_timeout`, a connection with no request
+//! in flight is closed after `idle_timeout`, and at most `max_connections` are open (the
+//! longest-idle one makes room for a new one: `conns.rs`). Request shaping and the
+//! rate-limited log of refusals: `wrap.rs`, `refusals.rs`.
+
+mod conns;
+mod refusals;
+mod wrap;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,9 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kvtier_ssd::{Durability, StoreConfig};
-use s3s::auth::SimpleAuth;
+use s3s::auth::{S3Auth, SecretKey};
 use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 
@@ -53,6 +63,16 @@ pub struct GatewayConfig {
     pub workers: usize,
     /// Buckets to create at start when missing (default none).
     pub create_buckets: Vec<String>,
+    /// The whole request head must arrive within this (default 10 s).
+    pub header_timeout: Duration,
+    /// A request body may send nothing for at most this long (default 30 s).
+    pub body_timeout: Duration,
+    /// A connection with no request in flight is closed after this (default 60 s).
+    pub idle_timeout: Duration,
+    /// Open connections at most (default 1,024); see `conns.rs` for what happens at the cap.
+    pub max_connections: usize,
+    /// Refused requests are logged at most once per this interval (default 10 s).
+    pub refusal_log_interval: Duration,
 }
 
 impl GatewayConfig {
@@ -67,6 +87,11 @@ impl GatewayConfig {
             segment_bytes: 1 << 30,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             create_buckets: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            refusal_log_interval: Duration::from_secs(10),
         }
     }
 }
@@ -82,6 +107,31 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
     /// Every request, whatever its outcome.
     pub requests: AtomicU64,
+    /// Idle connections closed to make room at the connection cap.
+    pub evicted: AtomicU64,
+    /// Connections refused at the cap (every open one busy).
+    pub refused: AtomicU64,
+}
+
+/// One key pair; an unknown access key is `InvalidAccessKeyId`, as S3 answers it.
+#[derive(Debug)]
+struct OneKey {
+    access_key: String,
+    secret_key: SecretKey,
+}
+
+#[async_trait::async_trait]
+impl S3Auth for OneKey {
+    async fn get_secret_key(&self, access_key: &str) -> s3s::S3Result<SecretKey> {
+        if access_key == self.access_key {
+            Ok(self.secret_key.clone())
+        } else {
+            Err(s3s::s3_error!(
+                InvalidAccessKeyId,
+                "The AWS Access Key Id you provided does not exist in our records."
+            ))
+        }
+    }
 }
 
 impl Counters {
@@ -145,12 +195,16 @@ impl RunningGateway {
             secret_key,
         } = &config.auth
         {
-            builder.set_auth(SimpleAuth::from_single(
-                access_key.clone(),
-                secret_key.as_str(),
-            ));
+            builder.set_auth(OneKey {
+                access_key: access_key.clone(),
+                secret_key: SecretKey::from(secret_key.as_str()),
+            });
         }
-        let service = builder.build();
+        let shaper = Arc::new(wrap::Shaper {
+            service: builder.build(),
+            body_timeout: config.body_timeout,
+            refusals: refusals::Refusals::new(config.refusal_log_interval),
+        });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.workers.max(1))
             .thread_name("kvtier-gateway")
@@ -165,51 +219,17 @@ impl RunningGateway {
         let addr = std_listener
             .local_addr()
             .map_err(|e| format!("cannot read the listener's address: {e}"))?;
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = Limits {
+            header: config.header_timeout,
+            idle: config.idle_timeout,
+            tracker: Arc::new(conns::Tracker::new(config.max_connections)),
+        };
         let count = counters.clone();
         let thread = std::thread::Builder::new()
             .name("kvtier-gateway-accept".into())
             .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match TcpListener::from_std(std_listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(error = %e, "gateway listener failed");
-                            return;
-                        }
-                    };
-                    loop {
-                        let accepted = tokio::select! {
-                            a = listener.accept() => a,
-                            _ = &mut stopped => break,
-                        };
-                        let socket = match accepted {
-                            Ok((socket, _)) => socket,
-                            Err(e) => {
-                                // Out of file descriptors and the like: back off, go on.
-                                tracing::warn!(error = %e, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(10)).await;
-                                continue;
-                            }
-                        };
-                        if let Err(e) = socket.set_nodelay(true) {
-                            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-                        }
-                        let service = service.clone();
-                        let count = count.clone();
-                        tokio::spawn(async move {
-                            let service = hyper::service::service_fn(move |req| {
-                                count.requests.fetch_add(1, Ordering::Relaxed);
-                                let service = service.clone();
-                                async move { hyper::service::Service::call(&service, req).await }
-                            });
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .keep_alive(true)
-                                .serve_connection(TokioIo::new(socket), service)
-                                .await;
-                        });
-                    }
-                });
+                runtime.block_on(accept_loop(std_listener, shaper, limits, count, stopped));
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
@@ -248,4 +268,120 @@ impl Drop for RunningGateway {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Listener bounds shared by every connection.
+#[derive(Debug, Clone)]
+struct Limits {
+    header: Duration,
+    idle: Duration,
+    tracker: Arc<conns::Tracker>,
+}
+
+async fn accept_loop(
+    std_listener: std::net::TcpListener,
+    shaper: Arc<wrap::Shaper>,
+    limits: Limits,
+    count: Arc<Counters>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = match TcpListener::from_std(std_listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "gateway listener failed");
+            return;
+        }
+    };
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = &mut stopped => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, go on.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(conn) = limits.tracker.admit() else {
+            // Every open connection is busy: refuse this one at once (closing it).
+            count.refused.fetch_add(1, Ordering::Relaxed);
+            drop(socket);
+            continue;
+        };
+        count.evicted.store(
+            limits.tracker.evicted.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        if let Err(e) = socket.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
+        tokio::spawn(serve_connection(
+            socket,
+            peer.to_string(),
+            conn,
+            shaper.clone(),
+            limits.clone(),
+            count.clone(),
+        ));
+    }
+}
+
+async fn serve_connection(
+    socket: tokio::net::TcpStream,
+    peer: String,
+    conn: Arc<conns::Conn>,
+    shaper: Arc<wrap::Shaper>,
+    limits: Limits,
+    count: Arc<Counters>,
+) {
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |req| {
+            count.requests.fetch_add(1, Ordering::Relaxed);
+            conn.begin();
+            let (shaper, conn, peer) = (shaper.clone(), conn.clone(), peer.clone());
+            async move {
+                let res = shaper.handle(req, peer).await;
+                conn.end();
+                res
+            }
+        })
+    };
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(socket), service);
+    tokio::pin!(served);
+    let tick = (limits.header.min(limits.idle) / 4).max(Duration::from_millis(50));
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = served.as_mut() => break,
+            _ = conn.evict.notified(), if !closing => {
+                served.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            // A connection asked to close gets the header timeout to finish, then goes.
+            _ = tokio::time::sleep(limits.header), if closing => break,
+            _ = tokio::time::sleep(tick), if !closing => {
+                // Before its first request a connection gets the header timeout; after,
+                // the idle timeout.
+                let limit = if conn.requests.load(Ordering::Relaxed) == 0 {
+                    limits.header
+                } else {
+                    limits.idle
+                };
+                if conn.idle() && conn.idle_for() >= limit {
+                    served.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+    limits.tracker.release(&conn);
 }

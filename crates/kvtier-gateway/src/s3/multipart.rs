@@ -1,0 +1,165 @@
+//! CreateMultipartUpload, UploadPart, CompleteMultipartUpload and ListParts.
+
+use s3s::dto::{
+    CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CreateMultipartUploadInput,
+    CreateMultipartUploadOutput, ListPartsInput, ListPartsOutput, Part, UploadPartInput,
+    UploadPartOutput,
+};
+use s3s::{S3Request, S3Result, s3_error};
+
+use super::input::{
+    check_key, check_md5, check_md5_form, check_metadata, kept_headers, stream_into,
+    write_conditions,
+};
+use super::object::info_from;
+use super::{Gateway, blocking, etag, s3_err, timestamp};
+use crate::store::Completed;
+
+pub(super) async fn create(
+    gw: &Gateway,
+    input: CreateMultipartUploadInput,
+) -> S3Result<CreateMultipartUploadOutput> {
+    check_key(&input.key)?;
+    check_metadata(input.metadata.as_ref())?;
+    let headers = kept_headers(
+        input.cache_control,
+        input.content_disposition,
+        input.content_encoding,
+        input.content_language,
+        input.expires.as_ref(),
+    );
+    let info = info_from(
+        input.content_type.map(|c| c.to_string()),
+        input.metadata,
+        headers,
+    );
+    let store = gw.store.clone();
+    let (bucket, key) = (input.bucket.clone(), input.key.clone());
+    let upload_id = blocking(move || store.create_upload(&bucket, &key, info)).await?;
+    Ok(CreateMultipartUploadOutput {
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        upload_id: Some(upload_id),
+        ..CreateMultipartUploadOutput::default()
+    })
+}
+
+pub(super) async fn upload_part(
+    gw: &Gateway,
+    input: UploadPartInput,
+) -> S3Result<UploadPartOutput> {
+    if !(1..=10_000).contains(&input.part_number) {
+        return Err(s3_error!(
+            InvalidArgument,
+            "part numbers run from 1 to 10,000"
+        ));
+    }
+    check_md5_form(input.content_md5.as_deref())?;
+    let Some(len) = input.content_length else {
+        return Err(s3_error!(
+            MissingContentLength,
+            "a part needs a Content-Length"
+        ));
+    };
+    if len < 0 || len as u64 > gw.store.max_object_bytes() {
+        return Err(s3_error!(
+            EntityTooLarge,
+            "at most {} bytes per part",
+            gw.store.max_object_bytes()
+        ));
+    }
+    let store = gw.store.clone();
+    let (bucket, key, upload_id, number) =
+        (input.bucket, input.key, input.upload_id, input.part_number);
+    let writer = {
+        let (store, bucket, key, upload_id) = (
+            store.clone(),
+            bucket.clone(),
+            key.clone(),
+            upload_id.clone(),
+        );
+        blocking(move || store.begin_part(&upload_id, &bucket, &key, number, len as u64)).await?
+    };
+    let writer = stream_into(writer, input.body).await?;
+    check_md5(input.content_md5.as_deref(), &writer.md5_raw())?;
+    let tag = blocking(move || store.finish_part(writer, &upload_id, number)).await?;
+    Ok(UploadPartOutput {
+        e_tag: Some(etag(&tag)),
+        ..UploadPartOutput::default()
+    })
+}
+
+pub(super) async fn complete(
+    gw: &Gateway,
+    req: S3Request<CompleteMultipartUploadInput>,
+) -> S3Result<CompleteMultipartUploadOutput> {
+    let input = req.input;
+    let cond = write_conditions(
+        input.if_match.as_ref(),
+        input.if_none_match.as_ref(),
+        &req.headers,
+    )?;
+    let listed: Vec<(i32, String)> = input
+        .multipart_upload
+        .and_then(|m| m.parts)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            (
+                p.part_number.unwrap_or(0),
+                p.e_tag.map(|t| t.value().to_owned()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let store = gw.store.clone();
+    let (bucket, key, upload_id) = (input.bucket.clone(), input.key.clone(), input.upload_id);
+    let done =
+        blocking(move || store.complete_upload(&upload_id, &bucket, &key, &listed, &cond)).await?;
+    let object = match done {
+        Completed::Now(o) | Completed::Before(o) => o,
+    };
+    Ok(CompleteMultipartUploadOutput {
+        bucket: Some(input.bucket.clone()),
+        key: Some(input.key.clone()),
+        e_tag: Some(etag(&object.info.etag)),
+        location: Some(format!("/{}/{}", input.bucket, input.key)),
+        ..CompleteMultipartUploadOutput::default()
+    })
+}
+
+pub(super) fn list_parts(gw: &Gateway, input: ListPartsInput) -> S3Result<ListPartsOutput> {
+    let max = input.max_parts.unwrap_or(1000).clamp(0, 1000);
+    let marker = input.part_number_marker.unwrap_or(0);
+    let (parts, truncated) = gw
+        .store
+        .list_parts(
+            &input.upload_id,
+            &input.bucket,
+            &input.key,
+            marker,
+            max as usize,
+        )
+        .map_err(s3_err)?;
+    let next = parts.last().map(|p| p.number);
+    let parts = parts
+        .into_iter()
+        .map(|p| Part {
+            part_number: Some(p.number),
+            size: Some(p.size as i64),
+            e_tag: Some(etag(&p.etag)),
+            last_modified: Some(timestamp(p.modified_ms)),
+            ..Part::default()
+        })
+        .collect();
+    Ok(ListPartsOutput {
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        upload_id: Some(input.upload_id),
+        max_parts: Some(max),
+        part_number_marker: input.part_number_marker,
+        next_part_number_marker: if truncated { next } else { None },
+        is_truncated: Some(truncated),
+        parts: Some(parts),
+        ..ListPartsOutput::default()
+    })
+}

@@ -1,0 +1,306 @@
+//! PutObject, GetObject, HeadObject, DeleteObject and DeleteObjects.
+
+use std::sync::atomic::Ordering;
+
+use http::HeaderMap;
+use s3s::dto::{
+    DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, DeletedObject,
+    GetObjectInput, GetObjectOutput, HeadObjectInput, HeadObjectOutput, PutObjectInput,
+    PutObjectOutput, Range, StreamingBlob,
+};
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Result, s3_error};
+
+use super::input::{
+    check_key, check_md5, check_md5_form, check_metadata, kept_headers, read_conditions,
+    stream_into, write_conditions,
+};
+use super::{Gateway, blocking, etag, s3_err, timestamp};
+use crate::store::{Object, ObjectInfo, Precondition, ReadVerdict, StoreError};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Content type, metadata and kept headers of an upload.
+pub(super) fn info_from(
+    content_type: Option<String>,
+    metadata: Option<s3s::dto::Metadata>,
+    headers: crate::store::Headers,
+) -> ObjectInfo {
+    let mut metadata: Vec<(String, String)> = metadata.unwrap_or_default().into_iter().collect();
+    metadata.sort();
+    ObjectInfo {
+        content_type,
+        metadata,
+        headers,
+        modified_ms: now_ms(),
+        ..ObjectInfo::default()
+    }
+}
+
+fn metadata_of(o: &Object) -> Option<s3s::dto::Metadata> {
+    (!o.info.metadata.is_empty()).then(|| o.info.metadata.iter().cloned().collect())
+}
+
+fn content_type_of(o: &Object) -> Option<s3s::dto::ContentType> {
+    o.info.content_type.as_deref().and_then(|c| c.parse().ok())
+}
+
+/// The byte range a Range header selects, or 416 exactly as S3 answers. (Malformed and
+/// multi-range headers never get here: the listener drops them, and S3 then sends the
+/// whole object.)
+fn select(range: Option<Range>, size: u64) -> S3Result<(std::ops::Range<u64>, bool)> {
+    match range {
+        None => Ok((0..size, false)),
+        Some(r) => {
+            let selected = r.check(size).map_err(S3Error::from)?;
+            if selected.is_empty() {
+                return Err(s3_error!(
+                    InvalidRange,
+                    "The requested range is not satisfiable"
+                ));
+            }
+            Ok((selected, true))
+        }
+    }
+}
+
+/// The object after its read conditions: 412 `PreconditionFailed` or 304.
+fn conditioned(
+    gw: &Gateway,
+    bucket: &str,
+    key: &str,
+    cond: &Precondition,
+) -> S3Result<std::sync::Arc<Object>> {
+    check_key(key)?;
+    let object = gw.store.object(bucket, key).map_err(s3_err)?;
+    match cond.check_read(&object).map_err(s3_err)? {
+        ReadVerdict::Send => Ok(object),
+        ReadVerdict::NotModified => {
+            let mut e = S3Error::new(S3ErrorCode::NotModified);
+            let mut headers = HeaderMap::new();
+            if let Ok(v) = format!("\"{}\"", object.info.etag).parse() {
+                headers.insert(http::header::ETAG, v);
+            }
+            e.set_headers(headers);
+            Err(e)
+        }
+    }
+}
+
+pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Result<PutObjectOutput> {
+    let input = req.input;
+    check_key(&input.key)?;
+    check_metadata(input.metadata.as_ref())?;
+    check_md5_form(input.content_md5.as_deref())?;
+    let cond = write_conditions(
+        input.if_match.as_ref(),
+        input.if_none_match.as_ref(),
+        &req.headers,
+    )?;
+    let Some(len) = input.content_length else {
+        return Err(s3_error!(
+            MissingContentLength,
+            "PUT needs a Content-Length"
+        ));
+    };
+    if len < 0 || len as u64 > gw.store.max_object_bytes() {
+        return Err(s3_error!(
+            EntityTooLarge,
+            "at most {} bytes per object",
+            gw.store.max_object_bytes()
+        ));
+    }
+    // A condition that already fails is answered before the body is read.
+    let current = match gw.store.object(&input.bucket, &input.key) {
+        Ok(o) => Some(o),
+        Err(StoreError::NoSuchKey) => None,
+        Err(e) => return Err(s3_err(e)),
+    };
+    cond.check_write(current.as_deref()).map_err(s3_err)?;
+    let headers = kept_headers(
+        input.cache_control,
+        input.content_disposition,
+        input.content_encoding,
+        input.content_language,
+        input.expires.as_ref(),
+    );
+    let info = info_from(
+        input.content_type.map(|c| c.to_string()),
+        input.metadata,
+        headers,
+    );
+    let store = gw.store.clone();
+    let (bucket, key) = (input.bucket, input.key);
+    let writer = {
+        let (store, bucket, key, info) = (store.clone(), bucket.clone(), key.clone(), info.clone());
+        blocking(move || store.begin_object(&bucket, &key, len as u64, &info, 32)).await?
+    };
+    let writer = stream_into(writer, input.body).await?;
+    check_md5(input.content_md5.as_deref(), &writer.md5_raw())?;
+    let md5 = writer.md5_hex();
+    let info = ObjectInfo {
+        etag: md5.clone(),
+        ..info
+    };
+    blocking(move || store.finish_object(writer, &bucket, &key, info, &cond)).await?;
+    Ok(PutObjectOutput {
+        e_tag: Some(etag(&md5)),
+        size: Some(len),
+        ..PutObjectOutput::default()
+    })
+}
+
+fn expires_of(o: &Object) -> Option<s3s::dto::Timestamp> {
+    o.info.headers.expires_ms.map(|ms| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+        s3s::dto::Timestamp::from(t)
+    })
+}
+
+fn content_range(range: &std::ops::Range<u64>, size: u64) -> String {
+    format!(
+        "bytes {}-{}/{}",
+        range.start,
+        range.end.saturating_sub(1),
+        size
+    )
+}
+
+pub(super) fn get(gw: &Gateway, input: GetObjectInput) -> S3Result<GetObjectOutput> {
+    let cond = read_conditions(
+        input.if_match.as_ref(),
+        input.if_none_match.as_ref(),
+        input.if_modified_since.as_ref(),
+        input.if_unmodified_since.as_ref(),
+    );
+    let object = conditioned(gw, &input.bucket, &input.key, &cond)?;
+    let (range, partial) = select(input.range, object.size)?;
+    // A page-cache read of a cached prefix takes microseconds: done inline, as a hop to
+    // the blocking pool would cost as much as the read itself.
+    let bytes = gw
+        .store
+        .read(&input.bucket, &input.key, &object, range.clone())
+        .map_err(s3_err)?;
+    let c = &gw.counters;
+    c.gets.fetch_add(1, Ordering::Relaxed);
+    if partial {
+        c.ranged_gets.fetch_add(1, Ordering::Relaxed);
+    }
+    c.bytes_out.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    let h = &object.info.headers;
+    Ok(GetObjectOutput {
+        body: Some(StreamingBlob::from(s3s::Body::from(bytes))),
+        content_length: Some((range.end - range.start) as i64),
+        content_range: partial.then(|| content_range(&range, object.size)),
+        accept_ranges: Some("bytes".into()),
+        e_tag: Some(etag(&object.info.etag)),
+        last_modified: Some(timestamp(object.info.modified_ms)),
+        content_type: content_type_of(&object),
+        metadata: metadata_of(&object),
+        cache_control: h.cache_control.clone(),
+        content_disposition: h.content_disposition.clone(),
+        content_encoding: h.content_encoding.clone(),
+        content_language: h.content_language.clone(),
+        expires: expires_of(&object),
+        ..GetObjectOutput::default()
+    })
+}
+
+pub(super) fn head(gw: &Gateway, input: HeadObjectInput) -> S3Result<HeadObjectOutput> {
+    let cond = read_conditions(
+        input.if_match.as_ref(),
+        input.if_none_match.as_ref(),
+        input.if_modified_since.as_ref(),
+        input.if_unmodified_since.as_ref(),
+    );
+    let object = conditioned(gw, &input.bucket, &input.key, &cond)?;
+    let (range, partial) = select(input.range, object.size)?;
+    let h = &object.info.headers;
+    Ok(HeadObjectOutput {
+        content_length: Some((range.end - range.start) as i64),
+        content_range: partial.then(|| content_range(&range, object.size)),
+        accept_ranges: Some("bytes".into()),
+        e_tag: Some(etag(&object.info.etag)),
+        last_modified: Some(timestamp(object.info.modified_ms)),
+        content_type: content_type_of(&object),
+        metadata: metadata_of(&object),
+        cache_control: h.cache_control.clone(),
+        content_disposition: h.content_disposition.clone(),
+        content_encoding: h.content_encoding.clone(),
+        content_language: h.content_language.clone(),
+        expires: expires_of(&object),
+        ..HeadObjectOutput::default()
+    })
+}
+
+pub(super) async fn delete(
+    gw: &Gateway,
+    req: S3Request<DeleteObjectInput>,
+) -> S3Result<DeleteObjectOutput> {
+    check_key(&req.input.key)?;
+    let cond = write_conditions(req.input.if_match.as_ref(), None, &req.headers)?;
+    // S3 answers a DELETE with If-Match of a missing key with 404 as well.
+    let store = gw.store.clone();
+    let (bucket, key) = (req.input.bucket, req.input.key);
+    blocking(move || store.delete_object(&bucket, &key, &cond)).await?;
+    Ok(DeleteObjectOutput::default())
+}
+
+pub(super) async fn delete_many(
+    gw: &Gateway,
+    input: DeleteObjectsInput,
+) -> S3Result<DeleteObjectsOutput> {
+    if !gw.store.has_bucket(&input.bucket) {
+        return Err(s3_err(StoreError::NoSuchBucket));
+    }
+    if input.delete.objects.len() > 1000 {
+        return Err(s3_error!(
+            MalformedXML,
+            "at most 1,000 keys per DeleteObjects"
+        ));
+    }
+    let quiet = input.delete.quiet.unwrap_or(false);
+    let store = gw.store.clone();
+    let bucket = input.bucket;
+    let keys: Vec<String> = input.delete.objects.into_iter().map(|o| o.key).collect();
+    let (deleted, errors) = blocking(move || {
+        let mut deleted = Vec::new();
+        let mut errors = Vec::new();
+        for key in keys {
+            let outcome = check_key(&key)
+                .map_err(|e| {
+                    (
+                        e.code().as_str().to_owned(),
+                        e.message().unwrap_or("").to_owned(),
+                    )
+                })
+                .and_then(|()| {
+                    store
+                        .delete_object(&bucket, &key, &Precondition::default())
+                        .map_err(|e| ("InternalError".to_owned(), e.to_string()))
+                });
+            match outcome {
+                Ok(()) => deleted.push(DeletedObject {
+                    key: Some(key),
+                    ..DeletedObject::default()
+                }),
+                Err((code, message)) => errors.push(s3s::dto::Error {
+                    code: Some(code),
+                    key: Some(key),
+                    message: Some(message),
+                    ..s3s::dto::Error::default()
+                }),
+            }
+        }
+        Ok((deleted, errors))
+    })
+    .await?;
+    Ok(DeleteObjectsOutput {
+        deleted: (!quiet).then_some(deleted),
+        errors: (!errors.is_empty()).then_some(errors),
+        ..DeleteObjectsOutput::default()
+    })
+}

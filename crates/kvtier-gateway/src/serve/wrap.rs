@@ -1,0 +1,308 @@
+//! What the listener does around s3s for each request:
+//!
+//! - **Body timeout**: a request body that sends nothing for `body_timeout` fails (the
+//!   PUT is answered with an error and its reserved space released).
+//! - **Chunked bodies without a length** (`Transfer-Encoding: chunked`, no
+//!   Content-Length, not `aws-chunked`): s3s needs a length, so such a body is gathered
+//!   (up to [`CHUNKED_MAX`]) and handed on with its length; larger ones get 411.
+//! - **Range**: a malformed or multi-range `Range` header is dropped, so the whole object
+//!   is sent with 200, as S3 does.
+//! - **Presigned URLs** valid for more than 7 days are refused (403), as S3 refuses them.
+//! - **XML answers**: characters XML 1.0 cannot carry literally (C0 controls but tab and
+//!   newline, and carriage return, which parsers would turn into newline) are written as
+//!   character references, as S3 writes them; a 304 carries no body.
+//! - **Refusals** are logged, rate-limited (`refusals.rs`).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame};
+use hyper::body::Incoming;
+use s3s::service::S3Service;
+
+use super::refusals::Refusals;
+
+/// The largest chunked body without a length that is accepted (gathered in memory).
+pub const CHUNKED_MAX: usize = 8 << 20;
+
+/// S3's longest presigned URL validity: 7 days.
+const MAX_PRESIGNED_SECS: u64 = 7 * 24 * 3600;
+
+/// Shared by every request of a gateway.
+#[derive(Debug)]
+pub struct Shaper {
+    pub service: S3Service,
+    pub body_timeout: Duration,
+    pub refusals: Refusals,
+}
+
+/// A request body that fails when no frame arrives for a while.
+pub struct TimedBody {
+    inner: Incoming,
+    every: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, every: Duration) -> Self {
+        Self {
+            inner,
+            every,
+            sleep: Box::pin(tokio::time::sleep(every)),
+        }
+    }
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(r) => {
+                let deadline = tokio::time::Instant::now() + this.every;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(r.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                    "no request body bytes for {:?}",
+                    this.every
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn xml_error(status: StatusCode, code: &str, message: &str) -> Response<s3s::Body> {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let mut res = Response::new(s3s::Body::from(body));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/xml"),
+    );
+    res
+}
+
+/// Whether a Range header is one range S3 would honour: `bytes=a-b` (a ≤ b),
+/// `bytes=a-`, or `bytes=-n`.
+fn single_range(v: &str) -> bool {
+    let Some(spec) = v.trim().strip_prefix("bytes=") else {
+        return false;
+    };
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return false;
+    };
+    let num = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    match (a.trim(), b.trim()) {
+        (a, "") => num(a),
+        ("", n) => num(n),
+        (a, b) if num(a) && num(b) => match (a.parse::<u64>(), b.parse::<u64>()) {
+            (Ok(a), Ok(b)) => a <= b,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn presigned_expiry_too_long(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        q.split('&').any(|kv| {
+            kv.split_once('=').is_some_and(|(k, v)| {
+                k == "X-Amz-Expires" && v.parse::<u64>().map_or(true, |s| s > MAX_PRESIGNED_SECS)
+            })
+        })
+    })
+}
+
+/// Writes characters XML 1.0 cannot carry literally as character references.
+fn xml_safe(body: &[u8]) -> Option<Vec<u8>> {
+    let bad = |b: u8| b < 0x20 && b != b'\t' && b != b'\n';
+    if !body.iter().any(|&b| bad(b)) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + 64);
+    for &b in body {
+        if bad(b) {
+            out.extend_from_slice(format!("&#x{b:X};").as_bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    Some(out)
+}
+
+impl Shaper {
+    /// Serves one request.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: String,
+    ) -> Result<Response<s3s::Body>, std::convert::Infallible> {
+        let method = req.method().as_str().to_owned();
+        let path = req.uri().path().to_owned();
+        let res = self.shaped(req).await;
+        let status = res.status().as_u16();
+        if Refusals::is_refusal(status) {
+            self.refusals.log(status, &method, &path, &peer);
+        }
+        Ok(res)
+    }
+
+    async fn shaped(&self, req: Request<Incoming>) -> Response<s3s::Body> {
+        if presigned_expiry_too_long(req.uri().query()) {
+            return xml_error(
+                StatusCode::FORBIDDEN,
+                "AccessDenied",
+                "X-Amz-Expires must be less than a week (in seconds)",
+            );
+        }
+        let (mut parts, body) = req.into_parts();
+        if let Some(r) = parts.headers.get(http::header::RANGE)
+            && !r.to_str().is_ok_and(single_range)
+        {
+            parts.headers.remove(http::header::RANGE);
+        }
+        let chunked_without_length = parts
+            .headers
+            .get(http::header::TRANSFER_ENCODING)
+            .is_some_and(|te| {
+                te.to_str()
+                    .is_ok_and(|s| s.to_ascii_lowercase().contains("chunked"))
+            })
+            && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
+            && !parts.headers.contains_key("x-amz-decoded-content-length");
+        let body = TimedBody::new(body, self.body_timeout);
+        let body = if chunked_without_length {
+            match gather(body, CHUNKED_MAX).await {
+                Ok(bytes) => {
+                    parts
+                        .headers
+                        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    s3s::Body::from(bytes)
+                }
+                Err(message) => {
+                    return xml_error(
+                        StatusCode::LENGTH_REQUIRED,
+                        "MissingContentLength",
+                        &message,
+                    );
+                }
+            }
+        } else {
+            s3s::Body::http_body(body)
+        };
+        let is_get = parts.method == http::Method::GET;
+        let res = match self.service.call(Request::from_parts(parts, body)).await {
+            Ok(res) => res,
+            Err(e) => {
+                tracing::error!(error = ?e, "the S3 service failed");
+                return xml_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "internal error",
+                );
+            }
+        };
+        finish(res, is_get)
+    }
+}
+
+async fn gather(mut body: TimedBody, max: usize) -> Result<Bytes, String> {
+    let mut buf = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| format!("reading the body failed: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(format!(
+                    "a chunked body without Content-Length may hold at most {max} bytes"
+                ));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+fn finish(res: Response<s3s::Body>, is_get: bool) -> Response<s3s::Body> {
+    let (mut parts, mut body) = res.into_parts();
+    if parts.status == StatusCode::NOT_MODIFIED {
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        parts.headers.remove(http::header::CONTENT_TYPE);
+        return Response::from_parts(parts, s3s::Body::empty());
+    }
+    let xml = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|c| c.as_bytes().starts_with(b"application/xml"));
+    if is_get
+        && xml
+        && let Some(bytes) = body.take_bytes()
+    {
+        return match xml_safe(&bytes) {
+            Some(safe) => {
+                parts
+                    .headers
+                    .insert(http::header::CONTENT_LENGTH, HeaderValue::from(safe.len()));
+                Response::from_parts(parts, s3s::Body::from(safe))
+            }
+            None => Response::from_parts(parts, s3s::Body::from(bytes)),
+        };
+    }
+    Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_s3_ignores_are_recognised() {
+        for ok in ["bytes=0-9", "bytes=5-", "bytes=-3", "bytes=4-4"] {
+            assert!(single_range(ok), "{ok}");
+        }
+        for bad in [
+            "bytes=9-0",
+            "bytes=0-1,4-5",
+            "bytes=",
+            "chars=0-1",
+            "bytes=a-b",
+            "bytes=-",
+        ] {
+            assert!(!single_range(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn control_characters_become_references_and_clean_xml_is_untouched() {
+        assert_eq!(xml_safe(b"<Key>a</Key>"), None);
+        assert_eq!(
+            xml_safe(b"<Key>a\x01b\rc\td\ne</Key>").as_deref(),
+            Some(&b"<Key>a&#x1;b&#xD;c\td\ne</Key>"[..])
+        );
+        assert!(presigned_expiry_too_long(Some("X-Amz-Expires=609901&a=b")));
+        assert!(!presigned_expiry_too_long(Some("X-Amz-Expires=604800")));
+        assert!(!presigned_expiry_too_long(None));
+    }
+}
