@@ -1,0 +1,277 @@
+//! `kvtier serve`'s listener bounds, against a real server process: an idle client, a
+//! slow-header client and a slow-body client are each disconnected within their bound
+//! (and not before the bound that applies to them); hundreds of idle sockets over the
+//! connection cap do not lock a legitimate client out; when every connection is busy a
+//! new one is closed at once instead of waiting.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed expectation is a failed test"
+)]
+
+mod server;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use server::{Server, runtime};
+
+fn addr(server: &Server) -> SocketAddr {
+    server.url.strip_prefix("http://").unwrap().parse().unwrap()
+}
+
+/// What a read on a connection saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Open,
+    Closed,
+    Bytes(Vec<u8>),
+}
+
+fn poll(s: &mut TcpStream, wait: Duration) -> Seen {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 4096];
+    match s.read(&mut buf) {
+        Ok(0) => Seen::Closed,
+        Ok(n) => Seen::Bytes(buf[..n].to_vec()),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Seen::Open,
+        Err(_) => Seen::Closed,
+    }
+}
+
+/// Reads until the server closes the connection (at most `limit`); returns what was
+/// read and when the close came, or None if it stayed open.
+fn until_closed(s: &mut TcpStream, limit: Duration) -> Option<(Vec<u8>, Instant)> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    while Instant::now() < deadline {
+        match poll(s, Duration::from_millis(50)) {
+            Seen::Open => {}
+            Seen::Closed => return Some((got, Instant::now())),
+            Seen::Bytes(b) => got.extend(b),
+        }
+    }
+    None
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+#[test]
+fn idle_and_slow_header_clients_are_closed_by_their_own_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--idle-timeout", "1s", "--header-timeout", "3s"],
+    );
+    let a = addr(&server);
+
+    // Connects and sends nothing: the idle timer (1 s).
+    let start = Instant::now();
+    let mut idle = TcpStream::connect(a).unwrap();
+    let (_, at) = until_closed(&mut idle, Duration::from_secs(10)).expect("idle client closed");
+    let took = at - start;
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "idle connection closed after {:.2} s, expected about 1 s",
+        secs(took)
+    );
+
+    // Sends a head one byte every 200 ms: past the idle timeout, the header timer
+    // (3 s from the first byte) closes it.
+    let head =
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut slow = TcpStream::connect(a).unwrap();
+    let first = Instant::now();
+    let mut closed_at = None;
+    for b in head {
+        if slow.write_all(&[*b]).is_err() {
+            closed_at = Some(Instant::now());
+            break;
+        }
+        if poll(&mut slow, Duration::from_millis(200)) == Seen::Closed {
+            closed_at = Some(Instant::now());
+            break;
+        }
+    }
+    let took = closed_at.expect("the slow head was still being accepted after 17 s") - first;
+    assert!(
+        took >= Duration::from_millis(2800) && took < Duration::from_secs(5),
+        "slow-header connection closed after {:.2} s, expected about 3 s",
+        secs(took)
+    );
+
+    // A kept-alive connection after its answer: idle again, closed after 1 s.
+    let mut kept = TcpStream::connect(a).unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let answered = Instant::now();
+    let (got, at) = until_closed(&mut kept, Duration::from_secs(10)).expect("kept-alive closed");
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let took = at - answered;
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "kept-alive connection closed {:.2} s after its answer, expected about 1 s",
+        secs(took)
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
+fn a_slow_body_is_refused_with_408_at_the_body_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--body-timeout", "2s", "--idle-timeout", "1s"],
+    );
+    let mut s = TcpStream::connect(addr(&server)).unwrap();
+    s.write_all(
+        b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    )
+    .unwrap();
+    let start = Instant::now();
+    // One byte every 200 ms for 1.6 s, then nothing: 991 bytes short. The idle timeout
+    // (1 s) must not close it — a request is in progress — the body timeout (2 s) must.
+    // (The trickle stops before the deadline so that the server's close finds no unread
+    // bytes and sends FIN, not RST, which could discard the answer before it is read.)
+    for _ in 0..8 {
+        s.write_all(b" ").unwrap();
+        assert_eq!(poll(&mut s, Duration::from_millis(200)), Seen::Open);
+    }
+    let (got, at) = until_closed(&mut s, Duration::from_secs(5)).expect("closed after a 408");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+    let took = at - start;
+    assert!(
+        took >= Duration::from_millis(1800) && took < Duration::from_secs(5),
+        "slow body refused after {:.2} s, expected about 2 s",
+        secs(took)
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
+fn hundreds_of_idle_sockets_over_the_cap_do_not_lock_a_legitimate_client_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32;
+    // Long timers: only the cap can close these sockets within the test.
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--max-connections",
+            "32",
+            "--idle-timeout",
+            "5m",
+            "--header-timeout",
+            "5m",
+        ],
+    );
+    let a = addr(&server);
+    let mut idle: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(a).unwrap()).collect();
+    // Half of them start a head and stall, as slowloris does.
+    for s in idle.iter_mut().step_by(2) {
+        s.write_all(b"GET /health HTTP/1.1\r\n").unwrap();
+    }
+
+    let rt = runtime();
+    let started = Instant::now();
+    rt.block_on(async {
+        let c = server.client();
+        assert_eq!(c.health().await.unwrap().status, "ok");
+        let layout = c
+            .register_layout(&server::layout_spec("capped", 1))
+            .await
+            .unwrap();
+        assert_eq!(layout.layout.len(), 32);
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a legitimate client took {:.2} s",
+        secs(started.elapsed())
+    );
+
+    // The server keeps at most `cap` connections: the rest of the idle ones were closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut closed = vec![false; idle.len()];
+    while Instant::now() < deadline && closed.iter().filter(|c| !**c).count() > cap {
+        for (s, c) in idle.iter_mut().zip(closed.iter_mut()) {
+            if !*c && poll(s, Duration::from_millis(1)) == Seen::Closed {
+                *c = true;
+            }
+        }
+    }
+    let open = closed.iter().filter(|c| !**c).count();
+    assert!(
+        open <= cap,
+        "{open} of 300 idle sockets still open with a cap of {cap}"
+    );
+    drop(idle);
+    assert!(server.stop().success());
+}
+
+#[test]
+fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--max-connections", "3", "--body-timeout", "30s"],
+    );
+    let a = addr(&server);
+    // Three requests in progress: heads sent, bodies pending.
+    let mut busy: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(a).unwrap();
+            s.write_all(b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Let the server read the three heads.
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let mut extra = TcpStream::connect(a).unwrap();
+    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (got, at) = until_closed(&mut extra, Duration::from_secs(5)).expect("refused at once");
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(
+        at - start < Duration::from_secs(1),
+        "took {:.2} s",
+        secs(at - start)
+    );
+
+    // The busy ones are served as normal once their bodies arrive: no request lost.
+    for s in &mut busy {
+        // The other 9 bytes of the announced 10.
+        s.write_all(b"\"x\":1}   ").unwrap();
+    }
+    for s in &mut busy {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") && Instant::now() < deadline {
+            if let Seen::Bytes(b) = poll(s, Duration::from_millis(50)) {
+                got.extend(b);
+            }
+        }
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 400"),
+            "an answer to the busy request: {text}"
+        );
+    }
+    // With the slots free again, a new connection is served.
+    let rt = runtime();
+    rt.block_on(async {
+        assert_eq!(server.client().health().await.unwrap().status, "ok");
+    });
+    drop(busy);
+    assert!(server.stop().success());
+}
