@@ -56,10 +56,15 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
             .await
             .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
             .unwrap_or_default();
+        // (axum sets the `Allow` header of a 405 outside this layer, so it is usually
+        // not here to quote.)
         let message = match (status, &allow) {
             (StatusCode::METHOD_NOT_ALLOWED, Some(a)) => format!(
                 "{method} is not allowed on {path} (allowed: {})",
                 a.to_str().unwrap_or("?")
+            ),
+            (StatusCode::METHOD_NOT_ALLOWED, None) => format!(
+                "{method} is not allowed on {path} (the Allow header lists the methods that are)"
             ),
             _ if text.is_empty() => format!(
                 "{} {} for {method} {path}",
