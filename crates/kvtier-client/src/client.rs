@@ -218,9 +218,26 @@ impl Client {
     /// Stores `payloads[i]` as block `i` of `prompt` (each exactly one block of its
     /// layout). The payloads are sent as they are, without a copy.
     pub async fn store(&self, prompt: &PromptSpec, payloads: Vec<Bytes>) -> Result<StoreAnswer> {
+        self.store_durable(prompt, payloads, None).await
+    }
+
+    /// Stores like [`Client::store`], answered only once the blocks are at least as durable
+    /// as `durability` asks: `"written"` (they survive a kill of the server) or `"synced"`
+    /// (they survive a power loss); `None` takes the server's default. A server that cannot
+    /// keep that promise answers an error, never a success.
+    pub async fn store_durable(
+        &self,
+        prompt: &PromptSpec,
+        payloads: Vec<Bytes>,
+        durability: Option<&str>,
+    ) -> Result<StoreAnswer> {
         let body = upload_body(&prompt.compact(), payloads)?;
+        let path = match durability {
+            Some(d) => format!("/v1/store?durability={d}"),
+            None => "/v1/store".to_string(),
+        };
         let resp = self
-            .request(reqwest::Method::POST, "/v1/store")
+            .request(reqwest::Method::POST, &path)
             .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
             .body(body)
             .send()

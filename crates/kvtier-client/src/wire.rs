@@ -204,6 +204,14 @@ pub struct StoreAnswer {
     pub stored_lower_only: usize,
     /// Why the store stopped early, if it did (`no_space`, `parent_missing`, ...).
     pub stopped: Option<String>,
+    /// What the kept blocks survive now: `queued`, `written` (a kill) or `synced` (a power
+    /// loss). Absent from servers before issue 12: read as `queued`.
+    #[serde(default = "queued")]
+    pub durability: String,
+}
+
+fn queued() -> String {
+    "queued".into()
 }
 
 /// The head of a snapshot put, or the request of a snapshot get.
@@ -263,7 +271,8 @@ pub struct SsdAdmin {
     /// `write_through` or `evict_only`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
-    /// `best_effort`, `persistent` or `fsync`.
+    /// `queued`, `written` or `synced` (the names before issue 12, `best_effort`,
+    /// `persistent` and `fsync`, are accepted as aliases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
     /// New TTL, e.g. `7d`.

@@ -40,8 +40,8 @@ pub mod stats;
 pub mod tier;
 
 pub use engine::{
-    DEFAULT_MAX_TOKENS, Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig, PersistMode,
-    Reattached, StoreReport, TierOpener,
+    Ack, DEFAULT_MAX_TOKENS, Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig,
+    PersistMode, Reattached, StoreOptions, StoreReport, TierOpener,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};

@@ -25,17 +25,38 @@ pub enum SsdMode {
     EvictOnly,
 }
 
-/// When an SSD write counts as done.
+/// What a store's 200 promises about its blocks (a request may ask for more with
+/// `?durability=`). The names before issue 12 are accepted as aliases: `best_effort` is
+/// `queued`, `persistent` is `written`, `fsync` is `synced`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum DurabilityName {
-    /// One attempt; the page cache decides when bytes reach the disk.
-    BestEffort,
-    /// Up to `retries` further attempts; no sync.
-    Persistent,
-    /// Data and index synced before the write is acknowledged.
-    Fsync,
+    /// In RAM and queued for the SSD: a kill loses what is still queued (flush and a
+    /// clean stop write it).
+    #[serde(alias = "best_effort")]
+    #[value(alias = "best_effort")]
+    Queued,
+    /// Written to the SSD's files before the answer: survives a kill, not a power loss.
+    #[serde(alias = "persistent")]
+    #[value(alias = "persistent")]
+    Written,
+    /// Written and synced (`fdatasync`, shared by concurrent stores) before the answer:
+    /// survives a power loss.
+    #[serde(alias = "fsync")]
+    #[value(alias = "fsync")]
+    Synced,
+}
+
+impl DurabilityName {
+    /// The engine's acknowledgement level of this name.
+    pub fn ack(self) -> kvtier_core::Ack {
+        match self {
+            DurabilityName::Queued => kvtier_core::Ack::Queued,
+            DurabilityName::Written => kvtier_core::Ack::Written,
+            DurabilityName::Synced => kvtier_core::Ack::Synced,
+        }
+    }
 }
 
 /// What a full write queue does after the short wait.
@@ -67,9 +88,10 @@ pub struct SsdSettings {
     pub ttl: HumanDuration,
     /// When blocks reach the SSD.
     pub mode: SsdMode,
-    /// When a write counts as done.
+    /// What a store's answer promises: `queued`, `written` (survives a kill) or `synced`
+    /// (survives a power loss).
     pub durability: DurabilityName,
-    /// Extra attempts with `persistent` durability.
+    /// Extra attempts when an SSD write fails (not when the disk is full).
     pub retries: u32,
     /// Stop admitting while the filesystem has less free space (0 = off).
     pub min_free: ByteSize,
@@ -103,7 +125,7 @@ impl Default for SsdSettings {
             namespace_budget: None,
             ttl: HumanDuration(Duration::from_secs(7 * 86_400)),
             mode: SsdMode::WriteThrough,
-            durability: DurabilityName::BestEffort,
+            durability: DurabilityName::Queued,
             retries: 3,
             min_free: ByteSize(1 << 30),
             promote_on_hit: true,
@@ -362,10 +384,11 @@ pub struct ServeArgs {
     /// When blocks reach the SSD [default: write_through].
     #[arg(long, env = "KVTIER_SSD_MODE", value_name = "MODE")]
     pub ssd_mode: Option<SsdMode>,
-    /// When an SSD write counts as done [default: best_effort].
+    /// What a store's answer promises: queued, written (survives a kill) or synced
+    /// (survives a power loss) [default: queued].
     #[arg(long, env = "KVTIER_SSD_DURABILITY", value_name = "D")]
     pub ssd_durability: Option<DurabilityName>,
-    /// Extra write attempts with persistent durability [default: 3].
+    /// Extra attempts when an SSD write fails [default: 3].
     #[arg(long, env = "KVTIER_SSD_RETRIES", value_name = "N")]
     pub ssd_retries: Option<u32>,
     /// Stop SSD admission below this much free space, 0 = off [default: 1GiB].

@@ -10,7 +10,7 @@ use kvtier_core::{Engine, PersistConfig, PersistMode, Reattached, TierOpener};
 use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::{DurabilityName, OverflowName, Settings, SsdMode, SsdSettings};
+use crate::config::{OverflowName, Settings, SsdMode, SsdSettings};
 use crate::metrics::Metrics;
 
 /// How often the SSD tier enforces budgets and TTL in the background.
@@ -99,9 +99,14 @@ impl AppState {
     /// Quiesce, drain, close and reopen the SSD tier with `ssd` (or leave it detached
     /// when `ssd.enabled` is false). Blocking: call from a blocking thread.
     pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, String> {
-        let (drain, dir) = {
+        let (drain, dir, old, old_dir) = {
             let s = self.settings.read();
-            (s.ssd.drain_timeout.0, ssd.dir_under(&s.data_dir))
+            (
+                s.ssd.drain_timeout.0,
+                ssd.dir_under(&s.data_dir),
+                s.ssd.clone(),
+                s.ssd_dir(),
+            )
         };
         let new = ssd
             .enabled
@@ -109,15 +114,23 @@ impl AppState {
         if new.is_none() {
             *self.recovery.lock() = None;
         }
+        // If the new tier does not open, the old one (same settings, same directory) is
+        // opened again in the same quiesce: a failed change never leaves the server
+        // silently without its SSD.
+        let restore = old
+            .enabled
+            .then(|| ssd_opener(&old, old_dir, self.recovery.clone()));
         let result = self
             .engine
-            .reattach_persistent(new, drain)
+            .reattach_persistent_or_restore(new, restore, drain)
             .map_err(|e| e.to_string());
-        // Record what is in force: the new settings if attached; detached otherwise.
+        // Record what is in force: the new settings if attached; the old ones if they were
+        // restored; detached otherwise.
         let mut s = self.settings.write();
-        s.ssd = ssd;
-        if result.is_err() {
-            s.ssd.enabled = false;
+        match &result {
+            Ok(_) => s.ssd = ssd,
+            Err(_) if self.engine.persistent().is_some() => {}
+            Err(_) => s.ssd.enabled = false,
         }
         result
     }
@@ -130,6 +143,7 @@ fn ssd_opener(
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
 ) -> (PersistConfig, TierOpener) {
     let persist = PersistConfig {
+        ack: ssd.durability.ack(),
         mode: match ssd.mode {
             SsdMode::WriteThrough => PersistMode::WriteThrough,
             SsdMode::EvictOnly => PersistMode::EvictOnly,
@@ -150,12 +164,10 @@ fn ssd_opener(
     config.namespace_bytes = ssd.namespace_budget.map(|b| b.0);
     config.ttl = ssd.ttl.0;
     config.min_free_bytes = ssd.min_free.0;
-    config.store.durability = match ssd.durability {
-        DurabilityName::BestEffort => Durability::BestEffort,
-        DurabilityName::Persistent => Durability::Persistent {
-            retries: ssd.retries,
-        },
-        DurabilityName::Fsync => Durability::Fsync,
+    // Syncs are the engine's business (a `synced` store waits for a group commit): the
+    // store itself never syncs per write.
+    config.store.durability = Durability::Persistent {
+        retries: ssd.retries,
     };
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
         let tier = Arc::new(SsdTier::open(config, Arc::new(SystemClock::new()), sink)?);

@@ -1,21 +1,23 @@
 //! `kvtier inspect DIR [--verify]`: what an SSD store holds, per namespace (LayoutKey
 //! digest), and with `--verify` whether every record's checksums still match.
 //!
-//! It opens the store like the tier does (taking its lock, so it refuses a store a running
-//! process holds, and recovering it: cutting torn tails and dropping what is missing).
+//! It opens the store read-only: no lock, no repair, nothing created or removed, so it works
+//! on a store a running server holds (a record being written just then shows as a torn
+//! tail) and leaves the shutdown record where the next start will read it. Given the data
+//! directory of `kvtier serve` (which holds the store in `ssd/`), it inspects that store.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kvtier_core::LayoutDigest;
+use kvtier_ssd::SegmentStore;
 use kvtier_ssd::format::Kind;
 use kvtier_ssd::store::ReadFault;
-use kvtier_ssd::{SegmentStore, StoreConfig};
 
 /// Options of `kvtier inspect`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// The store directory.
+    /// The store directory, or the data directory of `kvtier serve` (its `ssd/` is used).
     pub dir: PathBuf,
     /// Read every record and verify its checksums (reads the whole store).
     /// Default: off (only the index logs are read).
@@ -51,12 +53,31 @@ fn when(ms: Option<u64>) -> String {
     }
 }
 
+/// The store directory `dir` names: itself when it holds segments, else the `ssd/` of a
+/// `kvtier serve` data directory when that does.
+fn store_dir(dir: &Path) -> PathBuf {
+    let has_segments = |d: &Path| {
+        std::fs::read_dir(d).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        })
+    };
+    let nested = dir.join("ssd");
+    if !has_segments(dir) && has_segments(&nested) {
+        nested
+    } else {
+        dir.to_path_buf()
+    }
+}
+
 /// Runs the inspection; an error when `--verify` finds damaged records.
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if !args.dir.is_dir() {
         anyhow::bail!("`{}` is not a directory", args.dir.display());
     }
-    let (store, records, report) = SegmentStore::open(&args.dir, StoreConfig::default())?;
+    let dir = store_dir(&args.dir);
+    let (store, records, report) = SegmentStore::open_read_only(&dir)?;
     let mut spaces: BTreeMap<LayoutDigest, Namespace> = BTreeMap::new();
     let mut io_errors = 0u64;
     for r in &records {
@@ -89,18 +110,34 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("store {}", args.dir.display());
     println!(
-        "recovery: {} segments, {} records, {} dropped (data missing), {} tombstoned, {} superseded, {} torn index bytes cut, {} rescanned, {} files removed, {:.1} ms",
+        "store {} (opened read-only: nothing is changed)",
+        dir.display()
+    );
+    let shutdown = match report.previous_shutdown_clean {
+        Some(true) => "clean",
+        Some(false) => "partial (some queued writes were not done)",
+        None => "no record (running now, or killed / crashed)",
+    };
+    println!("last shutdown: {shutdown}");
+    println!(
+        "found: {} segments, {} live records, {} tombstoned, {} superseded, {} found by reading the segment (not in the log), {:.1} ms",
         report.segments,
         report.records,
-        report.dropped_missing,
         report.tombstoned,
         report.superseded,
-        report.torn_index_bytes,
-        report.rescanned_segments,
-        report.removed_files,
+        report.salvaged_records,
         report.elapsed.as_secs_f64() * 1e3
+    );
+    println!(
+        "damage: {} records failing their own checks ({} bytes), {} log entries pointing past the data, {} bad log bytes, {} unfinished bytes at segment tails, {} damaged segment headers, {} stray entries",
+        report.damaged_records,
+        report.damaged_bytes,
+        report.dropped_missing,
+        report.torn_index_bytes,
+        report.torn_segment_bytes,
+        report.damaged_segment_headers,
+        report.stray_files
     );
     println!(
         "{:<34} {:>8} {:>9} {:>14} {:>12} {:>12} {:>8}",

@@ -32,6 +32,21 @@ fn kvtier(args: &[&str], dir: &std::path::Path) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Every file of `dir` (recursively) with its bytes.
+fn listing(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(listing(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
 #[test]
 fn inspect_counts_namespaces_and_verify_finds_damage() {
     let dir = tempfile::tempdir().unwrap();
@@ -47,9 +62,15 @@ fn inspect_counts_namespaces_and_verify_finds_damage() {
         for (m, p) in test_chain(&a, 5, 1).into_iter().chain(test_chain(&b, 3, 2)) {
             tier.put(&m, p).unwrap();
         }
-        // While the store is open, inspect is refused.
+        // While the store is open, inspect works beside it and changes nothing.
+        let before = listing(dir.path());
         let (ok, text) = kvtier(&["inspect"], dir.path());
-        assert!(!ok && text.contains("in use by another process"), "{text}");
+        assert!(ok && text.contains("live records"), "{text}");
+        assert_eq!(
+            listing(dir.path()),
+            before,
+            "inspect changed a store in use"
+        );
     }
     let (ok, text) = kvtier(&["inspect", "--verify"], dir.path());
     assert!(ok, "{text}");
@@ -88,4 +109,41 @@ fn inspect_counts_namespaces_and_verify_finds_damage() {
         text.contains("checksum mismatch") && text.contains("1 corrupt"),
         "{text}"
     );
+}
+
+#[test]
+fn inspect_of_a_data_directory_reads_its_store_and_changes_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let store = data.path().join("ssd");
+    let layout = Layout::new(LayoutKey::new("model-a", KvDtype::F16, 16, 2, 2, 64)).unwrap();
+    {
+        let tier = SsdTier::open(
+            SsdConfig::new(&store),
+            Arc::new(SystemClock::new()),
+            Arc::new(NoSink),
+        )
+        .unwrap();
+        for (m, p) in test_chain(&layout, 4, 1) {
+            tier.put(&m, p).unwrap();
+        }
+        tier.record_shutdown(true).unwrap();
+    }
+    let before = listing(data.path());
+    let (ok, text) = kvtier(&["inspect"], data.path());
+    assert!(ok, "{text}");
+    assert!(text.contains("4 live records"), "{text}");
+    assert!(text.contains("last shutdown: clean"), "{text}");
+    assert_eq!(
+        listing(data.path()),
+        before,
+        "inspect wrote to what it inspected"
+    );
+    // The shutdown record is still there for the next start.
+    let tier = SsdTier::open(
+        SsdConfig::new(&store),
+        Arc::new(SystemClock::new()),
+        Arc::new(NoSink),
+    )
+    .unwrap();
+    assert_eq!(tier.previous_shutdown_clean(), Some(true));
 }

@@ -123,7 +123,7 @@ fn reattaching_the_ssd_under_load_loses_no_acknowledged_write() {
         }
         // Reattach twice while that runs: new capacity and durability, then back.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        for (capacity, durability) in [("8GiB", "fsync"), ("16GiB", "best_effort")] {
+        for (capacity, durability) in [("8GiB", "synced"), ("16GiB", "queued")] {
             let answer = admin
                 .admin_ssd(&SsdAdmin {
                     action: "reconfigure".into(),

@@ -167,6 +167,7 @@ impl EngineBuilder {
             Some((attach, open)) => {
                 let persist = PersistConfig {
                     mode: PersistMode::WriteThrough,
+                    ack: super::Ack::Queued,
                     promote_on_hit: attach.promote_to_ram,
                     prefetch: false,
                     writer: attach.writer,

@@ -32,11 +32,41 @@ pub enum PersistMode {
     EvictOnly,
 }
 
+/// What a successful store promises about its blocks, weakest first. Each level says what
+/// the blocks survive once the store has returned `Ok`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Ack {
+    /// In RAM and queued for the persistent tier (default). A process kill loses what is
+    /// still queued; a flush or a clean shutdown writes it.
+    #[default]
+    Queued,
+    /// Written to the persistent tier's files: survives a kill of the process (the
+    /// kernel's page cache holds the bytes), not a power loss.
+    Written,
+    /// Written and synced (`fdatasync`, shared between concurrent stores): survives a
+    /// power loss.
+    Synced,
+}
+
+impl Ack {
+    /// The level's name on the wire and in settings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ack::Queued => "queued",
+            Ack::Written => "written",
+            Ack::Synced => "synced",
+        }
+    }
+}
+
 /// How the engine uses its persistent tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PersistConfig {
     /// When blocks are written (default write-through).
     pub mode: PersistMode,
+    /// What a store acknowledges unless the call asks for more (default
+    /// [`Ack::Queued`]).
+    pub ack: Ack,
     /// Promote a block read from the persistent tier into RAM (default on).
     pub promote_on_hit: bool,
     /// Start reading blocks a lookup found only in the persistent tier right away, in
@@ -50,6 +80,7 @@ impl Default for PersistConfig {
     fn default() -> Self {
         Self {
             mode: PersistMode::WriteThrough,
+            ack: Ack::Queued,
             promote_on_hit: true,
             prefetch: true,
             writer: WriterConfig::default(),

@@ -28,9 +28,9 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
-pub use lower::{PersistConfig, PersistMode, RemoteAttach, TierOpener};
+pub use lower::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener};
 
-pub use store::StoreReport;
+pub use store::{StoreOptions, StoreReport};
 
 use crate::budget::MemoryBudget;
 use crate::error::{Error, Result};
@@ -302,11 +302,21 @@ impl Engine {
     }
 
     /// Waits until every block queued for the persistent tier and the remote tier is
-    /// written (or `timeout` passes, for both together). Returns whether they drained;
-    /// `true` without either.
+    /// written (or `timeout` passes, for both together), and syncs the persistent tier.
+    /// Returns whether they drained and synced; `true` without either.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        let local = self.lower().is_none_or(|l| l.writer.flush(timeout));
+        // Drained, then synced: what a flush reports done survives a power loss.
+        let local = self.lower().is_none_or(|l| {
+            let drained = l.writer.flush(timeout);
+            match l.tier.make_durable() {
+                Ok(()) => drained,
+                Err(e) => {
+                    tracing::warn!(error = %e, "flush could not sync the persistent tier");
+                    false
+                }
+            }
+        });
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let remote = self
             .remote
@@ -335,6 +345,20 @@ impl Engine {
         new: Option<(PersistConfig, TierOpener)>,
         drain_timeout: std::time::Duration,
     ) -> Result<Reattached> {
+        self.reattach_persistent_or_restore(new, None, drain_timeout)
+    }
+
+    /// [`Engine::reattach_persistent`], and if opening `new` fails, `restore` is opened in
+    /// its place within the same quiesce (typically the tier that was attached, with its
+    /// old settings), so no store is ever acknowledged while the engine is unexpectedly
+    /// without its persistent tier. The error of `new` is still returned; whether
+    /// `restore` took its place shows in [`Engine::persistent`].
+    pub fn reattach_persistent_or_restore(
+        &self,
+        new: Option<(PersistConfig, TierOpener)>,
+        restore: Option<(PersistConfig, TierOpener)>,
+        drain_timeout: std::time::Duration,
+    ) -> Result<Reattached> {
         // Quiesce: wait for stores in flight; new ones wait until the swap is done.
         let _quiesced = self.admission.write();
         let old = self.lower.write().take();
@@ -356,16 +380,40 @@ impl Engine {
         } else {
             report.drained_clean = true;
         }
-        if let Some((config, open)) = new {
-            let (lower, writer) = builder::open_lower(&self.sink, config, open)?;
-            if config.mode == PersistMode::EvictOnly {
-                *self.sink.demote_to.write() = Some(Arc::downgrade(&writer));
+        let Some((config, open)) = new else {
+            return Ok(report);
+        };
+        match self.attach_lower(config, open) {
+            Ok(blocks) => {
+                report.attached_blocks = blocks;
+                report.attached = true;
+                Ok(report)
             }
-            report.attached_blocks = lower.tier.stats().resident_blocks;
-            *self.lower.write() = Some(lower);
-            report.attached = true;
+            Err(e) => {
+                if let Some((config, open)) = restore {
+                    match self.attach_lower(config, open) {
+                        Ok(_) => {
+                            tracing::warn!(error = %e, "the new persistent tier did not open; the previous one is attached again");
+                        }
+                        Err(again) => {
+                            tracing::error!(error = %e, restore_error = %again, "neither the new nor the previous persistent tier opened; running without one");
+                        }
+                    }
+                }
+                Err(e)
+            }
         }
-        Ok(report)
+    }
+
+    /// Opens and attaches a persistent tier; returns the blocks it held.
+    fn attach_lower(&self, config: PersistConfig, open: TierOpener) -> Result<u64> {
+        let (lower, writer) = builder::open_lower(&self.sink, config, open)?;
+        if config.mode == PersistMode::EvictOnly {
+            *self.sink.demote_to.write() = Some(Arc::downgrade(&writer));
+        }
+        let blocks = lower.tier.stats().resident_blocks;
+        *self.lower.write() = Some(lower);
+        Ok(blocks)
     }
 
     /// The persistent tier, if one is attached.

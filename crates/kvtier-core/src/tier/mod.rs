@@ -226,6 +226,15 @@ pub trait Tier: Send + Sync + Debug + 'static {
         None
     }
 
+    /// Makes every block this tier has acknowledged (returned `Stored` or `Duplicate` for)
+    /// survive a power loss, returning once it does. A tier whose puts are durable when they
+    /// return (an object store answering 200) needs nothing: the default. A tier that
+    /// acknowledges from the page cache must override it (the SSD tier: `fdatasync`, shared
+    /// between concurrent callers).
+    fn make_durable(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Records how the engine shut down (`clean`: every queued write landed), durably, so
     /// the next start can report it. Default: nothing to record (a volatile tier).
     fn record_shutdown(&self, clean: bool) -> Result<()> {

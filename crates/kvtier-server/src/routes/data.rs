@@ -205,8 +205,50 @@ fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), Ap
     Ok((head, body.slice(start..)))
 }
 
+/// The acknowledgement a store asks for with `?durability=queued|written|synced`; `None`
+/// without the parameter (the server's default applies; a stronger default wins).
+fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack>, ApiError> {
+    let mut ack = None;
+    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "durability" {
+            return Err(ApiError::bad(
+                "bad_query",
+                format!("unknown query parameter `{name}` (only `durability`)"),
+            ));
+        }
+        let level: crate::config::DurabilityName =
+            serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(
+                |_| {
+                    ApiError::bad(
+                        "bad_query",
+                        format!("durability `{value}`: expected queued, written or synced"),
+                    )
+                },
+            )?;
+        ack = Some(level.ack());
+    }
+    Ok(ack)
+}
+
 /// `POST /v1/store`: the blocks of a token sequence, all validated before any is kept.
-pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, ApiError> {
+/// Answers only once the blocks are as durable as asked (`?durability=`) or as the
+/// server's default promises, whichever is stronger.
+pub async fn store(
+    State(app): App,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Result<Json<StoreAnswer>, ApiError> {
+    let ack = asked_ack(&uri)?;
+    store_acked(State(app), ack, body).await
+}
+
+/// A store of an upload body, acknowledged at `ack` (or the server's stronger default).
+pub async fn store_acked(
+    State(app): App,
+    ack: Option<kvtier_core::Ack>,
+    body: Body,
+) -> Result<Json<StoreAnswer>, ApiError> {
     let body = read_body(body, limit(&app)).await?;
     let (spec, payload): (PromptSpec, Bytes) = upload(&body)?;
     let prompt = prompt_of(&app, &spec)?;
@@ -235,7 +277,8 @@ pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, Api
     let engine = app.engine.clone();
     let report = blocking(move || {
         let slices: Vec<&[u8]> = payload.chunks_exact(block).collect();
-        Ok(engine.store(&prompt, &slices)?)
+        let options = kvtier_core::StoreOptions { ack };
+        Ok(engine.store_with(&prompt, &slices, options)?)
     })
     .await?;
     Ok(Json(StoreAnswer {
@@ -251,6 +294,7 @@ pub async fn store(State(app): App, body: Body) -> Result<Json<StoreAnswer>, Api
             }
             .to_string()
         }),
+        durability: report.ack.name().to_string(),
     }))
 }
 

@@ -80,7 +80,7 @@ pub async fn store_raw(
     upload.extend_from_slice(&head);
     upload.extend_from_slice(&payload);
     drop(payload);
-    data::store(State(app), Body::from(upload)).await
+    data::store_acked(State(app), None, Body::from(upload)).await
 }
 
 #[cfg(test)]

@@ -151,10 +151,11 @@ pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
     }
     bar.finish_and_clear();
 
-    let resolved = resolve(&found, &mut report);
+    let mut resolved = resolve(&found, &mut report);
     let mut segments = BTreeMap::new();
     let mut removable = Vec::new();
-    for (i, f) in found.into_iter().enumerate() {
+    let mut live = Vec::with_capacity(resolved.live_per_segment.iter().sum::<u64>() as usize);
+    for (i, mut f) in found.into_iter().enumerate() {
         let s = &f.scan;
         report.salvaged_records += s.salvaged;
         report.damaged_records += s.damaged;
@@ -174,6 +175,14 @@ pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
         } else {
             None
         };
+        let flags = std::mem::take(&mut resolved.live[i]);
+        let records = std::mem::take(&mut f.scan.records);
+        live.extend(
+            records
+                .into_iter()
+                .zip(flags)
+                .filter_map(|(r, keep)| keep.then_some(r)),
+        );
         segments.insert(
             f.id,
             Arc::new(Segment {
@@ -203,9 +212,9 @@ pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
         }
     }
     report.segments = segments.len() as u64;
-    report.records = resolved.live.len() as u64;
+    report.records = live.len() as u64;
     report.elapsed = started.elapsed();
-    Ok((segments, resolved.live, report, max_seen))
+    Ok((segments, live, report, max_seen))
 }
 
 /// Segment and log ids in the directory (sorted), and the highest id named by any file.
@@ -243,7 +252,8 @@ fn list(dir: &Path, mode: Mode, report: &mut RecoveryReport) -> Result<(Vec<u64>
 }
 
 struct Resolved {
-    live: Vec<Recovered>,
+    /// Per segment, per record: whether it is its key's live copy.
+    live: Vec<Vec<bool>>,
     live_per_segment: Vec<u64>,
     /// Per segment: dead records with no tombstone of their own (offset, key).
     own_tombstones_to_write: Vec<Vec<(u64, [u8; 32])>>,
@@ -268,7 +278,10 @@ fn resolve(found: &[Found], report: &mut RecoveryReport) -> Resolved {
             }
         }
     }
-    let mut live = Vec::with_capacity(newest.len());
+    let mut live: Vec<Vec<bool>> = found
+        .iter()
+        .map(|f| vec![false; f.scan.records.len()])
+        .collect();
     let mut live_per_segment = vec![0u64; found.len()];
     let mut to_write = vec![Vec::new(); found.len()];
     for (s, f) in found.iter().enumerate() {
@@ -277,7 +290,7 @@ fn resolve(found: &[Found], report: &mut RecoveryReport) -> Resolved {
             let newest_rec = &found[ns].scan.records[nr];
             let key_deleted = is_dead(ns, newest_rec);
             if (ns, nr) == (s, r) && !key_deleted {
-                live.push(rec.clone());
+                live[s][r] = true;
                 live_per_segment[s] += 1;
                 continue;
             }

@@ -397,6 +397,10 @@ impl Tier for SsdTier {
         TierKind::Ssd
     }
 
+    fn make_durable(&self) -> Result<()> {
+        self.store.sync_pending()
+    }
+
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
         if self.is_quarantined(&meta.hash) {
             self.counters.lock().rejected_quarantined += 1;
