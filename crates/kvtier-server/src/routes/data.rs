@@ -209,7 +209,12 @@ fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), Ap
 /// without the parameter (the server's default applies; a stronger default wins).
 fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack>, ApiError> {
     let mut ack = None;
-    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if name != "durability" {
             return Err(ApiError::bad(
@@ -218,14 +223,12 @@ fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack>, ApiError
             ));
         }
         let level: crate::config::DurabilityName =
-            serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(
-                |_| {
-                    ApiError::bad(
-                        "bad_query",
-                        format!("durability `{value}`: expected queued, written or synced"),
-                    )
-                },
-            )?;
+            serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
+                ApiError::bad(
+                    "bad_query",
+                    format!("durability `{value}`: expected queued, written or synced"),
+                )
+            })?;
         ack = Some(level.ack());
     }
     Ok(ack)
