@@ -236,6 +236,10 @@ pub struct EngineStats {
     pub demotions_queued: u64,
     /// Blocks RAM evicted that could not be queued (queue full or closing).
     pub demotions_dropped: u64,
+    /// Evict-only mode: RAM-only blocks written to the persistent tier at shutdown.
+    pub shutdown_saved: u64,
+    /// Evict-only mode: RAM-only blocks a shutdown could not write (deadline, refusal).
+    pub shutdown_unsaved: u64,
     /// The snapshot bucket.
     pub snapshot: SnapshotStats,
     /// Bytes of the shared memory budget in use (RAM blocks plus snapshots).
@@ -278,6 +282,8 @@ impl EngineStats {
             "engine_demotions_ram_to_ssd_dropped".into(),
             self.demotions_dropped,
         ));
+        out.push(("engine_shutdown_saved_blocks".into(), self.shutdown_saved));
+        out.push(("engine_shutdown_unsaved_blocks".into(), self.shutdown_unsaved));
         out.extend(self.snapshot.counters());
         out.push(("engine_memory_used_bytes".into(), self.memory_used_bytes));
         out.push((

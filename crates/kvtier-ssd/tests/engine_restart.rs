@@ -292,3 +292,42 @@ fn the_next_start_knows_whether_the_last_run_shut_down_cleanly() {
         "a run that never shut down was reported clean"
     );
 }
+
+#[test]
+fn evict_only_keeps_the_hot_set_across_a_clean_restart() {
+    // Evict-only mode never writes what RAM keeps: without the shutdown's save, a restart
+    // would lose exactly the blocks RAM held — the most used ones.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..16 * 12).collect();
+    let stored: Vec<Vec<u8>>;
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::EvictOnly);
+        let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+        let prompt = e
+            .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+            .unwrap();
+        stored = (0..12)
+            .map(|i| payload(i, layout.block_bytes() as usize))
+            .collect();
+        let refs: Vec<&[u8]> = stored.iter().map(Vec::as_slice).collect();
+        assert_eq!(e.store(&prompt, &refs).unwrap().stored, 12);
+        assert_eq!(e.stats().ssd.unwrap().resident_blocks, 0, "evict-only wrote early");
+        let shutdown = e.shutdown(Duration::from_secs(10)).unwrap();
+        assert!(shutdown.clean, "{shutdown:?}");
+        let s = e.stats();
+        assert_eq!(s.shutdown_saved, 12, "{s:?}");
+        assert_eq!(s.shutdown_unsaved, 0);
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::EvictOnly);
+    assert_eq!(e.previous_shutdown_clean(), Some(true));
+    let layout = e.register_layout(key(KvDtype::F16)).unwrap();
+    let prompt = e
+        .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    let hit = e.lookup(&prompt);
+    assert_eq!(hit.blocks.len(), 12, "the hot set was lost by the restart");
+    let loaded = e.load(&hit.blocks).unwrap();
+    for (i, b) in loaded.blocks.iter().enumerate() {
+        assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
+    }
+}

@@ -142,6 +142,10 @@ pub(super) struct Movement {
     pub promotions: AtomicU64,
     pub demotions_queued: AtomicU64,
     pub demotions_dropped: AtomicU64,
+    /// Evict-only mode: RAM-only blocks a clean shutdown wrote to the persistent tier,
+    /// and those it could not (deadline passed, tier refused or failed).
+    pub shutdown_saved: AtomicU64,
+    pub shutdown_unsaved: AtomicU64,
 }
 
 /// The engine's residency sink: keeps the prefix index current and, in evict-only mode,

@@ -274,10 +274,15 @@ impl Engine {
     }
 
     /// Stops the persistent tier's writer: no new writes, everything queued is written
-    /// (within `timeout`). Returns the writer's report, or `None` without a persistent
-    /// tier. The remote tier's writer, if any, is stopped first the same way (a partial
-    /// drain is logged). The engine keeps serving reads afterwards; stores reach RAM only.
+    /// (within `timeout`). In evict-only mode it first writes the blocks only RAM holds —
+    /// the hot set, which evict-only mode otherwise never writes — within half of
+    /// `timeout` (counted: `engine_shutdown_saved_blocks`, `engine_shutdown_unsaved_blocks`;
+    /// a shutdown that leaves some unsaved is recorded as partial). Returns the writer's
+    /// report, or `None` without a persistent tier. The remote tier's writer, if any, is
+    /// stopped first the same way (a partial drain is logged). The engine keeps serving
+    /// reads afterwards; stores reach RAM only.
     pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
+        let started = std::time::Instant::now();
         if let Some((remote, _)) = &self.remote {
             let report = remote.writer.stop(timeout);
             if !report.clean {
@@ -288,11 +293,59 @@ impl Engine {
             }
         }
         let lower = self.lower()?;
-        let report = lower.writer.stop(timeout);
+        let unsaved = if lower.config.mode == PersistMode::EvictOnly {
+            self.save_ram_only(&lower, started + timeout / 2)
+        } else {
+            0
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        let mut report = lower.writer.stop(left);
+        if unsaved > 0 {
+            report.clean = false;
+            report.partial = true;
+        }
+        if let Err(e) = lower.tier.make_durable() {
+            tracing::warn!(error = %e, "could not sync the persistent tier at shutdown");
+        }
         if let Err(e) = lower.tier.record_shutdown(report.clean) {
             tracing::warn!(error = %e, "could not record how the engine shut down");
         }
         Some(report)
+    }
+
+    /// Writes every block RAM holds and the persistent tier lacks, on this thread, until
+    /// `deadline`; returns how many it could not write.
+    fn save_ram_only(&self, lower: &lower::Lower, deadline: std::time::Instant) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let todo: Vec<(crate::tier::BlockMeta, Bytes)> = self
+            .ram
+            .held_blocks()
+            .into_iter()
+            .filter(|(m, _)| !lower.tier.contains(&m.hash) && !lower.writer.is_pending(&m.hash))
+            .collect();
+        let mut unsaved = 0;
+        for (n, batch) in todo.chunks(64).enumerate() {
+            if std::time::Instant::now() >= deadline {
+                unsaved = (todo.len() - n * 64) as u64;
+                break;
+            }
+            for outcome in lower.tier.put_many(batch) {
+                match outcome {
+                    Ok(crate::tier::PutOutcome::Stored | crate::tier::PutOutcome::Duplicate) => {
+                        self.movement.shutdown_saved.fetch_add(1, Relaxed);
+                    }
+                    _ => unsaved += 1,
+                }
+            }
+        }
+        self.movement.shutdown_unsaved.fetch_add(unsaved, Relaxed);
+        if unsaved > 0 {
+            tracing::warn!(
+                unsaved,
+                "evict-only shutdown could not write every RAM-only block to the persistent tier"
+            );
+        }
+        unsaved
     }
 
     /// How the previous run of the persistent tier ended (see
@@ -592,6 +645,8 @@ impl Engine {
             prefetch_skipped: get(&self.prefetcher.counters.skipped),
             demotions_queued: get(&m.demotions_queued),
             demotions_dropped: get(&m.demotions_dropped),
+            shutdown_saved: get(&m.shutdown_saved),
+            shutdown_unsaved: get(&m.shutdown_unsaved),
             snapshot: self.snapshots.stats(),
             memory_used_bytes: self.budget.used(),
             memory_capacity_bytes: self.budget.capacity(),

@@ -125,6 +125,20 @@ impl RamTier {
         freed
     }
 
+    /// Every block held now with its payload (shared, not copied), parents before
+    /// children (by chain position), so a tier that wants a block's parent first gets it.
+    pub fn held_blocks(&self) -> Vec<(BlockMeta, Bytes)> {
+        let ledger = self.ledger.lock();
+        let mut out: Vec<(BlockMeta, Bytes)> = ledger
+            .book
+            .nodes()
+            .map(|n| (n.meta.clone(), n.slot.payload.clone()))
+            .collect();
+        drop(ledger);
+        out.sort_by_key(|(m, _)| m.position);
+        out
+    }
+
     /// The put path.
     fn admit(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
         let now = self.clock.now_nanos();

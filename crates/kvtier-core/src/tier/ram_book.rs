@@ -72,6 +72,10 @@ impl Book {
         self.nodes.len()
     }
 
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
     /// Whether `parent` is held (the chain root always counts as held).
     pub fn parent_held(&self, meta: &BlockMeta) -> bool {
         meta.position == 0 || self.nodes.contains_key(&meta.parent)
