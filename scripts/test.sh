@@ -3,7 +3,9 @@
 # workspace and ends with one summary line ("N passed, M failed").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# The model tests need the Gemma weights: fetch them here, before the build, so a failed
+# download shows as a setup error rather than a failed test.
+scripts/setup.sh --with-weights
 # A --user pip install (boto3, awscli, moto) puts its commands here.
 export PATH="$HOME/.local/bin:$PATH"
 log=$(mktemp)
