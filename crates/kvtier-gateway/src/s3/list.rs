@@ -9,8 +9,9 @@
 //! - `fetch-owner=true` (v2) adds the owner to each entry; v1 always does.
 
 use s3s::dto::{
-    CommonPrefix, EncodingType, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
-    ListObjectsV2Output, Owner,
+    CommonPrefix, EncodingType, ListObjectVersionsInput, ListObjectVersionsOutput,
+    ListObjectsInput, ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, ObjectVersion,
+    Owner,
 };
 use s3s::{S3Result, s3_error};
 
@@ -166,5 +167,56 @@ pub fn v1(store: &GatewayStore, input: ListObjectsInput) -> S3Result<ListObjects
         common_prefixes: Some(prefixes(&page, &names)),
         encoding_type: input.encoding_type,
         ..ListObjectsOutput::default()
+    })
+}
+
+/// ListObjectVersions of a bucket without versioning (the only kind here): each object
+/// is its one version, `null`, the latest, as S3 lists an unversioned bucket.
+pub fn versions(
+    store: &GatewayStore,
+    input: ListObjectVersionsInput,
+) -> S3Result<ListObjectVersionsOutput> {
+    let names = Names::of(input.encoding_type.as_ref())?;
+    let max_keys = max_keys(input.max_keys)?;
+    let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+    let query = ListQuery {
+        prefix: input.prefix.clone().unwrap_or_default(),
+        delimiter: delimiter.clone(),
+        max_keys: (max_keys as usize).min(1000),
+        continuation: None,
+        start_after: input.key_marker.clone().filter(|m| !m.is_empty()),
+    };
+    let page = store.list(&input.bucket, &query).map_err(super::s3_err)?;
+    let next = page.truncated.then(|| {
+        let last_key = page.objects.last().map(|(k, _)| k.clone());
+        std::cmp::max(last_key, page.common_prefixes.last().cloned())
+    });
+    let versions = page
+        .objects
+        .iter()
+        .map(|(key, o)| ObjectVersion {
+            key: Some(names.name(key)),
+            size: Some(o.size as i64),
+            e_tag: Some(etag(&o.info.etag)),
+            last_modified: Some(timestamp(o.info.modified_ms)),
+            owner: Some(owner()),
+            is_latest: Some(true),
+            version_id: Some("null".into()),
+            ..ObjectVersion::default()
+        })
+        .collect();
+    Ok(ListObjectVersionsOutput {
+        name: Some(input.bucket),
+        prefix: Some(names.name(&query.prefix)),
+        delimiter: names.opt(delimiter),
+        key_marker: input.key_marker,
+        max_keys: Some(max_keys),
+        is_truncated: Some(page.truncated),
+        next_key_marker: next.flatten().map(|m| names.name(&m)),
+        next_version_id_marker: page.truncated.then(|| "null".to_owned()),
+        versions: Some(versions),
+        common_prefixes: Some(prefixes(&page, &names)),
+        encoding_type: input.encoding_type,
+        ..ListObjectVersionsOutput::default()
     })
 }

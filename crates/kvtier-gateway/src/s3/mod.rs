@@ -1,7 +1,8 @@
 //! The S3 operations, on top of [`GatewayStore`].
 //!
 //! Supported: CreateBucket, HeadBucket, DeleteBucket, ListBuckets, PutObject, GetObject,
-//! HeadObject, DeleteObject, DeleteObjects, ListObjectsV2, ListObjects (v1), and
+//! HeadObject, DeleteObject, DeleteObjects, ListObjectsV2, ListObjects (v1),
+//! ListObjectVersions (each object its one `null` version: no versioning here), and
 //! multipart upload (create, upload part, complete, abort, list parts), with S3's
 //! conditional requests. Everything else answers `NotImplemented` (s3s's default).
 //! Request parsing, XML, and SigV4 checks are s3s's.
@@ -20,9 +21,10 @@ use s3s::dto::{
     CreateMultipartUploadInput, CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput,
     DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag,
     GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput,
-    HeadObjectOutput, ListBucketsInput, ListBucketsOutput, ListObjectsInput, ListObjectsOutput,
-    ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput,
-    PutObjectOutput, Timestamp, UploadPartInput, UploadPartOutput,
+    HeadObjectOutput, ListBucketsInput, ListBucketsOutput, ListObjectVersionsInput,
+    ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+    ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput, PutObjectOutput,
+    Timestamp, UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
@@ -196,6 +198,13 @@ impl S3 for Gateway {
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
         list::v1(&self.store, req.input).map(S3Response::new)
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        list::versions(&self.store, req.input).map(S3Response::new)
     }
 
     async fn create_multipart_upload(

@@ -6,12 +6,16 @@
 //!   Content-Length, not `aws-chunked`): s3s needs a length, so such a body is gathered
 //!   (up to [`CHUNKED_MAX`]) and handed on with its length; larger ones get 411.
 //! - **Range**: a malformed or multi-range `Range` header is dropped, so the whole object
-//!   is sent with 200, as S3 does.
+//!   is sent with 200, as S3 does — when the signature does not cover it (unsigned
+//!   requests, presigned URLs). A signed one cannot be dropped without breaking the
+//!   signature; s3s then answers 400 (a remaining difference, docs/gateway.md).
+//! - **An empty Content-MD5** is refused (`InvalidDigest`), as S3 refuses it.
 //! - **Presigned URLs** valid for more than 7 days are refused (403), as S3 refuses them.
 //! - **XML answers**: characters XML 1.0 cannot carry literally (C0 controls but tab and
 //!   newline, and carriage return, which parsers would turn into newline) are written as
 //!   character references, as S3 writes them; a 304 carries no body.
-//! - **Refusals** are logged, rate-limited (`refusals.rs`).
+//! - **Refusals** are logged, rate-limited (`refusals.rs`). A failed request whose body
+//!   may be unread closes its connection (`Connection: close`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -126,6 +130,28 @@ fn single_range(v: &str) -> bool {
     }
 }
 
+/// Whether the request's SigV4 signature covers its Range header (then it cannot be
+/// dropped without breaking the signature, and s3s answers 400 for it).
+fn range_is_signed(parts: &http::request::Parts) -> bool {
+    let in_header = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|a| a.split("SignedHeaders=").nth(1))
+        .is_some_and(|rest| {
+            rest.split([',', ' '])
+                .next()
+                .is_some_and(|l| l.split(';').any(|h| h == "range"))
+        });
+    let in_query = parts.uri.query().is_some_and(|q| {
+        q.split('&').any(|kv| {
+            kv.strip_prefix("X-Amz-SignedHeaders=")
+                .is_some_and(|l| l.split("%3B").chain(l.split(';')).any(|h| h == "range"))
+        })
+    });
+    in_header || in_query
+}
+
 fn presigned_expiry_too_long(query: Option<&str>) -> bool {
     query.is_some_and(|q| {
         q.split('&').any(|kv| {
@@ -178,9 +204,22 @@ impl Shaper {
                 "X-Amz-Expires must be less than a week (in seconds)",
             );
         }
+        if req
+            .headers()
+            .get("content-md5")
+            .is_some_and(|v| v.as_bytes().trim_ascii().is_empty())
+        {
+            // s3s reads an empty header as none; S3 refuses it.
+            return xml_error(
+                StatusCode::BAD_REQUEST,
+                "InvalidDigest",
+                "Content-MD5 is empty",
+            );
+        }
         let (mut parts, body) = req.into_parts();
         if let Some(r) = parts.headers.get(http::header::RANGE)
             && !r.to_str().is_ok_and(single_range)
+            && !range_is_signed(&parts)
         {
             parts.headers.remove(http::header::RANGE);
         }
@@ -214,6 +253,11 @@ impl Shaper {
             s3s::Body::http_body(body)
         };
         let is_get = parts.method == http::Method::GET;
+        let has_body = chunked_without_length
+            || parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .is_some_and(|v| v.as_bytes() != b"0");
         let res = match self.service.call(Request::from_parts(parts, body)).await {
             Ok(res) => res,
             Err(e) => {
@@ -225,7 +269,14 @@ impl Shaper {
                 );
             }
         };
-        finish(res, is_get)
+        let mut res = finish(res, is_get);
+        if has_body && !res.status().is_success() {
+            // The body may be left unread (a refusal comes before it is read): close the
+            // connection rather than read its bytes as the next request.
+            res.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        res
     }
 }
 

@@ -47,6 +47,11 @@ impl Gateway {
         Self { child, endpoint }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `sig` and waits for the process to end.
     pub fn signal(&mut self, sig: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();

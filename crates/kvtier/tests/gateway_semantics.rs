@@ -1,0 +1,211 @@
+//! `kvtier gateway` as a real process: S3 semantics clients rely on (conditional requests,
+//! listings with control characters, retried completion, ignored Range headers, refusals),
+//! deletes that stay deleted across a clean stop and a kill -9, and the listener's bounds
+//! (idle, slow-header and slow-body clients, 1,100 idle sockets, memory of a big PUT).
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod gateway;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use gateway::{ACCESS, Gateway, SECRET};
+
+fn python(endpoint: &str, mode: &str) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/s3_semantics.py");
+    Command::new("python3")
+        .arg(script)
+        .args([endpoint, ACCESS, SECRET, mode])
+        .output()
+        .expect("python3 (scripts/setup.sh installs boto3)")
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("OK"),
+        "{what} failed: {}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn conditions_listings_retried_completion_ranges_and_refusals_behave_as_in_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(dir.path(), &[]);
+    assert_ok(&python(&g.endpoint, "semantics"), "the semantics checks");
+}
+
+#[test]
+fn deleted_objects_and_buckets_stay_deleted_after_a_clean_stop_and_a_kill_9() {
+    for signal in [rustix::process::Signal::TERM, rustix::process::Signal::KILL] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = Gateway::start(dir.path(), &[]);
+        assert_ok(&python(&g.endpoint, "deleted"), "delete before restart");
+        g.signal(signal);
+        let g = Gateway::start(dir.path(), &[]);
+        assert_ok(
+            &python(&g.endpoint, "deletedc"),
+            &format!("after a restart ({signal:?})"),
+        );
+    }
+}
+
+/// The status of a plain unsigned GET / on a new connection (403: the gateway answered).
+fn probe(endpoint: &str) -> Option<u16> {
+    let addr = endpoint.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Whether the server closes `s` within `within` (reads return 0 or fail).
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 512];
+    let started = Instant::now();
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+        if started.elapsed() > within {
+            return false;
+        }
+    }
+}
+
+#[test]
+fn idle_slow_header_and_slow_body_clients_are_cut_off_and_idle_sockets_lock_nobody_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(
+        dir.path(),
+        &[
+            "--header-timeout",
+            "1s",
+            "--body-timeout",
+            "1s",
+            "--idle-timeout",
+            "2s",
+            "--max-connections",
+            "1000",
+        ],
+    );
+    let addr = g.endpoint.trim_start_matches("http://").to_owned();
+    // A client that connects and sends nothing.
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    // A client that sends its head one byte at a time, too slowly.
+    let mut slow_head = TcpStream::connect(&addr).unwrap();
+    slow_head.write_all(b"GET / HT").unwrap();
+    // A client that promises a body and stops sending.
+    let mut slow_body = TcpStream::connect(&addr).unwrap();
+    write!(
+        slow_body,
+        "PUT /b/k HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 100\r\n\r\nabc"
+    )
+    .unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)),
+        "silent client kept"
+    );
+    assert!(
+        closed_within(&mut slow_head, Duration::from_secs(5)),
+        "slow header kept"
+    );
+    assert!(
+        closed_within(&mut slow_body, Duration::from_secs(6)),
+        "slow body kept"
+    );
+    // 1,100 idle sockets (over the cap) do not lock out a client with a request.
+    let idle: Vec<TcpStream> = (0..1100)
+        .filter_map(|_| TcpStream::connect(&addr).ok())
+        .collect();
+    assert!(idle.len() >= 1050, "could open only {} sockets", idle.len());
+    let started = Instant::now();
+    for _ in 0..5 {
+        assert_eq!(probe(&g.endpoint), Some(403), "the gateway did not answer");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idle);
+}
+
+fn rss_hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_256_mib_put_is_streamed_with_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(&dir.path().join("s"), &["--create-bucket", "big"]);
+    let file: PathBuf = dir.path().join("big.bin");
+    let data: Vec<u8> = (0..256u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    drop(data);
+    let before = rss_hwm_kib(g.pid());
+    let out = Command::new("aws")
+        .args([
+            "--endpoint-url",
+            &g.endpoint,
+            "s3api",
+            "put-object",
+            "--bucket",
+            "big",
+            "--key",
+            "k",
+        ])
+        .arg("--body")
+        .arg(&file)
+        .env("AWS_ACCESS_KEY_ID", ACCESS)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .output()
+        .expect("aws (scripts/setup.sh installs awscli)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let grew_mib = (rss_hwm_kib(g.pid()) - before) / 1024;
+    // Buffering the body would take at least 256 MiB; streaming takes a few batches.
+    assert!(
+        grew_mib < 64,
+        "peak RSS grew by {grew_mib} MiB during a 256 MiB PUT"
+    );
+}
