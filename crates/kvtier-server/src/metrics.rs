@@ -386,6 +386,17 @@ impl Collector for EngineCollector {
                 ],
             )?;
         }
+        // Refusals: 4xx answers by code, connections closed by a limit by kind.
+        let refused: Vec<(Labels, u64)> = crate::listen::refusals::REFUSALS
+            .totals()
+            .into_iter()
+            .map(|(kind, n)| (l(&[("kind", kind)]), n))
+            .collect();
+        w.counter(
+            "refused",
+            "Requests refused (by error code) and connections closed by a limit (by kind)",
+            &refused,
+        )?;
         Ok(())
     }
 }

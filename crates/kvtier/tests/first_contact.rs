@@ -147,6 +147,21 @@ fn every_refusal_axum_or_ours_is_a_json_error_with_a_code() {
             "{shown}: {body}"
         );
     }
+    // Every refusal is counted, also those the rate-limited log leaves out.
+    let (_, _, metrics) = exchange(
+        &addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    for series in [
+        "kvtier_refused_total{kind=\"method_not_allowed\"} 2",
+        "kvtier_refused_total{kind=\"bad_json\"} 1",
+        "kvtier_refused_total{kind=\"body_too_large\"} 1",
+    ] {
+        assert!(
+            metrics.contains(series),
+            "missing `{series}` in:\n{metrics}"
+        );
+    }
     assert!(server.stop().success());
 }
 

@@ -270,7 +270,14 @@ fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
     // With the slots free again, a new connection is served.
     let rt = runtime();
     rt.block_on(async {
-        assert_eq!(server.client().health().await.unwrap().status, "ok");
+        let c = server.client();
+        assert_eq!(c.health().await.unwrap().status, "ok");
+        let metrics = c.metrics().await.unwrap();
+        let series = "kvtier_refused_total{kind=\"connection_cap\"} 1";
+        assert!(
+            metrics.contains(series),
+            "missing `{series}` in:\n{metrics}"
+        );
     });
     drop(busy);
     assert!(server.stop().success());
