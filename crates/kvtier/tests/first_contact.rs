@@ -133,6 +133,7 @@ fn every_refusal_axum_or_ours_is_a_json_error_with_a_code() {
         (big.into_bytes(), 413, "body_too_large"),
         (b"POST /v1/store/raw?layout=00&tokens=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".to_vec(), 400, "bad_hex"),
         (b"POST /v1/store/raw?tokens=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".to_vec(), 400, "bad_query"),
+        (b"POST /v1/store/raw?layout=00&tokens=1&durability=sometimes HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".to_vec(), 400, "bad_query"),
     ];
     for (request, status, code) in cases {
         let shown = String::from_utf8_lossy(&request[..request.len().min(60)]).to_string();

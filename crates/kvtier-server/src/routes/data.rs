@@ -207,7 +207,7 @@ fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), Ap
 
 /// The acknowledgement a store asks for with `?durability=queued|written|synced`; `None`
 /// without the parameter (the server's default applies; a stronger default wins).
-fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack>, ApiError> {
+pub(super) fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack>, ApiError> {
     let mut ack = None;
     for pair in uri
         .query()

@@ -21,11 +21,13 @@ use super::input::read_body;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The query of a raw store: `layout=<32 hex>&tokens=<u32>,<u32>,…`.
-fn parse_query(query: Option<&str>) -> Result<PromptSpec, ApiError> {
+/// The query of a raw store: `layout=<32 hex>&tokens=<u32>,<u32>,…`, and the store
+/// endpoint's own `durability=…`, returned as the query to hand on to it.
+fn parse_query(query: Option<&str>) -> Result<(PromptSpec, String), ApiError> {
     let bad = |m: String| ApiError::bad("bad_query", m);
     let mut layout = None;
     let mut tokens = None;
+    let mut passed = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -42,15 +44,16 @@ fn parse_query(query: Option<&str>) -> Result<PromptSpec, ApiError> {
                     .collect::<Result<Vec<u32>, _>>()?;
                 tokens = Some(parsed);
             }
+            "durability" => passed.push(pair),
             other => {
                 return Err(bad(format!(
-                    "unknown query parameter `{other}` (layout, tokens)"
+                    "unknown query parameter `{other}` (layout, tokens, durability)"
                 )));
             }
         }
     }
     match (layout, tokens) {
-        (Some(layout), Some(tokens)) => Ok(PromptSpec::new(layout, tokens)),
+        (Some(layout), Some(tokens)) => Ok((PromptSpec::new(layout, tokens), passed.join("&"))),
         _ => Err(bad(
             "a raw store needs `?layout=<32 hex digits>&tokens=<comma-separated u32s>`".into(),
         )),
@@ -63,7 +66,11 @@ pub async fn store_raw(
     uri: Uri,
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
-    let spec = parse_query(uri.query())?;
+    let (spec, passed) = parse_query(uri.query())?;
+    let passed: Uri = format!("/v1/store?{passed}")
+        .parse()
+        .map_err(|_| ApiError::bad("bad_query", "the durability parameter is not URI text"))?;
+    let ack = data::asked_ack(&passed)?;
     let limit = app.settings.read().max_body.0;
     let payload = read_body(body, limit).await?;
     let head = serde_json::to_vec(&spec).map_err(|e| {
@@ -80,7 +87,7 @@ pub async fn store_raw(
     upload.extend_from_slice(&head);
     upload.extend_from_slice(&payload);
     drop(payload);
-    data::store_acked(State(app), None, Body::from(upload)).await
+    data::store_acked(State(app), ack, Body::from(upload)).await
 }
 
 #[cfg(test)]
@@ -91,15 +98,18 @@ mod tests {
 
     #[test]
     fn the_query_names_the_layout_and_tokens_and_nothing_else() {
-        let spec = parse_query(Some("layout=ab12&tokens=1,2%2C3,")).unwrap();
+        let (spec, passed) =
+            parse_query(Some("layout=ab12&tokens=1,2%2C3,&durability=synced")).unwrap();
         assert_eq!(spec.layout, "ab12");
         assert_eq!(spec.token_ids().unwrap(), vec![1, 2, 3]);
+        assert_eq!(passed, "durability=synced");
         for bad in [
             None,
             Some("layout=ab12"),
             Some("tokens=1,2"),
             Some("layout=ab&tokens=1,x"),
             Some("layout=ab&tokens=1&durable=yes"),
+            Some("layout=ab&tokens=1&extra_keys=x"),
             Some("layout=ab&tokens=-1"),
         ] {
             let e = parse_query(bad).unwrap_err();
