@@ -189,6 +189,7 @@ pub async fn serve(
     builder.keep_alive(true).header_read_timeout(None);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
+    let mut closing = false;
     let mut stopping_seen = *stopping.borrow();
     if stopping_seen {
         conn.as_mut().graceful_shutdown();
@@ -208,9 +209,14 @@ pub async fn serve(
                 }
                 return;
             }
-            _ = state.close.notified() => {
-                // Evicted by the cap: only ever an idle connection.
-                return;
+            _ = state.close.notified(), if !closing => {
+                // Evicted by the cap, which picks an idle connection; should a request
+                // have begun since, it is finished first and the connection closed after.
+                if state.idle_since().is_some() {
+                    return;
+                }
+                closing = true;
+                conn.as_mut().graceful_shutdown();
             }
             _ = state.changed.notified() => {}
             changed = stopping.changed(), if !stopping_seen => {
