@@ -4,6 +4,7 @@
 //! Row names are stable: BENCHMARKS.md and CI scripts refer to them.
 
 mod measure;
+mod progress;
 mod rows_hash;
 mod rows_lookup;
 mod rows_model;
@@ -95,7 +96,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.models {
         rows_model::available()?;
     }
-    let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
+    let run_start = std::time::Instant::now();
+    let current: std::cell::RefCell<Option<progress::GroupProgress>> = Default::default();
+    let wanted = |name: &str| {
+        let yes = args.filter.as_deref().is_none_or(|f| name.contains(f));
+        if yes && let Some(p) = current.borrow().as_ref() {
+            p.row(name);
+        }
+        yes
+    };
+    let group_started = |name: &'static str| {
+        // The previous group's heartbeat stops before the next one starts.
+        current.replace(None);
+        current.replace(Some(progress::GroupProgress::start(name, run_start)));
+    };
     println!(
         "kvtier bench ({}) on {} cores; figures are medians of {} samples",
         if args.quick { "quick" } else { "full" },
@@ -115,6 +129,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()))
     });
     for (prefix, group) in groups {
+        group_started(prefix);
         let got = group(effort, &wanted).with_context(|| format!("bench group `{prefix}`"))?;
         for r in &got {
             print_row(r);
@@ -123,6 +138,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     // The SSD rows write real files: into `--ssd-dir`, removed afterwards.
     let recover_blocks = args.recover_blocks.unwrap_or(25_000 * effort.scale);
+    group_started("ssd");
     let got =
         rows_ssd::rows(effort, &wanted, &ssd_dir, recover_blocks).context("bench group `ssd`");
     let _ = std::fs::remove_dir_all(&ssd_dir);
@@ -131,12 +147,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     rows.extend(got?);
     if args.models {
+        group_started("model");
         let got = rows_model::rows(effort, &wanted).context("bench group `model`")?;
         for r in &got {
             print_row(r);
         }
         rows.extend(got);
     }
+    current.replace(None);
+    println!(
+        "kvtier bench: done in {:.0} s",
+        run_start.elapsed().as_secs_f64()
+    );
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&rows)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
