@@ -253,6 +253,11 @@ pub struct Health {
     /// How the previous run ended: true after a clean shutdown, false after a partial
     /// flush, null after a crash or on first start.
     pub previous_shutdown_clean: Option<bool>,
+    /// SSD writes that failed (I/O error, a full disk) or were refused for lack of space
+    /// (capacity, the free-space watermark) since the start: a server on a full disk keeps
+    /// serving and counts here. Absent from servers before issue 12.
+    #[serde(default)]
+    pub ssd_write_failures: u64,
 }
 
 /// `POST /admin/ssd`.

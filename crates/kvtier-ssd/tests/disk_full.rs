@@ -168,3 +168,57 @@ fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
     assert!(loaded.complete && loaded.blocks.iter().all(|b| b[..] == payload[..]));
     drop(e);
 }
+
+#[test]
+fn a_store_on_a_full_disk_opens_serves_and_writes_again_when_space_returns() {
+    let fs = SmallFs::mount("1m");
+    let mut config = common::config(fs.path());
+    config.min_free_bytes = 0;
+    let open = |config: &kvtier_ssd::SsdConfig| {
+        SsdTier::open(
+            config.clone(),
+            Arc::new(kvtier_core::clock::SystemClock::new()),
+            Arc::new(kvtier_core::tier::NoSink),
+        )
+    };
+    let blocks = common::chain(6, 4);
+    {
+        let tier = open(&config).unwrap();
+        for (m, p) in &blocks[..3] {
+            tier.put(m, p.clone()).unwrap();
+        }
+        tier.record_shutdown(true).unwrap();
+    }
+    // Fill what is left of the filesystem to the last byte.
+    let filler = fs.path().join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        let mut one = [7u8; 1];
+        while f.write_all(&one).is_ok() {
+            one[0] = 8;
+        }
+    }
+    // The open writes nothing it needs: it succeeds and serves what is there.
+    let tier = open(&config).expect("a store on a full disk must open");
+    for (m, p) in &blocks[..3] {
+        assert_eq!(tier.get(&m.hash).unwrap().as_ref(), Some(p));
+    }
+    assert_eq!(tier.previous_shutdown_clean(), Some(true));
+    // Writes are refused with NoSpace, counted; nothing panics, nothing is lost.
+    let err = tier.put(&blocks[3].0, blocks[3].1.clone()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+    assert!(tier.stats().io_errors > 0);
+    // Space returns: the next write goes through, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(
+        tier.put(&blocks[3].0, blocks[3].1.clone()).unwrap(),
+        kvtier_core::tier::PutOutcome::Stored
+    );
+    assert_eq!(
+        tier.get(&blocks[3].0.hash).unwrap().as_ref(),
+        Some(&blocks[3].1)
+    );
+}

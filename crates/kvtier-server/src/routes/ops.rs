@@ -16,10 +16,19 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Json<Health> {
     if let Some(t) = app.engine.persistent() {
         tiers.push(t.kind().name().to_string());
     }
+    let ssd_write_failures = app
+        .engine
+        .persistent()
+        .map(|t| {
+            let s = t.stats();
+            s.io_errors + s.rejected_no_space
+        })
+        .unwrap_or(0);
     Json(Health {
         status: "ok".into(),
         tiers,
         previous_shutdown_clean: app.previous_shutdown_clean,
+        ssd_write_failures,
     })
 }
 

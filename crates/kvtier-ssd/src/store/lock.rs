@@ -45,11 +45,15 @@ impl DirLock {
         }
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let who = format!("pid {} on {}", std::process::id(), host.trim());
-        file.set_len(0)
-            .map_err(|e| io_error(&path, "truncate", &e))?;
-        file.seek(SeekFrom::Start(0))
-            .and_then(|_| file.write_all(who.as_bytes()))
-            .map_err(|e| io_error(&path, "write", &e))?;
+        // Who holds it is a courtesy for the next opener; the flock is what excludes. On
+        // a full disk the note cannot be written, and the store must still open.
+        let noted = file
+            .set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(who.as_bytes()));
+        if let Err(e) = noted {
+            tracing::warn!(file = %path.display(), error = %e, "could not note the lock holder");
+        }
         Ok(Self { _file: file })
     }
 }

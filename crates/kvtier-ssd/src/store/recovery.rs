@@ -347,19 +347,18 @@ fn repair_segment(
             }
             Err(e) => failed("rewrite an index log", e),
         }
-    } else if s.log_clean_prefix < s.log_len {
-        if let Err(e) = OpenOptions::new()
+    } else if s.log_clean_prefix < s.log_len
+        && let Err(e) = OpenOptions::new()
             .write(true)
             .open(&ipath)
             .and_then(|f| f.set_len(s.log_clean_prefix))
-        {
-            failed("cut a torn index-log tail", e);
-        }
+    {
+        failed("cut a torn index-log tail", e);
     }
-    if let Some(t) = s.tail_from.filter(|t| *t < s.seg_len) {
-        if let Err(e) = f.seg.set_len(t) {
-            failed("cut a torn segment tail", e);
-        }
+    if let Some(t) = s.tail_from.filter(|t| *t < s.seg_len)
+        && let Err(e) = f.seg.set_len(t)
+    {
+        failed("cut a torn segment tail", e);
     }
     let idx = match OpenOptions::new()
         .read(true)
