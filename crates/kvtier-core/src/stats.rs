@@ -283,7 +283,10 @@ impl EngineStats {
             self.demotions_dropped,
         ));
         out.push(("engine_shutdown_saved_blocks".into(), self.shutdown_saved));
-        out.push(("engine_shutdown_unsaved_blocks".into(), self.shutdown_unsaved));
+        out.push((
+            "engine_shutdown_unsaved_blocks".into(),
+            self.shutdown_unsaved,
+        ));
         out.extend(self.snapshot.counters());
         out.push(("engine_memory_used_bytes".into(), self.memory_used_bytes));
         out.push((

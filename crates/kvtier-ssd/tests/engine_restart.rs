@@ -311,7 +311,11 @@ fn evict_only_keeps_the_hot_set_across_a_clean_restart() {
             .collect();
         let refs: Vec<&[u8]> = stored.iter().map(Vec::as_slice).collect();
         assert_eq!(e.store(&prompt, &refs).unwrap().stored, 12);
-        assert_eq!(e.stats().ssd.unwrap().resident_blocks, 0, "evict-only wrote early");
+        assert_eq!(
+            e.stats().ssd.unwrap().resident_blocks,
+            0,
+            "evict-only wrote early"
+        );
         let shutdown = e.shutdown(Duration::from_secs(10)).unwrap();
         assert!(shutdown.clean, "{shutdown:?}");
         let s = e.stats();
