@@ -352,6 +352,12 @@ impl Collector for EngineCollector {
                 ("torn_index_bytes", r.torn_index_bytes),
                 ("torn_segment_bytes", r.torn_segment_bytes),
                 ("rescanned_segments", r.rescanned_segments),
+                ("salvaged_records", r.salvaged_records),
+                ("damaged_records", r.damaged_records),
+                ("damaged_segment_headers", r.damaged_segment_headers),
+                ("tombstones_written", r.tombstones_written),
+                ("stray_files", r.stray_files),
+                ("repairs_failed", r.repairs_failed),
                 ("removed_files", r.removed_files),
             ]
             .into_iter()

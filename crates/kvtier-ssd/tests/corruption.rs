@@ -28,15 +28,7 @@ fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
 }
 
 fn flip(path: &Path, offset: u64) {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b[0] ^= 0x5a;
-    f.write_all_at(&b, offset).unwrap();
+    common::flip(path, offset, 0x5a);
 }
 
 /// Stores 6 blocks (all in the first segment) and closes the tier.

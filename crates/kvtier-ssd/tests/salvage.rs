@@ -12,7 +12,6 @@
 mod common;
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
@@ -32,18 +31,6 @@ fn only(dir: &Path, ext: &str) -> PathBuf {
         .collect();
     assert_eq!(v.len(), 1, "{v:?}");
     v[0].clone()
-}
-
-fn flip(path: &Path, offset: u64, mask: u8) {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b[0] ^= mask;
-    f.write_all_at(&b, offset).unwrap();
 }
 
 /// `n` blocks of 32 KiB, all in one segment, with the store closed again.
@@ -107,7 +94,7 @@ fn one_flipped_byte_in_any_index_entry_loses_nothing() {
     for (n, (r, _)) in ranges.iter().enumerate() {
         for at in [r.start, r.start + 4, r.start + 20, r.start + 60, r.end - 1] {
             std::fs::write(&idx, &pristine).unwrap();
-            flip(&idx, at, 0x5a);
+            common::flip(&idx, at, 0x5a);
             let (tier, _) = open(dir.path());
             assert_eq!(
                 served(&tier, &blocks).len(),
@@ -136,7 +123,7 @@ fn thirty_random_flips_in_a_log_lose_nothing() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        flip(&idx, x % len, 1 << (x % 8));
+        common::flip(&idx, x % len, 1 << (x % 8));
     }
     let (tier, _) = open(dir.path());
     assert_eq!(
@@ -164,8 +151,8 @@ fn a_record_damaged_in_segment_and_log_costs_that_record_only() {
     let ranges = entry_ranges(&std::fs::read(&idx).unwrap());
     // Record 7: its header in the segment (4 KiB file header + 7 records of 4 KiB + 32 KiB)
     // and its copy in the log.
-    flip(&seg, 4096 + 7 * (4096 + 32768) + 30, 0xff);
-    flip(&idx, ranges[7].0.start + 40, 0xff);
+    common::flip(&seg, 4096 + 7 * (4096 + 32768) + 30, 0xff);
+    common::flip(&idx, ranges[7].0.start + 40, 0xff);
     let (tier, _) = open(dir.path());
     let got = served(&tier, &blocks);
     assert_eq!(got.len(), 19, "{:?}", tier.recovery_report());

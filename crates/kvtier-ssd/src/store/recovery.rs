@@ -334,12 +334,7 @@ fn repair_segment(
                 header: r.header.clone(),
             }));
         }
-        for (offset, key) in s.tombstones.iter().chain(tombstones) {
-            log.extend_from_slice(&encode_index_entry(&IndexEntry::Tombstone {
-                offset: *offset,
-                key: *key,
-            }));
-        }
+        log.extend(encode_tombstones(s.tombstones.iter().chain(tombstones)));
         match replace_file(&ipath, &log) {
             Ok(()) => {
                 report.rescanned_segments += 1;
@@ -374,13 +369,7 @@ fn repair_segment(
         }
     };
     if !s.log_needs_rewrite && !tombstones.is_empty() {
-        let mut bytes = Vec::new();
-        for (offset, key) in tombstones {
-            bytes.extend_from_slice(&encode_index_entry(&IndexEntry::Tombstone {
-                offset: *offset,
-                key: *key,
-            }));
-        }
+        let bytes = encode_tombstones(tombstones.iter());
         let appended = idx
             .metadata()
             .and_then(|m| idx.write_all_at(&bytes, m.len()))
@@ -391,6 +380,12 @@ fn repair_segment(
         }
     }
     Some(idx)
+}
+
+/// Log entries marking the records at these (offset, key) pairs dead.
+fn encode_tombstones<'a>(dead: impl Iterator<Item = &'a (u64, [u8; 32])>) -> Vec<u8> {
+    dead.flat_map(|&(offset, key)| encode_index_entry(&IndexEntry::Tombstone { offset, key }))
+        .collect()
 }
 
 /// Writes `bytes` to a temporary file, syncs it and renames it over `path`.

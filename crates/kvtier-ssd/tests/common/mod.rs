@@ -48,3 +48,18 @@ pub fn open(dir: &Path) -> (SsdTier, Arc<RecordingSink>) {
     .expect("open SSD tier");
     (tier, sink)
 }
+
+/// XORs the byte at `offset` of `path` with `mask` (damage, as a bad sector or a bit flip
+/// would do it).
+pub fn flip(path: &Path, offset: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= mask;
+    f.write_all_at(&b, offset).unwrap();
+}
