@@ -188,7 +188,15 @@ impl Engine {
 /// for a sync covering them. An error names what could not be made durable.
 fn persist(tier: &dyn Tier, items: &[(BlockMeta, Bytes)], ack: Ack) -> Result<()> {
     let mut refused = None;
-    for (outcome, (meta, _)) in tier.put_many(items).into_iter().zip(items) {
+    let outcomes = if ack == Ack::Synced {
+        items
+            .iter()
+            .map(|(meta, payload)| tier.put_to_sync(meta, payload.clone()))
+            .collect()
+    } else {
+        tier.put_many(items)
+    };
+    for (outcome, (meta, _)) in outcomes.into_iter().zip(items) {
         match outcome {
             Ok(PutOutcome::Stored | PutOutcome::Duplicate) => {}
             Ok(PutOutcome::Rejected(why)) => {

@@ -191,6 +191,13 @@ pub trait Tier: Send + Sync + Debug + 'static {
             .collect()
     }
 
+    /// [`Tier::put`] for a caller that calls [`Tier::make_durable`] right after (a durable
+    /// acknowledgement): a tier with a faster way to stable storage for such writes uses
+    /// it (the SSD tier writes them with `O_DIRECT`). Default: [`Tier::put`].
+    fn put_to_sync(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put(meta, payload)
+    }
+
     /// The payloads of the leading blocks of `hashes` the tier holds, in order, stopping
     /// at the first it does not. A tier that reads runs in one request (the remote tier:
     /// one ranged GET) overrides it; the default gets them one by one.

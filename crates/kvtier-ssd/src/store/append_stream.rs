@@ -40,6 +40,8 @@ pub struct Reservation {
     record_len: u64,
     chunk_log2: u8,
     written: u64,
+    /// Payload bytes whose writeback has been started.
+    kicker: super::writeback::Kicker,
     crcs: Vec<u32>,
     chunk: crc_fast::Digest,
     committed: bool,
@@ -85,6 +87,10 @@ impl Reservation {
                 self.chunk = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
             }
             rest = later;
+        }
+        if let Some((from, len)) = self.kicker.due(self.written) {
+            let at = self.offset + self.payload_offset + from;
+            super::writeback::start(&self.segment.seg, at, len);
         }
         Ok(())
     }
@@ -141,8 +147,9 @@ impl SegmentStore {
             )));
         }
         self.writable()?;
-        let mut slot = self.active.lock();
-        let active = self.active_with_room(&mut slot, record_len)?;
+        let mut guard = self.active.lock();
+        let slot = &mut *guard;
+        let active = self.active_with_room(&mut slot.current, &mut slot.next_id, record_len)?;
         let offset = active.tail;
         active.tail += record_len;
         Ok(Reservation {
@@ -153,6 +160,7 @@ impl SegmentStore {
             record_len,
             chunk_log2,
             written: 0,
+            kicker: super::writeback::Kicker::default(),
             crcs: Vec::with_capacity(chunks as usize),
             chunk: crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi),
             committed: false,

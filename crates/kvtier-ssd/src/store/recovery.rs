@@ -188,6 +188,8 @@ pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
             Arc::new(Segment {
                 id: f.id,
                 seg: f.seg,
+                // Recovered segments are never appended to.
+                direct: None,
                 idx: Mutex::new(idx),
             }),
         );

@@ -69,7 +69,7 @@ impl SsdTier {
                     }
                     Err(ReadFault::Io(e)) => return Err(e),
                 };
-                let loc = self.write_record(&old.meta, &payload)?;
+                let loc = self.write_record(&old.meta, &payload, false)?;
                 let moved = Arc::new(Held {
                     loc,
                     meta: old.meta.clone(),

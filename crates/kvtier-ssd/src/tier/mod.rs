@@ -262,6 +262,12 @@ impl SsdTier {
         &self.recovery
     }
 
+    /// Blocks written with `O_DIRECT` since open (durable stores, see
+    /// [`Tier::put_to_sync`]).
+    pub fn direct_writes(&self) -> u64 {
+        self.store.direct_appends()
+    }
+
     /// Whether `hash` is quarantined now.
     pub fn is_quarantined(&self, hash: &BlockHash) -> bool {
         let now = self.clock.now_nanos();
@@ -336,7 +342,76 @@ impl SsdTier {
     }
 
     /// Writes a block record (durable as configured) and returns where it lives.
-    fn write_record(&self, meta: &BlockMeta, payload: &[u8]) -> Result<Loc> {
+    /// [`Tier::put`]; with `to_sync`, for a caller that syncs right after.
+    fn put_as(&self, meta: &BlockMeta, payload: Bytes, to_sync: bool) -> Result<PutOutcome> {
+        if self.is_quarantined(&meta.hash) {
+            self.counters.lock().rejected_quarantined += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::Quarantined));
+        }
+        if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
+            if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
+                held.last_access
+                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                self.counters.lock().dedup_skips += 1;
+                return Ok(PutOutcome::Duplicate);
+            }
+            tracing::warn!(
+                block = %meta.hash,
+                held_tokens = held.meta.tokens.len(),
+                new_tokens = meta.tokens.len(),
+                held_len = held.loc.payload_len,
+                new_len = payload.len(),
+                "hash collision: one hash, two different blocks; quarantining the hash"
+            );
+            self.quarantine(meta.hash);
+            self.counters.lock().rejected_collision += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::Collision));
+        }
+        if self.disk_nearly_full(payload.len() as u64) {
+            let mut c = self.counters.lock();
+            c.rejected_low_disk += 1;
+            c.rejected_no_space += 1;
+            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
+        }
+        if !self.make_room(meta.layout, payload.len() as u64)? {
+            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
+        }
+        let key = key_of(&meta.hash);
+        let loc = match self.write_record(meta, &payload, to_sync) {
+            Ok(loc) => loc,
+            Err(e) => {
+                self.counters.lock().io_errors += 1;
+                tracing::warn!(block = %meta.hash, error = %e, "SSD write failed");
+                return Err(e);
+            }
+        };
+        let held = Arc::new(Held {
+            loc,
+            meta: meta.clone(),
+            last_access: AtomicU64::new(self.clock.now_nanos()),
+        });
+        let mut blocks = self.blocks.write();
+        if blocks.contains_key(&meta.hash) {
+            // A concurrent put of the same block won; ours is dead space.
+            drop(blocks);
+            let _ = self.store.tombstone(&loc, key);
+            self.counters.lock().dedup_skips += 1;
+            return Ok(PutOutcome::Duplicate);
+        }
+        blocks.insert(meta.hash, held);
+        {
+            let mut c = self.counters.lock();
+            c.stores += 1;
+            c.resident_bytes += loc.payload_len;
+            *c.namespace_bytes.entry(meta.layout).or_default() += loc.payload_len;
+            *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
+        }
+        // Published under the map lock, so a concurrent removal reports after this.
+        self.sink.inserted(TierKind::Ssd, meta);
+        Ok(PutOutcome::Stored)
+    }
+
+    fn write_record(&self, meta: &BlockMeta, payload: &[u8], to_sync: bool) -> Result<Loc> {
         let chunk_log2 = self.config.store.chunk_log2;
         let header = RecordHeader {
             kind: Kind::Block,
@@ -351,7 +426,11 @@ impl SsdTier {
             chunk_log2,
             chunk_crcs: chunk_crcs(payload, chunk_log2),
         };
-        self.store.append(&header, payload)
+        if to_sync {
+            self.store.append_to_sync(&header, payload)
+        } else {
+            self.store.append(&header, payload)
+        }
     }
 
     fn read(&self, hash: &BlockHash, range: Option<Range<u64>>) -> Result<Option<Bytes>> {
@@ -402,73 +481,12 @@ impl Tier for SsdTier {
     }
 
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        if self.is_quarantined(&meta.hash) {
-            self.counters.lock().rejected_quarantined += 1;
-            return Ok(PutOutcome::Rejected(RejectReason::Quarantined));
-        }
-        if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
-            if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
-                held.last_access
-                    .store(self.clock.now_nanos(), Ordering::Relaxed);
-                self.counters.lock().dedup_skips += 1;
-                return Ok(PutOutcome::Duplicate);
-            }
-            tracing::warn!(
-                block = %meta.hash,
-                held_tokens = held.meta.tokens.len(),
-                new_tokens = meta.tokens.len(),
-                held_len = held.loc.payload_len,
-                new_len = payload.len(),
-                "hash collision: one hash, two different blocks; quarantining the hash"
-            );
-            self.quarantine(meta.hash);
-            self.counters.lock().rejected_collision += 1;
-            return Ok(PutOutcome::Rejected(RejectReason::Collision));
-        }
-        if self.disk_nearly_full(payload.len() as u64) {
-            let mut c = self.counters.lock();
-            c.rejected_low_disk += 1;
-            c.rejected_no_space += 1;
-            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
-        }
-        if !self.make_room(meta.layout, payload.len() as u64)? {
-            return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
-        }
-        let key = key_of(&meta.hash);
-        let loc = match self.write_record(meta, &payload) {
-            Ok(loc) => loc,
-            Err(e) => {
-                self.counters.lock().io_errors += 1;
-                tracing::warn!(block = %meta.hash, error = %e, "SSD write failed");
-                return Err(e);
-            }
-        };
-        let held = Arc::new(Held {
-            loc,
-            meta: meta.clone(),
-            last_access: AtomicU64::new(self.clock.now_nanos()),
-        });
-        let mut blocks = self.blocks.write();
-        if blocks.contains_key(&meta.hash) {
-            // A concurrent put of the same block won; ours is dead space.
-            drop(blocks);
-            let _ = self.store.tombstone(&loc, key);
-            self.counters.lock().dedup_skips += 1;
-            return Ok(PutOutcome::Duplicate);
-        }
-        blocks.insert(meta.hash, held);
-        {
-            let mut c = self.counters.lock();
-            c.stores += 1;
-            c.resident_bytes += loc.payload_len;
-            *c.namespace_bytes.entry(meta.layout).or_default() += loc.payload_len;
-            *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
-        }
-        // Published under the map lock, so a concurrent removal reports after this.
-        self.sink.inserted(TierKind::Ssd, meta);
-        Ok(PutOutcome::Stored)
+        self.put_as(meta, payload, false)
     }
 
+    fn put_to_sync(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_as(meta, payload, true)
+    }
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
         self.read(hash, None)
     }

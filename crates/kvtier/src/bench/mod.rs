@@ -5,6 +5,8 @@
 
 mod measure;
 mod progress;
+mod raw_write;
+mod rows_durable;
 mod rows_hash;
 mod rows_lookup;
 mod rows_model;
@@ -38,7 +40,7 @@ pub struct Row {
     pub ratio: f64,
     /// What the baseline is.
     #[serde(skip)]
-    pub baseline_is: &'static str,
+    pub baseline_is: std::borrow::Cow<'static, str>,
 }
 
 impl Row {
@@ -47,7 +49,7 @@ impl Row {
         value: f64,
         unit: &'static str,
         baseline: f64,
-        baseline_is: &'static str,
+        baseline_is: impl Into<std::borrow::Cow<'static, str>>,
     ) -> Self {
         let ratio = if baseline > 0.0 {
             value / baseline
@@ -60,8 +62,40 @@ impl Row {
             unit,
             baseline,
             ratio,
-            baseline_is,
+            baseline_is: baseline_is.into(),
         }
+    }
+
+    /// A row from paired samples: `values[i]` and `baselines[i]` were measured side by
+    /// side. Value and baseline are the medians; the ratio is the median of the
+    /// per-sample ratios, which a disk whose speed drifts over seconds (this machine's
+    /// virtual disk does, by up to 2x) cannot skew the way it skews a ratio of medians.
+    pub fn paired(
+        name: impl Into<String>,
+        values: &[f64],
+        baselines: &[f64],
+        unit: &'static str,
+        baseline_is: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let mut ratios: Vec<f64> = values
+            .iter()
+            .zip(baselines)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(v, b)| v / b)
+            .collect();
+        let mut row = Self::new(
+            name,
+            median(&mut values.to_vec()),
+            unit,
+            median(&mut baselines.to_vec()),
+            baseline_is,
+        );
+        row.ratio = median(&mut ratios);
+        row
     }
 }
 

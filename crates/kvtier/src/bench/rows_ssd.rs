@@ -1,13 +1,15 @@
 //! `ssd.*` rows: the SSD tier against raw file I/O of the same pattern in the same run.
 //!
-//! - `ssd.store.{256KiB,2MiB}.GBps`: storing blocks, then one `fdatasync` — against
-//!   `pwrite`s of the same sizes at the same 4 KiB-aligned offsets into one file, then one
-//!   `fdatasync`.
+//! - `ssd.store.{256KiB,2MiB}.GBps`: storing blocks, then one `fdatasync` — against the
+//!   best of the raw patterns in `raw_write.rs` (buffered `pwrite`s with and without early
+//!   writeback, `O_DIRECT` at queue depths 1, 4 and 16), each writing the same sizes at the
+//!   same 4 KiB-aligned offsets into a fresh file, then one `fdatasync`.
 //! - `ssd.load.{256KiB,2MiB}.GBps`: reading every block back (checksums verified) with the
 //!   page cache dropped first — against the better of cached and O_DIRECT `pread`s of the
 //!   same ranges of the raw file, cache also dropped; the three contenders rotate through
 //!   the three positions, each measured once per sample. Dropping needs root; without it
 //!   the rows say so in their baseline note.
+//! - `ssd.store.durable.256KiB.*`: stores acknowledged once synced, in `rows_durable.rs`.
 //! - `ssd.enqueue.p99.us`: enqueue latency into the write-behind queue while the disk is
 //!   saturated (non-blocking configuration: a full queue drops), against the p99 of a
 //!   plain bounded-channel `try_send` in the same run.
@@ -31,6 +33,7 @@ use kvtier_core::{Engine, ExtraKeys, KvDtype, Layout, LayoutKey, PersistConfig};
 use kvtier_ssd::{SsdConfig, SsdTier};
 
 use super::measure::{pattern, seconds};
+use super::raw_write::{AlignedCopy, Pattern, write_file};
 use super::{Effort, Row};
 
 /// Drops the page cache; false without permission.
@@ -92,6 +95,7 @@ pub fn rows(
             rows.extend(io_rows(effort, root, label, layers, &store, &load)?);
         }
     }
+    rows.extend(super::rows_durable::rows(effort, wanted, root)?);
     if wanted("ssd.enqueue.p99.us") {
         rows.push(enqueue_row(effort, root)?);
     }
@@ -117,22 +121,59 @@ fn io_rows(
     let total = (64usize << 20) * effort.scale;
     let n = (total / size).max(8);
     let payload = Bytes::from(pattern(size, 5));
+    let aligned = AlignedCopy::new(&payload);
+    // Per sample: ours, and the best raw pattern with its index in `Pattern::ALL`.
     let mut store_ours = Vec::new();
-    let mut store_raw = Vec::new();
+    let mut store_best: Vec<(f64, usize)> = Vec::new();
     // Load throughputs of [ours, cached pread, O_DIRECT pread].
     let mut loads: [Vec<f64>; 3] = Default::default();
     let mut dropped = true;
-    for sample in 0..effort.samples.min(6) {
+    for sample in 0..effort.samples {
         let dir = root.join(format!("io-{label}-{sample}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let metas = blocks(&layout, n, sample as u32);
-        // Stores: ours (n blocks, then sync) and raw (the same bytes at the same aligned
-        // stride, then sync). They alternate which goes first, so neither side's data is
-        // always the more recently written (the virtual disk's host may cache recent
-        // writes, which would favour whichever came last).
+        // Stores: ours (n blocks, then sync) against every raw pattern (`raw_write.rs`)
+        // writing the same bytes at the same aligned stride into a fresh file, then
+        // syncing. The contenders rotate through the positions from sample to sample, so
+        // none always follows the same one (the virtual disk's host may cache recent
+        // writes, which would favour whoever comes right after a light writer).
         let tier = open_tier(&dir.join("store"), Arc::new(NoSink))?;
         let stride = kvtier_ssd::format::align_up(size as u64 + 4096);
+        let contenders = Pattern::ALL.len() + 1;
+        let mut best = (0.0f64, 0usize);
+        for turn in 0..contenders {
+            let contender = (turn + sample) % contenders;
+            if contender == 0 {
+                store_ours.push(
+                    (n * size) as f64
+                        / seconds(|| {
+                            for m in &metas {
+                                black_box(tier.put(m, payload.clone()).ok());
+                            }
+                            black_box(tier.sync().ok());
+                        })
+                        / 1e9,
+                );
+                continue;
+            }
+            let pattern = Pattern::ALL[contender - 1];
+            let path = dir.join(format!("raw-store-{contender}"));
+            if let Some(secs) = write_file(&path, &payload, &aligned, n, stride, pattern)? {
+                let gbps = (n * size) as f64 / secs / 1e9;
+                if gbps > best.0 {
+                    best = (gbps, contender - 1);
+                }
+            }
+        }
+        store_best.push(best);
+        // Loads are slower to measure and steadier: a few samples suffice.
+        if sample >= 6 {
+            drop(tier);
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
+        // The file the load contenders read: the same blocks, written untimed.
         let raw_path = dir.join("raw");
         let raw = OpenOptions::new()
             .read(true)
@@ -140,31 +181,10 @@ fn io_rows(
             .create(true)
             .truncate(true)
             .open(&raw_path)?;
-        let store_tier = || {
-            seconds(|| {
-                for m in &metas {
-                    black_box(tier.put(m, payload.clone()).ok());
-                }
-                black_box(tier.sync().ok());
-            })
-        };
-        let store_file = || {
-            seconds(|| {
-                for i in 0..n as u64 {
-                    black_box(raw.write_all_at(&payload, 4096 + i * stride).ok());
-                }
-                black_box(raw.sync_data().ok());
-            })
-        };
-        let (ours_secs, raw_secs) = if sample % 2 == 0 {
-            let a = store_tier();
-            (a, store_file())
-        } else {
-            let b = store_file();
-            (store_tier(), b)
-        };
-        store_ours.push((n * size) as f64 / ours_secs / 1e9);
-        store_raw.push((n * size) as f64 / raw_secs / 1e9);
+        for i in 0..n as u64 {
+            raw.write_all_at(&payload, 4096 + i * stride)?;
+        }
+        raw.sync_data()?;
         // Loads with a cold page cache, three contenders: our tier, cached `pread`s of the
         // raw file (the kernel's readahead) and O_DIRECT `pread`s of it. Each runs once per
         // sample and they rotate through the three positions, because on this virtual disk
@@ -223,13 +243,23 @@ fn io_rows(
         (true, false) => "O_DIRECT pread of the same ranges (beat cached), page cache dropped",
         (false, _) => "best of cached and O_DIRECT pread; page cache NOT dropped (no permission)",
     };
+    // The pattern that was best most often names the baseline.
+    let mut wins = [0usize; Pattern::ALL.len()];
+    for (_, p) in &store_best {
+        wins[*p] += 1;
+    }
+    let most = (0..wins.len()).max_by_key(|&p| wins[p]).unwrap_or(0);
+    let best: Vec<f64> = store_best.iter().map(|(g, _)| *g).collect();
     Ok(vec![
-        Row::new(
+        Row::paired(
             store,
-            med(&mut store_ours),
+            &store_ours,
+            &best,
             "GB/s",
-            med(&mut store_raw),
-            "pwrite of the same bytes + fdatasync",
+            format!(
+                "best raw pattern per sample (pwrite ± early writeback, O_DIRECT QD 1/4/16, each + fdatasync); most often {}",
+                Pattern::ALL[most].describe()
+            ),
         ),
         Row::new(load, med(&mut ours), "GB/s", cached.max(direct), load_note),
     ])
