@@ -26,7 +26,7 @@ use s3s::dto::{
     ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput, PutObjectOutput,
     Timestamp, UploadPartInput, UploadPartOutput,
 };
-use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 pub use input::{MAX_KEY_BYTES, MAX_METADATA_BYTES, check_key};
 
@@ -102,6 +102,14 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let store = self.store.clone();
         let bucket = req.input.bucket;
+        // The same rules as `--create-bucket`: a name some client cannot address (by path
+        // or virtual host) is refused rather than created.
+        if !crate::cli::valid_bucket_name(&bucket) {
+            return Err(s3_error!(
+                InvalidBucketName,
+                "The specified bucket is not valid."
+            ));
+        }
         let location = format!("/{bucket}");
         blocking(move || store.create_bucket(&bucket)).await?;
         Ok(S3Response::new(CreateBucketOutput {

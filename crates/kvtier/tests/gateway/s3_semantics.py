@@ -142,6 +142,10 @@ def multipart_and_ranges():
 def refusals():
     b = "mpu"
     assert err(lambda: client(key="nobody").list_buckets())[0] == "InvalidAccessKeyId"
+    # Names no client could address, refused by CreateBucket as by --create-bucket.
+    for name in ("xn--bad", "a..b", "192.168.5.4", "bad-s3alias", "ab", "a.-b"):
+        got = err(lambda: s3.create_bucket(Bucket=name))
+        assert got[0] == "InvalidBucketName", (name, got)
     c = client()
     c.meta.events.register("before-call.s3.PutObject",
                            lambda **kw: kw["params"]["headers"].update({"Content-MD5": ""}))
