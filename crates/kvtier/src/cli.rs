@@ -56,7 +56,8 @@ pub struct BenchArgs {
     pub quick: bool,
 
     /// Also write the rows as a JSON array of {"name","value","unit","baseline","ratio"}
-    /// objects to FILE. Default: no file.
+    /// objects to FILE (plus `"paired": true` where the ratio is the median of per-sample
+    /// ratios). Default: no file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 

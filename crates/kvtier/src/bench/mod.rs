@@ -36,8 +36,11 @@ pub struct Row {
     pub unit: &'static str,
     /// The physical baseline for the same bytes, measured in the same run.
     pub baseline: f64,
-    /// `value / baseline`.
+    /// `value / baseline`, or for a paired row the median of the per-sample ratios.
     pub ratio: f64,
+    /// Whether `ratio` is the median of per-sample ratios ([`Row::paired`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub paired: bool,
     /// What the baseline is.
     #[serde(skip)]
     pub baseline_is: std::borrow::Cow<'static, str>,
@@ -62,6 +65,7 @@ impl Row {
             unit,
             baseline,
             ratio,
+            paired: false,
             baseline_is: baseline_is.into(),
         }
     }
@@ -95,6 +99,7 @@ impl Row {
             baseline_is,
         );
         row.ratio = median(&mut ratios);
+        row.paired = true;
         row
     }
 }
