@@ -14,15 +14,9 @@
 
 use std::hint::black_box;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
-use kvtier_core::clock::SystemClock;
-use kvtier_core::tier::{RamConfig, Tier};
-use kvtier_core::{
-    Ack, Engine, ExtraKeys, KvDtype, LayoutKey, PersistConfig, Prompt, StoreOptions,
-};
-use kvtier_ssd::{SsdConfig, SsdTier};
+use kvtier_core::{Ack, Engine, ExtraKeys, KvDtype, LayoutKey, Prompt, StoreOptions};
 
 use super::measure::{pattern, seconds};
 use super::raw_write::{AlignedCopy, write_batches};
@@ -30,22 +24,6 @@ use super::{Effort, Row};
 
 /// Concurrent clients of the `c16` rows.
 const CLIENTS: usize = 16;
-
-fn engine(dir: &Path) -> anyhow::Result<Engine> {
-    let dir = dir.to_path_buf();
-    Ok(Engine::builder()
-        .ram(RamConfig {
-            capacity_bytes: 1 << 30,
-        })
-        .persistent_tier(PersistConfig::default(), move |sink| {
-            Ok(Arc::new(SsdTier::open(
-                SsdConfig::new(dir),
-                Arc::new(SystemClock::new()),
-                sink,
-            )?) as Arc<dyn Tier>)
-        })
-        .build()?)
-}
 
 /// `n` one-block prompts with distinct tokens.
 fn prompts(engine: &Engine, key: &LayoutKey, n: usize, salt: u32) -> anyhow::Result<Vec<Prompt>> {
@@ -105,7 +83,7 @@ pub fn rows(
         let dir = root.join(format!("durable-{sample}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let e = engine(&dir.join("store"))?;
+        let e = super::rows_ssd::engine_with_ssd(&dir.join("store"), 1 << 30)?;
         let raw = dir.join("raw");
         if want_c1 {
             let ps = prompts(&e, &key, n1, sample as u32 * 2)?;

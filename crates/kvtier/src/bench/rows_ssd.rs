@@ -387,25 +387,29 @@ fn recover_rows(root: &Path, n: usize) -> anyhow::Result<Vec<Row>> {
     ])
 }
 
+/// An engine with `ram_bytes` of RAM and an SSD tier (default settings) in `dir`.
+pub(super) fn engine_with_ssd(dir: &Path, ram_bytes: u64) -> anyhow::Result<Engine> {
+    let dir = dir.to_path_buf();
+    Ok(Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: ram_bytes,
+        })
+        .persistent_tier(PersistConfig::default(), move |sink| {
+            Ok(Arc::new(SsdTier::open(
+                SsdConfig::new(dir),
+                Arc::new(SystemClock::new()),
+                sink,
+            )?) as Arc<dyn Tier>)
+        })
+        .build()?)
+}
+
 fn restart_row(root: &Path) -> anyhow::Result<Row> {
     let dir = root.join("restart");
     let _ = std::fs::remove_dir_all(&dir);
     let key = LayoutKey::new("bench-restart", KvDtype::Bf16, 16, 4, 8, 128);
     let tokens: Vec<u32> = (0..16 * 64).collect();
-    let open = |dir: std::path::PathBuf| {
-        Engine::builder()
-            .ram(RamConfig {
-                capacity_bytes: 256 << 20,
-            })
-            .persistent_tier(PersistConfig::default(), move |sink| {
-                Ok(Arc::new(SsdTier::open(
-                    SsdConfig::new(dir),
-                    Arc::new(SystemClock::new()),
-                    sink,
-                )?) as Arc<dyn Tier>)
-            })
-            .build()
-    };
+    let open = |dir: std::path::PathBuf| engine_with_ssd(&dir, 256 << 20);
     let stored = {
         let e = open(dir.clone())?;
         let l = e.register_layout(key.clone())?;
