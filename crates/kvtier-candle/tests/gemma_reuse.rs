@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock};
 use kvtier_candle::gemma::{GemmaWeights, locate_gguf};
 use kvtier_candle::prompts::{system_prompt, user_turn};
 use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, TurnReport};
+use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, KvDtype};
 use kvtier_server::config::Settings;
 
@@ -160,7 +161,14 @@ fn restore_from_ssd_after_a_process_restart() {
         "{}",
         two.reused_tokens
     );
-    assert!(engine.stats().ssd.map(|s| s.hits).unwrap_or(0) > 0);
+    assert!(
+        engine
+            .stats()
+            .tier(TierKind::Ssd)
+            .map(|s| s.hits)
+            .unwrap_or(0)
+            > 0
+    );
     assert_same_decode(&two, cold_turn_two());
 }
 

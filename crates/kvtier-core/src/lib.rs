@@ -8,6 +8,7 @@
 //!   tiers, and the conformance suite every tier runs (the SSD tier lives in `kvtier-ssd`).
 //! - [`snapshot`]: the exact-prefix snapshot bucket for recurrent-state models.
 //! - [`engine`]: all of the above behind one API.
+//! - [`events`]: residency events (inserted, removed, promoted, demoted) for observers.
 //! - [`stats`]: counters with per-component prefixes.
 //!
 //! ```
@@ -31,6 +32,7 @@ pub mod clock;
 mod copy;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod hash;
 pub mod index;
 pub mod layout;

@@ -1,11 +1,16 @@
 //! Counters and their snapshots.
 //!
-//! Each component owns its counters under a distinct prefix (`index_`, `ram_`, `snapshot_`,
-//! later `ssd_`, `writer_`, `remote_`), so merging them can never overwrite one with another
-//! (seed 002, "Stats ownership"). Counters bumped on the lock-free read path are
+//! Each component owns its counters under a distinct prefix (`index_`, one per tier such as
+//! `ram_`, `{tier}_writer_`, `engine_`, `snapshot_`), so merging them can never overwrite one
+//! with another (seed 002, "Stats ownership"). Each component declares its counters once, in
+//! a [`Counter`] table from which both the flat stats names and the metric families come. Counters bumped on the lock-free read path are
 //! [`StripedCounter`]s, so two threads loading blocks do not fight over one cache line.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::events::ObserverStats;
+use crate::tier::TierKind;
+use crate::tier::writer::WriterStats;
 
 /// Number of stripes; a power of two at least the core count of the machines we target.
 const STRIPES: usize = 16;
@@ -52,13 +57,54 @@ impl StripedCounter {
     }
 }
 
-/// `(name, value)` pairs as `(prefix_name, value)`: every component's counter list.
-pub(crate) fn prefixed(prefix: &str, pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
-    pairs
-        .iter()
-        .map(|(k, v)| (format!("{prefix}_{k}"), *v))
-        .collect()
+/// Whether a value only grows or goes up and down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterKind {
+    /// Grows from zero (Prometheus type `counter`).
+    Counter,
+    /// A level now (Prometheus type `gauge`).
+    Gauge,
 }
+
+/// One counter of a stats snapshot `S`, declared once: its flat name (in `/v1/stats`), its
+/// metric family and label (in `/metrics`) and how to read it. Every component lists its
+/// counters in one such table (`COUNTERS`), and both outputs are derived from it, so the
+/// two can never drift apart.
+pub struct Counter<S> {
+    /// The name under the component's prefix (`hits` → `ram_hits`).
+    pub name: &'static str,
+    /// The metric family, without the `kvtier_` prefix (`tier_hits`).
+    pub family: &'static str,
+    /// The label that tells this counter from its siblings in the family, if any.
+    pub label: Option<(&'static str, &'static str)>,
+    /// The family's help text (the same for every counter of a family).
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: CounterKind,
+    /// Reads the value from a snapshot.
+    pub read: fn(&S) -> u64,
+}
+
+impl<S> std::fmt::Debug for Counter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counter")
+            .field("name", &self.name)
+            .field("family", &self.family)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Counter<S> {
+    /// Every counter of `table` read from `stats`, named `{prefix}_{name}`.
+    pub fn read_all(table: &[Counter<S>], prefix: &str, stats: &S) -> Vec<(String, u64)> {
+        table
+            .iter()
+            .map(|c| (format!("{prefix}_{}", c.name), (c.read)(stats)))
+            .collect()
+    }
+}
+
+use CounterKind::{Counter as C, Gauge as G};
 
 /// Evictions of one tier, by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,30 +150,35 @@ pub struct TierStats {
     pub capacity_bytes: u64,
 }
 
+const REJECTED: &str = "Puts a tier refused, by reason";
+const EVICTIONS: &str = "Blocks a tier removed, by cause";
+
 impl TierStats {
+    /// Every tier counter; names are prefixed with the tier's name, and the metrics carry
+    /// a `tier` label.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<TierStats>] = &[
+        Counter { name: "hits", family: "tier_hits", label: None, help: "Loads a tier answered", kind: C, read: |s| s.hits },
+        Counter { name: "misses", family: "tier_misses", label: None, help: "Loads a tier could not answer", kind: C, read: |s| s.misses },
+        Counter { name: "stores", family: "tier_stores", label: None, help: "Blocks a tier admitted", kind: C, read: |s| s.stores },
+        Counter { name: "dedup_skips", family: "tier_dedup_skips", label: None, help: "Puts of a block already held", kind: C, read: |s| s.dedup_skips },
+        Counter { name: "rejected_no_space", family: "tier_rejected", label: Some(("reason", "no_space")), help: REJECTED, kind: C, read: |s| s.rejected_no_space },
+        Counter { name: "rejected_parent_missing", family: "tier_rejected", label: Some(("reason", "parent_missing")), help: REJECTED, kind: C, read: |s| s.rejected_parent_missing },
+        Counter { name: "rejected_collision", family: "tier_rejected", label: Some(("reason", "collision")), help: REJECTED, kind: C, read: |s| s.rejected_collision },
+        Counter { name: "rejected_quarantined", family: "tier_rejected", label: Some(("reason", "quarantined")), help: REJECTED, kind: C, read: |s| s.rejected_quarantined },
+        Counter { name: "io_errors", family: "tier_io_errors", label: None, help: "Failed reads and writes (disk full included)", kind: C, read: |s| s.io_errors },
+        Counter { name: "evictions_budget", family: "tier_evictions", label: Some(("cause", "budget")), help: EVICTIONS, kind: C, read: |s| s.evictions.budget },
+        Counter { name: "evictions_ttl", family: "tier_evictions", label: Some(("cause", "ttl")), help: EVICTIONS, kind: C, read: |s| s.evictions.ttl },
+        Counter { name: "evictions_explicit", family: "tier_evictions", label: Some(("cause", "explicit")), help: EVICTIONS, kind: C, read: |s| s.evictions.explicit },
+        Counter { name: "evictions_corrupt", family: "tier_evictions", label: Some(("cause", "corrupt")), help: EVICTIONS, kind: C, read: |s| s.evictions.corrupt },
+        Counter { name: "resident_blocks", family: "tier_resident_blocks", label: None, help: "Blocks held now", kind: G, read: |s| s.resident_blocks },
+        Counter { name: "resident_bytes", family: "tier_resident_bytes", label: None, help: "Payload bytes held now", kind: G, read: |s| s.resident_bytes },
+        Counter { name: "capacity_bytes", family: "tier_capacity_bytes", label: None, help: "Byte capacity", kind: G, read: |s| s.capacity_bytes },
+    ];
+
     /// The counters as `(name, value)` pairs, each name starting with `prefix_`.
     pub fn counters(&self, prefix: &str) -> Vec<(String, u64)> {
-        prefixed(
-            prefix,
-            &[
-                ("hits", self.hits),
-                ("misses", self.misses),
-                ("stores", self.stores),
-                ("dedup_skips", self.dedup_skips),
-                ("rejected_no_space", self.rejected_no_space),
-                ("rejected_parent_missing", self.rejected_parent_missing),
-                ("rejected_collision", self.rejected_collision),
-                ("rejected_quarantined", self.rejected_quarantined),
-                ("io_errors", self.io_errors),
-                ("evictions_budget", self.evictions.budget),
-                ("evictions_ttl", self.evictions.ttl),
-                ("evictions_explicit", self.evictions.explicit),
-                ("evictions_corrupt", self.evictions.corrupt),
-                ("resident_blocks", self.resident_blocks),
-                ("resident_bytes", self.resident_bytes),
-                ("capacity_bytes", self.capacity_bytes),
-            ],
-        )
+        Counter::read_all(Self::COUNTERS, prefix, self)
     }
 }
 
@@ -150,19 +201,20 @@ pub struct IndexStats {
 }
 
 impl IndexStats {
+    /// Every index counter (prefix `index_`).
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<IndexStats>] = &[
+        Counter { name: "lookups", family: "index_lookups", label: None, help: "Lookups served", kind: C, read: |s| s.lookups },
+        Counter { name: "lookup_hits", family: "index_lookup_results", label: Some(("result", "hit")), help: "Lookups by result", kind: C, read: |s| s.lookup_hits },
+        Counter { name: "lookup_misses", family: "index_lookup_results", label: Some(("result", "miss")), help: "Lookups by result", kind: C, read: |s| s.lookup_misses },
+        Counter { name: "matched_blocks", family: "index_matched_blocks", label: None, help: "Blocks matched over all lookups", kind: C, read: |s| s.matched_blocks },
+        Counter { name: "verify_mismatches", family: "index_verify_mismatches", label: None, help: "Hash matches whose tokens, parent or layout differed (never served)", kind: C, read: |s| s.verify_mismatches },
+        Counter { name: "entries", family: "index_entries", label: None, help: "Blocks the prefix index knows", kind: G, read: |s| s.entries },
+    ];
+
     /// The counters as `(name, value)` pairs prefixed `index_`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        prefixed(
-            "index",
-            &[
-                ("lookups", self.lookups),
-                ("lookup_hits", self.lookup_hits),
-                ("lookup_misses", self.lookup_misses),
-                ("matched_blocks", self.matched_blocks),
-                ("verify_mismatches", self.verify_mismatches),
-                ("entries", self.entries),
-            ],
-        )
+        Counter::read_all(Self::COUNTERS, "index", self)
     }
 }
 
@@ -190,109 +242,194 @@ pub struct SnapshotStats {
 }
 
 impl SnapshotStats {
+    /// Every snapshot bucket counter (prefix `snapshot_`).
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<SnapshotStats>] = &[
+        Counter { name: "hits", family: "snapshot_gets", label: Some(("result", "hit")), help: "Snapshot gets by result", kind: C, read: |s| s.hits },
+        Counter { name: "misses", family: "snapshot_gets", label: Some(("result", "miss")), help: "Snapshot gets by result", kind: C, read: |s| s.misses },
+        Counter { name: "stores", family: "snapshot_stores", label: None, help: "Snapshots stored", kind: C, read: |s| s.stores },
+        Counter { name: "rejected", family: "snapshot_rejected", label: None, help: "Snapshot puts refused", kind: C, read: |s| s.rejected },
+        Counter { name: "evictions_entries", family: "snapshot_evictions", label: Some(("cause", "entries")), help: "Snapshots dropped, by cause", kind: C, read: |s| s.evictions_entries },
+        Counter { name: "evictions_bytes", family: "snapshot_evictions", label: Some(("cause", "bytes")), help: "Snapshots dropped, by cause", kind: C, read: |s| s.evictions_bytes },
+        Counter { name: "evictions_ttl", family: "snapshot_evictions", label: Some(("cause", "ttl")), help: "Snapshots dropped, by cause", kind: C, read: |s| s.evictions_ttl },
+        Counter { name: "resident_entries", family: "snapshot_resident_entries", label: None, help: "Snapshots held", kind: G, read: |s| s.resident_entries },
+        Counter { name: "resident_bytes", family: "snapshot_resident_bytes", label: None, help: "Snapshot bytes held", kind: G, read: |s| s.resident_bytes },
+    ];
+
     /// The counters as `(name, value)` pairs prefixed `snapshot_`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        prefixed(
-            "snapshot",
-            &[
-                ("hits", self.hits),
-                ("misses", self.misses),
-                ("stores", self.stores),
-                ("rejected", self.rejected),
-                ("evictions_entries", self.evictions_entries),
-                ("evictions_bytes", self.evictions_bytes),
-                ("evictions_ttl", self.evictions_ttl),
-                ("resident_entries", self.resident_entries),
-                ("resident_bytes", self.resident_bytes),
-            ],
-        )
+        Counter::read_all(Self::COUNTERS, "snapshot", self)
     }
 }
 
-/// Everything the engine counts, taken in one call.
+/// The engine's own counters: prefetch, shutdown saves and the shared memory budget.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// The prefix index.
-    pub index: IndexStats,
-    /// The RAM tier.
-    pub ram: TierStats,
-    /// The persistent tier, when one is attached.
-    pub ssd: Option<TierStats>,
-    /// The persistent tier's write-behind queue, when one is attached.
-    pub writer: Option<crate::tier::writer::WriterStats>,
-    /// The remote tier's counters, if one is attached.
-    pub remote: Option<TierStats>,
-    /// Its write-behind queue's counters.
-    pub remote_writer: Option<crate::tier::writer::WriterStats>,
-    /// Blocks read from the persistent tier and promoted into RAM.
-    pub promotions: u64,
-    /// Blocks read ahead from the persistent tier after a lookup and promoted into RAM.
+pub struct EngineCounters {
+    /// Blocks read ahead from a lower tier after a lookup and promoted into RAM.
     pub prefetched: u64,
     /// Prefetched blocks that a load then found in RAM.
     pub prefetch_used: u64,
     /// Lookups whose prefetch was skipped (queue full).
     pub prefetch_skipped: u64,
-    /// Blocks RAM evicted and queued for the persistent tier (evict-only mode).
-    pub demotions_queued: u64,
-    /// Blocks RAM evicted that could not be queued (queue full or closing).
-    pub demotions_dropped: u64,
-    /// Evict-only mode: RAM-only blocks written to the persistent tier at shutdown.
+    /// Evict-only mode: RAM-only blocks written to a lower tier at shutdown.
     pub shutdown_saved: u64,
     /// Evict-only mode: RAM-only blocks a shutdown could not write (deadline, refusal).
     pub shutdown_unsaved: u64,
-    /// The snapshot bucket.
-    pub snapshot: SnapshotStats,
     /// Bytes of the shared memory budget in use (RAM blocks plus snapshots).
     pub memory_used_bytes: u64,
     /// The shared memory budget.
     pub memory_capacity_bytes: u64,
 }
 
+impl EngineCounters {
+    /// Every engine counter (prefix `engine_`).
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<EngineCounters>] = &[
+        Counter { name: "prefetched_blocks", family: "prefetch_blocks", label: Some(("outcome", "prefetched")), help: "Blocks read ahead after a lookup, and those a load then used", kind: C, read: |s| s.prefetched },
+        Counter { name: "prefetch_used_blocks", family: "prefetch_blocks", label: Some(("outcome", "used")), help: "Blocks read ahead after a lookup, and those a load then used", kind: C, read: |s| s.prefetch_used },
+        Counter { name: "prefetch_skipped", family: "prefetch_skipped", label: None, help: "Lookups whose prefetch was skipped (queue full)", kind: C, read: |s| s.prefetch_skipped },
+        Counter { name: "shutdown_saved_blocks", family: "shutdown_blocks", label: Some(("outcome", "saved")), help: "Evict-only mode: RAM-only blocks a clean shutdown wrote to a lower tier, and those it could not", kind: C, read: |s| s.shutdown_saved },
+        Counter { name: "shutdown_unsaved_blocks", family: "shutdown_blocks", label: Some(("outcome", "unsaved")), help: "Evict-only mode: RAM-only blocks a clean shutdown wrote to a lower tier, and those it could not", kind: C, read: |s| s.shutdown_unsaved },
+        Counter { name: "memory_used_bytes", family: "memory_used_bytes", label: None, help: "Shared RAM budget in use", kind: G, read: |s| s.memory_used_bytes },
+        Counter { name: "memory_capacity_bytes", family: "memory_capacity_bytes", label: None, help: "Shared RAM budget", kind: G, read: |s| s.memory_capacity_bytes },
+    ];
+}
+
+impl ObserverStats {
+    /// Every observer counter; names are prefixed `observer_{name}_`, and the metrics carry
+    /// an `observer` label.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<ObserverStats>] = &[
+        Counter { name: "delivered", family: "observer_events", label: Some(("outcome", "delivered")), help: "Residency events handed to an observer, and those dropped because its queue was full", kind: C, read: |s| s.delivered },
+        Counter { name: "dropped", family: "observer_events", label: Some(("outcome", "dropped")), help: "Residency events handed to an observer, and those dropped because its queue was full", kind: C, read: |s| s.dropped },
+        Counter { name: "queued", family: "observer_queue_depth", label: None, help: "Residency events waiting in an observer's queue", kind: G, read: |s| s.queued },
+    ];
+}
+
+/// One tier below RAM: its counters and its write queue's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowerTierStats {
+    /// Which tier.
+    pub kind: TierKind,
+    /// The tier's counters.
+    pub tier: TierStats,
+    /// Its write-behind queue's counters.
+    pub writer: WriterStats,
+}
+
+/// Blocks moved from one tier to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveStats {
+    /// The tier the blocks came from.
+    pub from: TierKind,
+    /// The tier they went to.
+    pub to: TierKind,
+    /// Read from `from` (slower) and put into `to` (faster, or queued for it).
+    pub promoted: u64,
+    /// Evicted from `from` (faster) and queued for `to` (slower).
+    pub demotions_queued: u64,
+    /// Evicted from `from` and not queued for `to` (queue full or closing).
+    pub demotions_dropped: u64,
+}
+
+/// Everything the engine counts, taken in one call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The prefix index.
+    pub index: IndexStats,
+    /// The RAM tier.
+    pub ram: TierStats,
+    /// The tiers below RAM, fastest first.
+    pub lower: Vec<LowerTierStats>,
+    /// Movement between every pair of attached tiers (fastest source first).
+    pub moves: Vec<MoveStats>,
+    /// The engine's own counters.
+    pub engine: EngineCounters,
+    /// The snapshot bucket.
+    pub snapshot: SnapshotStats,
+    /// Each residency observer's delivery counters.
+    pub observers: Vec<ObserverStats>,
+}
+
 impl EngineStats {
-    /// Every counter as `(name, value)`, names unique thanks to their prefixes.
+    /// The counters of tier `kind`, if it is attached (RAM always is).
+    pub fn tier(&self, kind: TierKind) -> Option<TierStats> {
+        if kind == TierKind::Ram {
+            return Some(self.ram);
+        }
+        self.lower.iter().find(|l| l.kind == kind).map(|l| l.tier)
+    }
+
+    /// The counters of tier `kind`'s write queue, if it is attached below RAM.
+    pub fn writer(&self, kind: TierKind) -> Option<WriterStats> {
+        self.lower.iter().find(|l| l.kind == kind).map(|l| l.writer)
+    }
+
+    /// Every attached tier with its counters, fastest first (RAM first).
+    pub fn tiers(&self) -> impl Iterator<Item = (TierKind, &TierStats)> {
+        std::iter::once((TierKind::Ram, &self.ram))
+            .chain(self.lower.iter().map(|l| (l.kind, &l.tier)))
+    }
+
+    /// Blocks moved from `from` to `to` (zeros when the pair is not attached).
+    pub fn moved(&self, from: TierKind, to: TierKind) -> MoveStats {
+        self.moves
+            .iter()
+            .find(|m| m.from == from && m.to == to)
+            .copied()
+            .unwrap_or(MoveStats {
+                from,
+                to,
+                promoted: 0,
+                demotions_queued: 0,
+                demotions_dropped: 0,
+            })
+    }
+
+    /// Every counter as `(name, value)`, names unique thanks to their prefixes:
+    /// `index_*`, `{tier}_*` and `{tier}_writer_*` per attached tier, the movement
+    /// counters (`engine_promotions_{from}_to_{to}` for a slower source,
+    /// `engine_demotions_{from}_to_{to}_{queued,dropped}` for a faster one), `engine_*`
+    /// and `snapshot_*`.
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut out = self.index.counters();
-        out.extend(self.ram.counters("ram"));
-        if let Some(ssd) = &self.ssd {
-            out.extend(ssd.counters("ssd"));
+        out.extend(self.ram.counters(TierKind::Ram.name()));
+        for l in &self.lower {
+            out.extend(l.tier.counters(l.kind.name()));
+            out.extend(Counter::read_all(
+                WriterStats::COUNTERS,
+                &format!("{}_writer", l.kind.name()),
+                &l.writer,
+            ));
         }
-        if let Some(writer) = &self.writer {
-            out.extend(writer.counters());
+        for m in &self.moves {
+            let (from, to) = (m.from.name(), m.to.name());
+            if m.from > m.to {
+                out.push((format!("engine_promotions_{from}_to_{to}"), m.promoted));
+            } else {
+                out.push((
+                    format!("engine_demotions_{from}_to_{to}_queued"),
+                    m.demotions_queued,
+                ));
+                out.push((
+                    format!("engine_demotions_{from}_to_{to}_dropped"),
+                    m.demotions_dropped,
+                ));
+            }
         }
-        if let Some(remote) = &self.remote {
-            out.extend(remote.counters("remote"));
-        }
-        if let Some(writer) = &self.remote_writer {
-            out.extend(
-                writer
-                    .counters()
-                    .into_iter()
-                    .map(|(n, v)| (format!("remote_{n}"), v)),
-            );
-        }
-        out.push(("engine_promotions_ssd_to_ram".into(), self.promotions));
-        out.push(("engine_prefetched_blocks".into(), self.prefetched));
-        out.push(("engine_prefetch_used_blocks".into(), self.prefetch_used));
-        out.push(("engine_prefetch_skipped".into(), self.prefetch_skipped));
-        out.push((
-            "engine_demotions_ram_to_ssd_queued".into(),
-            self.demotions_queued,
-        ));
-        out.push((
-            "engine_demotions_ram_to_ssd_dropped".into(),
-            self.demotions_dropped,
-        ));
-        out.push(("engine_shutdown_saved_blocks".into(), self.shutdown_saved));
-        out.push((
-            "engine_shutdown_unsaved_blocks".into(),
-            self.shutdown_unsaved,
+        out.extend(Counter::read_all(
+            EngineCounters::COUNTERS,
+            "engine",
+            &self.engine,
         ));
         out.extend(self.snapshot.counters());
-        out.push(("engine_memory_used_bytes".into(), self.memory_used_bytes));
-        out.push((
-            "engine_memory_capacity_bytes".into(),
-            self.memory_capacity_bytes,
-        ));
+        for o in &self.observers {
+            out.extend(Counter::read_all(
+                ObserverStats::COUNTERS,
+                &format!("observer_{}", o.name),
+                o,
+            ));
+        }
         out
     }
 }
@@ -303,11 +440,34 @@ mod tests {
 
     #[test]
     fn counter_names_are_unique() {
-        let names: Vec<String> = EngineStats::default()
-            .counters()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let all = EngineStats {
+            lower: vec![
+                LowerTierStats {
+                    kind: TierKind::Ssd,
+                    tier: TierStats::default(),
+                    writer: WriterStats::default(),
+                },
+                LowerTierStats {
+                    kind: TierKind::Remote,
+                    tier: TierStats::default(),
+                    writer: WriterStats::default(),
+                },
+            ],
+            moves: TierKind::ALL
+                .iter()
+                .flat_map(|&from| TierKind::ALL.iter().map(move |&to| (from, to)))
+                .filter(|(from, to)| from != to)
+                .map(|(from, to)| MoveStats {
+                    from,
+                    to,
+                    promoted: 0,
+                    demotions_queued: 0,
+                    demotions_dropped: 0,
+                })
+                .collect(),
+            ..EngineStats::default()
+        };
+        let names: Vec<String> = all.counters().into_iter().map(|(n, _)| n).collect();
         let unique: std::collections::HashSet<&String> = names.iter().collect();
         assert_eq!(unique.len(), names.len());
     }

@@ -153,7 +153,7 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
     );
     assert_eq!(s.index.entries, s.ram.resident_blocks);
     assert_eq!(s.ram.hits + s.ram.misses, loads.load(Ordering::Relaxed));
-    assert!(s.memory_used_bytes <= s.memory_capacity_bytes);
+    assert!(s.engine.memory_used_bytes <= s.engine.memory_capacity_bytes);
     assert_eq!(
         s.snapshot.hits + s.snapshot.misses,
         snapshot_gets.load(Ordering::Relaxed)

@@ -121,9 +121,9 @@ fn check_invariants(w: &World) -> Result<(), TestCaseError> {
         .map_err(TestCaseError::fail)?;
     let s = w.engine.stats();
     prop_assert!(
-        s.memory_used_bytes <= w.capacity,
+        s.engine.memory_used_bytes <= w.capacity,
         "budget exceeded: {} > {}",
-        s.memory_used_bytes,
+        s.engine.memory_used_bytes,
         w.capacity
     );
     prop_assert!(s.ram.resident_bytes + s.snapshot.resident_bytes <= w.capacity);

@@ -113,7 +113,7 @@ fn ttl_expires_on_the_mock_clock() -> Result<(), kvtier_core::Error> {
         (1, 0)
     );
     assert_eq!(
-        s.memory_used_bytes, 0,
+        s.engine.memory_used_bytes, 0,
         "expired snapshot bytes were not returned to the budget"
     );
     Ok(())
@@ -164,7 +164,7 @@ fn snapshot_bytes_count_against_the_shared_memory_budget() -> Result<(), kvtier_
     let l = e.register_layout(common::small_key())?;
     let tokens: Vec<u32> = (0..8 * 16).collect();
     assert_eq!(common::store_all(&e, &l, &tokens)?.stored, 8);
-    assert_eq!(e.stats().memory_used_bytes, 8 << 10);
+    assert_eq!(e.stats().engine.memory_used_bytes, 8 << 10);
     // A 3 KiB snapshot must make room by evicting three RAM blocks (leaves first).
     assert_eq!(
         e.snapshot_put(l.digest(), &[1], None, &[7; 3 << 10])?,
@@ -173,7 +173,7 @@ fn snapshot_bytes_count_against_the_shared_memory_budget() -> Result<(), kvtier_
     let s = e.stats();
     assert_eq!(s.ram.resident_blocks, 5);
     assert_eq!(s.ram.evictions.budget, 3);
-    assert_eq!(s.memory_used_bytes, (5 << 10) + (3 << 10));
+    assert_eq!(s.engine.memory_used_bytes, (5 << 10) + (3 << 10));
     e.ram()
         .check_invariants()
         .map_err(kvtier_core::Error::invalid)?;
@@ -181,6 +181,6 @@ fn snapshot_bytes_count_against_the_shared_memory_budget() -> Result<(), kvtier_
     let more: Vec<u32> = (1000..1000 + 8 * 16).collect();
     common::store_all(&e, &l, &more)?;
     assert!(e.snapshot_get(l.digest(), &[1], None)?.is_some());
-    assert!(e.stats().memory_used_bytes <= 8 << 10);
+    assert!(e.stats().engine.memory_used_bytes <= 8 << 10);
     Ok(())
 }

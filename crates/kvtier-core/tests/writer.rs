@@ -316,7 +316,12 @@ fn a_block_on_its_way_down_is_found_and_loads_byte_for_byte() {
     let (e, layout) = evict_only_engine(lower.clone(), 2);
     // Four one-block conversations in a RAM of two: two are evicted into the held queue.
     let convs = store_conversations(&e, &layout, 4);
-    assert_eq!(e.stats().demotions_queued, 2);
+    assert_eq!(
+        e.stats()
+            .moved(TierKind::Ram, TierKind::Ssd)
+            .demotions_queued,
+        2
+    );
     for (tokens, bytes) in &convs {
         let prompt = e
             .prompt(layout.digest(), tokens, &ExtraKeys::none())

@@ -280,6 +280,21 @@ fn remote_hits_are_promoted_into_ram_and_the_ssd() {
         assert_eq!(&ssd.get(h).unwrap().unwrap()[..], &expected[i][..]);
         assert_eq!(&blocks[i][..], &expected[i][..]);
     }
+    // Each move is counted by its true source and destination.
+    use kvtier_core::tier::TierKind::{Ram, Remote, Ssd};
+    let s = engine.stats();
+    assert_eq!(s.moved(Remote, Ram).promoted, 3, "{s:?}");
+    assert_eq!(s.moved(Remote, Ssd).promoted, 3, "{s:?}");
+    assert_eq!(s.moved(Ssd, Ram).promoted, 0, "{s:?}");
+    let counters: std::collections::HashMap<String, u64> = s.counters().into_iter().collect();
+    assert_eq!(counters["engine_promotions_remote_to_ram"], 3);
+    assert_eq!(counters["engine_promotions_remote_to_ssd"], 3);
+    assert_eq!(counters["engine_promotions_ssd_to_ram"], 0);
+    assert_eq!(
+        s.tiers().map(|(k, _)| k).collect::<Vec<_>>(),
+        [Ram, Ssd, Remote],
+        "fastest first"
+    );
 }
 
 #[test]

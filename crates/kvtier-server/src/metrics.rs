@@ -6,7 +6,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kvtier_core::Engine;
-use kvtier_core::stats::{EngineStats, TierStats};
+use kvtier_core::events::ObserverStats;
+use kvtier_core::stats::{
+    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, TierStats,
+};
+use kvtier_core::tier::writer::WriterStats;
 use kvtier_ssd::RecoveryReport;
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
@@ -84,46 +88,82 @@ struct EngineCollector {
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
 }
 
-/// One metric family being written.
-struct FamilyWriter<'a, 'b> {
-    enc: &'a mut DescriptorEncoder<'b>,
+/// Metric families collected from the counter tables, in first-seen order, then written
+/// out once each.
+#[derive(Default)]
+struct Families {
+    list: Vec<MetricFamily>,
 }
 
-impl FamilyWriter<'_, '_> {
-    fn write(
+/// One family: its name, help, type and series.
+struct MetricFamily {
+    name: String,
+    help: &'static str,
+    kind: CounterKind,
+    series: Vec<(Labels, u64)>,
+}
+
+impl Families {
+    /// One series of family `family`.
+    fn push(
         &mut self,
-        name: &str,
-        help: &str,
-        kind: MetricType,
-        series: &[(Labels, u64)],
-    ) -> Result<(), std::fmt::Error> {
-        let mut m = self.enc.encode_descriptor(name, help, None, kind)?;
+        family: &str,
+        help: &'static str,
+        kind: CounterKind,
+        labels: Labels,
+        value: u64,
+    ) {
+        match self.list.iter_mut().find(|f| f.name == family) {
+            Some(f) => f.series.push((labels, value)),
+            None => self.list.push(MetricFamily {
+                name: family.to_string(),
+                help,
+                kind,
+                series: vec![(labels, value)],
+            }),
+        }
+    }
+
+    /// Every counter of `table`, read from `stats`, with the labels `base` plus its own.
+    fn add<S>(&mut self, table: &[Counter<S>], stats: &S, base: &Labels) {
+        for c in table {
+            let mut labels = base.clone();
+            if let Some((k, v)) = c.label {
+                labels.push((k, v.to_string()));
+            }
+            self.push(c.family, c.help, c.kind, labels, (c.read)(stats));
+        }
+    }
+
+    /// Every series of one gauge family.
+    fn gauges(&mut self, family: &str, help: &'static str, series: Vec<(Labels, u64)>) {
         for (labels, v) in series {
-            let fam = m.encode_family(labels)?;
-            match kind {
-                MetricType::Counter => ConstCounter::new(*v).encode(fam)?,
-                _ => ConstGauge::new(i64::try_from(*v).unwrap_or(i64::MAX)).encode(fam)?,
+            self.push(family, help, CounterKind::Gauge, labels, v);
+        }
+    }
+
+    fn write(self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for MetricFamily {
+            name,
+            help,
+            kind,
+            series,
+        } in self.list
+        {
+            let kind = match kind {
+                CounterKind::Counter => MetricType::Counter,
+                CounterKind::Gauge => MetricType::Gauge,
+            };
+            let mut m = enc.encode_descriptor(&name, help, None, kind)?;
+            for (labels, v) in series {
+                let fam = m.encode_family(&labels)?;
+                match kind {
+                    MetricType::Counter => ConstCounter::new(v).encode(fam)?,
+                    _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(fam)?,
+                }
             }
         }
         Ok(())
-    }
-
-    fn counter(
-        &mut self,
-        name: &str,
-        help: &str,
-        series: &[(Labels, u64)],
-    ) -> Result<(), std::fmt::Error> {
-        self.write(name, help, MetricType::Counter, series)
-    }
-
-    fn gauge(
-        &mut self,
-        name: &str,
-        help: &str,
-        series: &[(Labels, u64)],
-    ) -> Result<(), std::fmt::Error> {
-        self.write(name, help, MetricType::Gauge, series)
     }
 }
 
@@ -131,13 +171,51 @@ fn l(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, (*v).to_string())).collect()
 }
 
-/// The per-tier series of one field.
-fn per_tier(s: &EngineStats, f: impl Fn(&TierStats) -> u64) -> Vec<(Labels, u64)> {
-    let mut out = vec![(l(&[("tier", "ram")]), f(&s.ram))];
-    if let Some(ssd) = &s.ssd {
-        out.push((l(&[("tier", "ssd")]), f(ssd)));
+/// Every engine counter, from the tables the engine declares them in: per attached tier
+/// (label `tier`, the tier's true name), movement by true source and destination, then the
+/// index, the engine and the snapshot bucket.
+fn engine_families(s: &EngineStats, out: &mut Families) {
+    for (kind, t) in s.tiers() {
+        out.add(TierStats::COUNTERS, t, &l(&[("tier", kind.name())]));
     }
-    out
+    for lower in &s.lower {
+        out.add(
+            WriterStats::COUNTERS,
+            &lower.writer,
+            &l(&[("tier", lower.kind.name())]),
+        );
+    }
+    for m in &s.moves {
+        let (from, to) = (m.from.name(), m.to.name());
+        if m.from > m.to {
+            out.push(
+                "promotions",
+                "Blocks read from a slower tier and promoted into a faster one, by source and destination",
+                CounterKind::Counter,
+                l(&[("from", from), ("to", to)]),
+                m.promoted,
+            );
+        } else {
+            for (outcome, v) in [
+                ("queued", m.demotions_queued),
+                ("dropped", m.demotions_dropped),
+            ] {
+                out.push(
+                    "demotions",
+                    "Blocks a faster tier evicted towards a slower one, by outcome",
+                    CounterKind::Counter,
+                    l(&[("from", from), ("to", to), ("outcome", outcome)]),
+                    v,
+                );
+            }
+        }
+    }
+    out.add(IndexStats::COUNTERS, &s.index, &vec![]);
+    out.add(EngineCounters::COUNTERS, &s.engine, &vec![]);
+    out.add(SnapshotStats::COUNTERS, &s.snapshot, &vec![]);
+    for o in &s.observers {
+        out.add(ObserverStats::COUNTERS, o, &l(&[("observer", &o.name)]));
+    }
 }
 
 impl Collector for EngineCollector {
@@ -145,202 +223,8 @@ impl Collector for EngineCollector {
         let Some(engine) = self.engine.upgrade() else {
             return Ok(());
         };
-        let s = engine.stats();
-        let mut w = FamilyWriter { enc: &mut enc };
-        // Tiers.
-        w.counter(
-            "tier_hits",
-            "Loads a tier answered",
-            &per_tier(&s, |t| t.hits),
-        )?;
-        w.counter(
-            "tier_misses",
-            "Loads a tier could not answer",
-            &per_tier(&s, |t| t.misses),
-        )?;
-        w.counter(
-            "tier_stores",
-            "Blocks a tier admitted",
-            &per_tier(&s, |t| t.stores),
-        )?;
-        w.counter(
-            "tier_dedup_skips",
-            "Puts of a block already held",
-            &per_tier(&s, |t| t.dedup_skips),
-        )?;
-        w.counter(
-            "tier_io_errors",
-            "Failed reads and writes (disk full included)",
-            &per_tier(&s, |t| t.io_errors),
-        )?;
-        let mut rejected = Vec::new();
-        let mut evictions = Vec::new();
-        for (tier, t) in std::iter::once(("ram", &s.ram)).chain(s.ssd.as_ref().map(|t| ("ssd", t)))
-        {
-            for (reason, v) in [
-                ("no_space", t.rejected_no_space),
-                ("parent_missing", t.rejected_parent_missing),
-                ("collision", t.rejected_collision),
-                ("quarantined", t.rejected_quarantined),
-            ] {
-                rejected.push((l(&[("tier", tier), ("reason", reason)]), v));
-            }
-            for (cause, v) in [
-                ("budget", t.evictions.budget),
-                ("ttl", t.evictions.ttl),
-                ("explicit", t.evictions.explicit),
-                ("corrupt", t.evictions.corrupt),
-            ] {
-                evictions.push((l(&[("tier", tier), ("cause", cause)]), v));
-            }
-        }
-        w.counter("tier_rejected", "Puts a tier refused, by reason", &rejected)?;
-        w.counter(
-            "tier_evictions",
-            "Blocks a tier removed, by cause",
-            &evictions,
-        )?;
-        w.gauge(
-            "tier_resident_blocks",
-            "Blocks held now",
-            &per_tier(&s, |t| t.resident_blocks),
-        )?;
-        w.gauge(
-            "tier_resident_bytes",
-            "Payload bytes held now",
-            &per_tier(&s, |t| t.resident_bytes),
-        )?;
-        w.gauge(
-            "tier_capacity_bytes",
-            "Byte capacity",
-            &per_tier(&s, |t| t.capacity_bytes),
-        )?;
-        // Movement between tiers.
-        w.counter(
-            "promotions",
-            "Blocks read from a lower tier and promoted, by source and destination",
-            &[(l(&[("from", "ssd"), ("to", "ram")]), s.promotions)],
-        )?;
-        w.counter(
-            "demotions",
-            "Blocks RAM evicted towards a lower tier, by outcome",
-            &[
-                (
-                    l(&[("from", "ram"), ("to", "ssd"), ("outcome", "queued")]),
-                    s.demotions_queued,
-                ),
-                (
-                    l(&[("from", "ram"), ("to", "ssd"), ("outcome", "dropped")]),
-                    s.demotions_dropped,
-                ),
-            ],
-        )?;
-        w.counter(
-            "prefetch_blocks",
-            "Blocks read ahead after a lookup, and those a load then used",
-            &[
-                (l(&[("outcome", "prefetched")]), s.prefetched),
-                (l(&[("outcome", "used")]), s.prefetch_used),
-            ],
-        )?;
-        w.counter(
-            "prefetch_skipped",
-            "Lookups whose prefetch was skipped (queue full)",
-            &[(vec![], s.prefetch_skipped)],
-        )?;
-        // Index.
-        let i = &s.index;
-        w.counter("index_lookups", "Lookups served", &[(vec![], i.lookups)])?;
-        w.counter(
-            "index_lookup_results",
-            "Lookups by result",
-            &[
-                (l(&[("result", "hit")]), i.lookup_hits),
-                (l(&[("result", "miss")]), i.lookup_misses),
-            ],
-        )?;
-        w.counter(
-            "index_matched_blocks",
-            "Blocks matched over all lookups",
-            &[(vec![], i.matched_blocks)],
-        )?;
-        w.counter(
-            "index_verify_mismatches",
-            "Hash matches whose tokens, parent or layout differed (never served)",
-            &[(vec![], i.verify_mismatches)],
-        )?;
-        w.gauge(
-            "index_entries",
-            "Blocks the prefix index knows",
-            &[(vec![], i.entries)],
-        )?;
-        // Writer.
-        if let Some(wr) = &s.writer {
-            let outcomes: Vec<(Labels, u64)> = wr
-                .counters()
-                .into_iter()
-                .filter(|(n, _)| n != "writer_queue_depth")
-                .map(|(n, v)| {
-                    let outcome = n.trim_start_matches("writer_").to_string();
-                    (vec![("outcome", outcome)], v)
-                })
-                .collect();
-            w.counter("writer_outcomes", "SSD write queue outcomes", &outcomes)?;
-            w.gauge(
-                "writer_queue_depth",
-                "Blocks waiting in the SSD write queue",
-                &[(vec![], wr.queue_depth)],
-            )?;
-        }
-        // Snapshots.
-        let sn = &s.snapshot;
-        w.counter(
-            "snapshot_gets",
-            "Snapshot gets by result",
-            &[
-                (l(&[("result", "hit")]), sn.hits),
-                (l(&[("result", "miss")]), sn.misses),
-            ],
-        )?;
-        w.counter(
-            "snapshot_stores",
-            "Snapshots stored",
-            &[(vec![], sn.stores)],
-        )?;
-        w.counter(
-            "snapshot_rejected",
-            "Snapshot puts refused",
-            &[(vec![], sn.rejected)],
-        )?;
-        w.counter(
-            "snapshot_evictions",
-            "Snapshots dropped, by cause",
-            &[
-                (l(&[("cause", "entries")]), sn.evictions_entries),
-                (l(&[("cause", "bytes")]), sn.evictions_bytes),
-                (l(&[("cause", "ttl")]), sn.evictions_ttl),
-            ],
-        )?;
-        w.gauge(
-            "snapshot_resident_entries",
-            "Snapshots held",
-            &[(vec![], sn.resident_entries)],
-        )?;
-        w.gauge(
-            "snapshot_resident_bytes",
-            "Snapshot bytes held",
-            &[(vec![], sn.resident_bytes)],
-        )?;
-        w.gauge(
-            "memory_used_bytes",
-            "Shared RAM budget in use",
-            &[(vec![], s.memory_used_bytes)],
-        )?;
-        w.gauge(
-            "memory_capacity_bytes",
-            "Shared RAM budget",
-            &[(vec![], s.memory_capacity_bytes)],
-        )?;
+        let mut w = Families::default();
+        engine_families(&engine.stats(), &mut w);
         // Recovery of the SSD tier last opened.
         if let Some(r) = self.recovery.lock().clone() {
             let series: Vec<(Labels, u64)> = [
@@ -363,20 +247,20 @@ impl Collector for EngineCollector {
             .into_iter()
             .map(|(what, v)| (l(&[("what", what)]), v))
             .collect();
-            w.gauge(
+            w.gauges(
                 "ssd_recovery",
                 "What the SSD tier's recovery found at open",
-                &series,
-            )?;
-            w.gauge(
+                series,
+            );
+            w.gauges(
                 "ssd_recovery_milliseconds",
                 "How long the SSD tier's recovery took",
-                &[(vec![], r.elapsed.as_millis() as u64)],
-            )?;
-            w.gauge(
+                vec![(vec![], r.elapsed.as_millis() as u64)],
+            );
+            w.gauges(
                 "ssd_previous_shutdown",
                 "How the previous run ended (1 for the state it ended in)",
-                &[
+                vec![
                     (
                         l(&[("state", "clean")]),
                         u64::from(r.previous_shutdown_clean == Some(true)),
@@ -390,7 +274,7 @@ impl Collector for EngineCollector {
                         u64::from(r.previous_shutdown_clean.is_none()),
                     ),
                 ],
-            )?;
+            );
         }
         // Refusals: 4xx answers by code, connections closed by a limit by kind.
         let refused: Vec<(Labels, u64)> = crate::listen::refusals::REFUSALS
@@ -398,11 +282,15 @@ impl Collector for EngineCollector {
             .into_iter()
             .map(|(kind, n)| (l(&[("kind", kind)]), n))
             .collect();
-        w.counter(
-            "refused",
-            "Requests refused (by error code) and connections closed by a limit (by kind)",
-            &refused,
-        )?;
-        Ok(())
+        for (labels, n) in refused {
+            w.push(
+                "refused",
+                "Requests refused (by error code) and connections closed by a limit (by kind)",
+                CounterKind::Counter,
+                labels,
+                n,
+            );
+        }
+        w.write(&mut enc)
     }
 }

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::tier::{RamConfig, Tier};
+use kvtier_core::tier::{RamConfig, Tier, TierKind};
 use kvtier_core::{Engine, ErrorKind, ExtraKeys, PersistConfig};
 use kvtier_ssd::{SsdConfig, SsdTier};
 
@@ -160,7 +160,7 @@ fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
     assert_eq!(e.store(&prompt, &refs).unwrap().stored, 40);
     assert!(e.flush(Duration::from_secs(10)));
     let s = e.stats();
-    assert!(s.writer.unwrap().failed > 0, "{s:?}");
+    assert!(s.writer(TierKind::Ssd).unwrap().failed > 0, "{s:?}");
     // RAM serves everything.
     let hit = e.lookup(&prompt);
     assert_eq!(hit.blocks.len(), 40);

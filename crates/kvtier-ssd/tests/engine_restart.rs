@@ -67,8 +67,8 @@ fn write_through_blocks_all_hit_after_a_clean_restart() {
         let shutdown = e.shutdown(Duration::from_secs(10)).unwrap();
         assert!(shutdown.clean, "{shutdown:?}");
         let s = e.stats();
-        assert_eq!(s.writer.unwrap().saved, 24);
-        assert_eq!(s.ssd.unwrap().resident_blocks, 24);
+        assert_eq!(s.writer(TierKind::Ssd).unwrap().saved, 24);
+        assert_eq!(s.tier(TierKind::Ssd).unwrap().resident_blocks, 24);
         stored = bytes;
     }
     let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
@@ -87,7 +87,11 @@ fn write_through_blocks_all_hit_after_a_clean_restart() {
     // Promoted (by the load or by the prefetch the lookup started): the next lookup finds
     // every block in RAM.
     let s = e.stats();
-    assert_eq!(s.promotions + s.prefetched, 24, "{s:?}");
+    assert_eq!(
+        s.moved(TierKind::Ssd, TierKind::Ram).promoted + s.engine.prefetched,
+        24,
+        "{s:?}"
+    );
     assert!(
         e.lookup(&prompt)
             .blocks
@@ -126,11 +130,15 @@ fn evict_only_hands_ram_victims_to_the_ssd() {
     let s = e.stats();
     assert!(s.ram.evictions.budget >= 10, "{s:?}");
     assert_eq!(
-        s.demotions_queued, s.ram.evictions.budget,
+        s.moved(TierKind::Ram, TierKind::Ssd).demotions_queued,
+        s.ram.evictions.budget,
         "every victim goes to the SSD"
     );
-    assert_eq!(s.demotions_dropped, 0);
-    assert_eq!(s.ssd.unwrap().resident_blocks, s.demotions_queued);
+    assert_eq!(s.moved(TierKind::Ram, TierKind::Ssd).demotions_dropped, 0);
+    assert_eq!(
+        s.tier(TierKind::Ssd).unwrap().resident_blocks,
+        s.moved(TierKind::Ram, TierKind::Ssd).demotions_queued
+    );
     // Every conversation is whole somewhere and loads byte for byte.
     for c in 0..6u32 {
         let prompt = e
@@ -250,19 +258,26 @@ fn a_lookup_prefetches_ssd_only_blocks_in_scan_order() {
     assert!(hit.blocks.iter().all(|b| b.tier == TierKind::Ssd));
     // The lookup returned at once; the reads proceed in the background.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while e.stats().prefetched < 32 && std::time::Instant::now() < deadline {
+    while e.stats().engine.prefetched < 32 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(e.stats().prefetched, 32, "{:?}", e.stats());
+    assert_eq!(e.stats().engine.prefetched, 32, "{:?}", e.stats());
     let loaded = e.load(&hit.blocks).unwrap();
     assert!(loaded.complete);
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &payload(i, l.block_bytes() as usize)[..]);
     }
     let s = e.stats();
-    assert_eq!((s.prefetch_used, s.promotions), (32, 0), "{s:?}");
     assert_eq!(
-        s.ssd.unwrap().hits,
+        (
+            s.engine.prefetch_used,
+            s.moved(TierKind::Ssd, TierKind::Ram).promoted
+        ),
+        (32, 0),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.tier(TierKind::Ssd).unwrap().hits,
         32,
         "each block was read from the SSD once"
     );
@@ -312,15 +327,15 @@ fn evict_only_keeps_the_hot_set_across_a_clean_restart() {
         let refs: Vec<&[u8]> = stored.iter().map(Vec::as_slice).collect();
         assert_eq!(e.store(&prompt, &refs).unwrap().stored, 12);
         assert_eq!(
-            e.stats().ssd.unwrap().resident_blocks,
+            e.stats().tier(TierKind::Ssd).unwrap().resident_blocks,
             0,
             "evict-only wrote early"
         );
         let shutdown = e.shutdown(Duration::from_secs(10)).unwrap();
         assert!(shutdown.clean, "{shutdown:?}");
         let s = e.stats();
-        assert_eq!(s.shutdown_saved, 12, "{s:?}");
-        assert_eq!(s.shutdown_unsaved, 0);
+        assert_eq!(s.engine.shutdown_saved, 12, "{s:?}");
+        assert_eq!(s.engine.shutdown_unsaved, 0);
     }
     let e = engine(dir.path(), 64 << 20, PersistMode::EvictOnly);
     assert_eq!(e.previous_shutdown_clean(), Some(true));

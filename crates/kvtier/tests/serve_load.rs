@@ -295,7 +295,7 @@ fn sixteen_clients_of_mixed_traffic_see_no_error_and_only_exact_bytes() {
             stats["index_lookup_hits"] > 0 && stats["ssd_hits"] > 0,
             "hits from RAM and SSD: {stats:?}"
         );
-        let errors = stats["ssd_io_errors"] + stats["writer_failed"];
+        let errors = stats["ssd_io_errors"] + stats["ssd_writer_failed"];
         assert_eq!(errors, 0, "{stats:?}");
         let metrics = c.metrics().await.unwrap();
         assert!(

@@ -1,7 +1,8 @@
 //! `kvtier serve` with a remote tier on `kvtier gateway` (both real processes): blocks
 //! stored through the API reach the shared bucket; a second server with another data
 //! directory and no SSD — a fresh replica — finds them, reports them as remote (`o`),
-//! and loads them byte for byte.
+//! and loads them byte for byte, counting the promotions as remote→ram in `/v1/stats` and
+//! `/metrics`.
 
 #![allow(
     clippy::panic,
@@ -65,6 +66,27 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
         assert_eq!(got.blocks, payloads(&layout, 5, 6));
         let stats = c.stats().await.unwrap();
         assert_eq!(stats["remote_hits"], 6, "{stats:?}");
+        // Counted by their true source: the remote tier, not the (absent) SSD.
+        assert_eq!(stats["engine_promotions_remote_to_ram"], 6, "{stats:?}");
+        assert!(
+            !stats.contains_key("engine_promotions_ssd_to_ram"),
+            "{stats:?}"
+        );
+        assert_eq!(stats["remote_writer_enqueued"], 0, "{stats:?}");
+        // `/metrics` shows the remote tier like any other.
+        let metrics = c.metrics().await.unwrap();
+        for series in [
+            "kvtier_tier_hits_total{tier=\"remote\"} 6",
+            "kvtier_tier_hits_total{tier=\"ram\"}",
+            "kvtier_promotions_total{from=\"remote\",to=\"ram\"} 6",
+            "kvtier_writer_queue_depth{tier=\"remote\"} 0",
+        ] {
+            assert!(
+                metrics.contains(series),
+                "missing `{series}` in:\n{metrics}"
+            );
+        }
+        assert!(!metrics.contains("tier=\"ssd\""), "{metrics}");
     });
     assert!(second.stop().success());
     drop(gateway);

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::Engine;
-use super::lower::{
-    EngineSink, Lower, Movement, PersistConfig, PersistMode, RemoteAttach, TierOpener,
-};
+use super::movement::Movement;
+use super::policy::{PersistConfig, RemoteAttach, TierOpener, TierPolicy};
+use super::sink::EngineSink;
+use super::stack::{Slot, Stack};
 use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -47,15 +48,18 @@ pub struct EngineBuilder {
     config: EngineConfig,
     snapshot_set: bool,
     clock: Option<Arc<dyn Clock>>,
-    persistent: Option<(PersistConfig, TierOpener)>,
-    remote: Option<(RemoteAttach, TierOpener)>,
+    /// The tiers below RAM, in the order they were added (the stack sorts them).
+    tiers: Vec<(TierPolicy, TierOpener)>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineBuilder")
             .field("config", &self.config)
-            .field("persistent", &self.persistent.as_ref().map(|(c, _)| c))
+            .field(
+                "tiers",
+                &self.tiers.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -98,12 +102,11 @@ impl EngineBuilder {
     /// `build` with the sink the tier must report residency to; a tier that recovers
     /// blocks at open reports them there, which rebuilds the prefix index.
     pub fn persistent_tier(
-        mut self,
+        self,
         config: PersistConfig,
         open: impl FnOnce(Arc<dyn ResidencySink>) -> Result<Arc<dyn Tier>> + Send + 'static,
     ) -> Self {
-        self.persistent = Some((config, Box::new(open)));
-        self
+        self.tier(config.into(), open)
     }
 
     /// Attaches a shared remote tier below the persistent one (default: none). Every new
@@ -111,11 +114,23 @@ impl EngineBuilder {
     /// the persistent tier do not hold from it, a run of consecutive blocks at a time, and
     /// promote the hits as `attach` says. `open` is called during `build`.
     pub fn remote_tier(
-        mut self,
+        self,
         attach: RemoteAttach,
         open: impl FnOnce(Arc<dyn ResidencySink>) -> Result<Arc<dyn Tier>> + Send + 'static,
     ) -> Self {
-        self.remote = Some((attach, Box::new(open)));
+        self.tier(attach.into(), open)
+    }
+
+    /// Attaches a tier below RAM used as `policy` says (the general form of
+    /// [`EngineBuilder::persistent_tier`] and [`EngineBuilder::remote_tier`]). The engine
+    /// keeps its tiers ordered fastest first by kind, one tier per kind: `build` refuses a
+    /// second tier of a kind already attached. `open` is called during `build`.
+    pub fn tier(
+        mut self,
+        policy: TierPolicy,
+        open: impl FnOnce(Arc<dyn ResidencySink>) -> Result<Arc<dyn Tier>> + Send + 'static,
+    ) -> Self {
+        self.tiers.push((policy, Box::new(open)));
         self
     }
 
@@ -145,41 +160,24 @@ impl EngineBuilder {
         let budget = Arc::new(MemoryBudget::new(config.ram.capacity_bytes));
         let index = Arc::new(PrefixIndex::new());
         let movement = Arc::new(Movement::default());
+        let observers = Arc::new(crate::events::Observers::default());
         let sink = Arc::new(EngineSink {
             index: index.clone(),
             demote_to: RwLock::new(None),
             movement: movement.clone(),
+            observers: observers.clone(),
         });
         let ram = Arc::new(RamTier::new(budget.clone(), clock.clone(), sink.clone()));
         let snapshots = SnapshotBucket::new(config.snapshot, budget.clone(), clock)?;
-        let lower = match self.persistent {
-            None => None,
-            Some((persist, open)) => {
-                let (lower, writer) = open_lower(&sink, persist, open)?;
-                if persist.mode == PersistMode::EvictOnly {
-                    *sink.demote_to.write() = Some(Arc::downgrade(&writer));
-                }
-                Some(lower)
-            }
-        };
-        let remote = match self.remote {
-            None => None,
-            Some((attach, open)) => {
-                let persist = PersistConfig {
-                    mode: PersistMode::WriteThrough,
-                    ack: super::Ack::Queued,
-                    promote_on_hit: attach.promote_to_ram,
-                    prefetch: false,
-                    writer: attach.writer,
-                };
-                Some((open_lower(&sink, persist, open)?.0, attach))
-            }
-        };
-        let lower = Arc::new(RwLock::new(lower));
+        let stack = Arc::new(Stack::default());
+        for (policy, open) in self.tiers {
+            attach(&stack, &sink, policy, open)?;
+        }
         let prefetcher = super::prefetch::Prefetcher::start(super::prefetch::Shared {
             ram: ram.clone(),
             index: index.clone(),
-            lower: Arc::downgrade(&lower),
+            stack: Arc::downgrade(&stack),
+            observers: observers.clone(),
         })
         .map_err(|e| {
             Error::new(
@@ -194,42 +192,50 @@ impl EngineBuilder {
             ram,
             snapshots,
             budget,
-            lower,
-            remote,
+            stack,
             admission: RwLock::new(()),
             sink,
             prefetcher,
             movement,
+            observers,
         })
     }
 }
 
-/// Opens a persistent tier reporting to `sink` and starts its writer.
-pub(super) fn open_lower(
+/// Opens a tier reporting to `sink`, starts its writer and adds it to `stack` (pointing
+/// RAM's demotions at it when it is the first evict-only tier). Returns the slot.
+pub(super) fn attach(
+    stack: &Stack,
     sink: &Arc<EngineSink>,
-    config: PersistConfig,
+    policy: TierPolicy,
     open: TierOpener,
-) -> Result<(Arc<Lower>, Arc<WriteBehind>)> {
+) -> Result<Arc<Slot>> {
     let tier = open(sink.clone())?;
-    let writer = WriteBehind::start(tier.clone(), config.writer).map_err(|e| {
+    let kind = tier.kind();
+    let writer = WriteBehind::start(tier.clone(), policy.writer).map_err(|e| {
         Error::new(
             crate::ErrorKind::Unavailable,
-            format!("cannot start the {} writer thread: {e}", tier.kind().name()),
+            format!("cannot start the {} writer thread: {e}", kind.name()),
         )
     })?;
-    // A queued block whose write fails or is refused leaves the index again.
-    let index = Arc::downgrade(&sink.index);
-    let kind = tier.kind();
+    // A queued block whose write fails or is refused leaves the index again (and the
+    // observers hear of it; an observer may get this removal for a block the tier never
+    // reported inserted).
+    let lost_to = Arc::downgrade(sink);
     writer.on_lost(Box::new(move |meta| {
-        if let Some(index) = index.upgrade() {
-            index.removed(kind, meta, crate::tier::RemovalCause::Explicit, None);
+        if let Some(sink) = lost_to.upgrade() {
+            sink.removed(kind, meta, crate::tier::RemovalCause::Explicit, None);
         }
     }));
-    let writer = Arc::new(writer);
-    let lower = Arc::new(Lower {
+    let slot = Arc::new(Slot {
         tier,
-        writer: writer.clone(),
-        config,
+        writer: Arc::new(writer),
+        policy,
     });
-    Ok((lower, writer))
+    if let Err(e) = stack.insert(slot.clone()) {
+        slot.writer.stop(std::time::Duration::from_secs(1));
+        return Err(e);
+    }
+    sink.demote_to_first_evict_only(stack);
+    Ok(slot)
 }

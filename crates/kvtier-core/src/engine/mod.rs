@@ -8,53 +8,46 @@
 //! resolve(layout, hashes) ─► Lookup         delete_namespace(layout)
 //! ```
 //!
-//! With a persistent tier (`EngineBuilder::persistent_tier`), blocks reach it through a
-//! write-behind queue (write-through or evict-only), lookups start prefetching what only
-//! it holds, and loads promote its hits into RAM; see `lower` and `prefetch`.
+//! RAM is the engine's head; below it is the tier stack (`stack`): the attached tiers,
+//! fastest first, each with its write-behind queue and its [`TierPolicy`] (write-through
+//! or evict-only, durable acknowledgements, promotion, prefetch). Blocks reach each tier
+//! through its queue, lookups start prefetching what only a prefetching tier holds, and
+//! loads read each block from the fastest tier holding it and promote it as that tier's
+//! policy says; see `store`, `load`, `prefetch` and `lifecycle`.
 
 mod builder;
-mod lower;
+mod lifecycle;
+mod load;
+mod movement;
 mod namespace;
+mod policy;
 mod prefetch;
 mod resolve;
+mod sink;
+mod stack;
 mod store;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 
 pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
-pub use lower::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener};
+pub use lifecycle::Reattached;
+pub use policy::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener, TierPolicy};
 
 pub use store::{StoreOptions, StoreReport};
 
 use crate::budget::MemoryBudget;
 use crate::error::{Error, Result};
 use crate::hash::ExtraKeys;
-use crate::index::{BlockRef, Lookup, PrefixIndex, Prompt};
+use crate::index::{Lookup, PrefixIndex, Prompt};
 use crate::layout::{Layout, LayoutDigest, LayoutKey};
 use crate::snapshot::{SnapshotBucket, SnapshotKey, SnapshotPut};
-use crate::stats::EngineStats;
+use crate::stats::{EngineCounters, EngineStats, LowerTierStats};
 use crate::tier::{RamTier, Tier, TierKind};
-
-/// What [`Engine::reattach_persistent`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reattached {
-    /// The old tier's writer wrote everything queued before the deadline.
-    pub drained_clean: bool,
-    /// Blocks still queued when the deadline passed (lost for the old tier).
-    pub left_in_queue: u64,
-    /// Blocks the index stopped attributing to the old tier.
-    pub detached_blocks: u64,
-    /// A new tier was attached.
-    pub attached: bool,
-    /// Blocks the new tier held when it was opened (recovered from its directory).
-    pub attached_blocks: u64,
-}
 
 /// The blocks a load returned.
 #[derive(Debug, Clone, Default)]
@@ -74,17 +67,17 @@ pub struct Engine {
     ram: Arc<RamTier>,
     snapshots: SnapshotBucket,
     budget: Arc<MemoryBudget>,
-    /// The persistent tier; swapped by [`Engine::reattach_persistent`].
-    lower: Arc<RwLock<Option<Arc<lower::Lower>>>>,
-    /// The shared remote tier below it, if any (fixed for the engine's life).
-    remote: Option<(Arc<lower::Lower>, RemoteAttach)>,
+    /// The tiers below RAM, fastest first; the persistent one is swapped by
+    /// [`Engine::reattach_persistent`].
+    stack: Arc<stack::Stack>,
     /// Stores and snapshot puts hold it shared; a reattach holds it exclusively, so an
     /// admission either lands before the swap (and is drained into the old tier) or
     /// waits for the new tier — none is acknowledged into the gap between them.
     admission: RwLock<()>,
-    sink: Arc<lower::EngineSink>,
+    sink: Arc<sink::EngineSink>,
     prefetcher: prefetch::Prefetcher,
-    movement: Arc<lower::Movement>,
+    movement: Arc<movement::Movement>,
+    observers: Arc<crate::events::Observers>,
 }
 
 impl fmt::Debug for Engine {
@@ -164,394 +157,59 @@ impl Engine {
     /// them. Memory only: no tier is touched.
     pub fn lookup(&self, prompt: &Prompt) -> Lookup {
         let found = self.index.lookup(prompt, usize::MAX);
-        // Blocks only the persistent tier holds: start reading them now, in scan order.
+        // Blocks RAM lacks: start reading them now, in scan order, when a tier holding
+        // them prefetches.
+        let prefetching = self.stack.slots();
+        let prefetching = |kind: TierKind| {
+            prefetching
+                .iter()
+                .any(|s| s.policy.prefetch && s.kind() == kind)
+        };
         let cold: Vec<crate::hash::BlockHash> = found
             .blocks
             .iter()
-            .filter(|b| b.tier != TierKind::Ram)
+            .filter(|b| b.tier != TierKind::Ram && prefetching(b.tier))
             .map(|b| b.hash)
             .collect();
-        if !cold.is_empty() && self.lower().is_some_and(|l| l.config.prefetch) {
+        if !cold.is_empty() {
             self.prefetcher.submit(cold);
         }
         found
     }
 
-    /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
-    /// RAM is tried first (a block may have been promoted since the lookup), then the
-    /// persistent tier, then the remote tier for the whole run of following blocks
-    /// neither holds (one request for the run). A block read from a lower tier is
-    /// promoted as configured.
-    pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
-        let mut blocks = Vec::with_capacity(refs.len());
-        let mut i = 0;
-        while i < refs.len() {
-            let r = &refs[i];
-            if let Some(b) = self.ram.get(&r.hash)? {
-                self.prefetcher.note_ram_hit(&r.hash);
-                blocks.push(b);
-                i += 1;
-                continue;
-            }
-            if let Some(b) = self.load_lower(&r.hash)? {
-                blocks.push(b);
-                i += 1;
-                continue;
-            }
-            let Some((remote, attach)) = &self.remote else {
-                break;
-            };
-            let lower = self.lower();
-            let local = |h: &crate::hash::BlockHash| {
-                self.ram.contains(h) || lower.as_ref().is_some_and(|l| l.tier.contains(h))
-            };
-            let end = (i + 1..refs.len())
-                .find(|&j| local(&refs[j].hash))
-                .unwrap_or(refs.len());
-            let hashes: Vec<crate::hash::BlockHash> = refs[i..end].iter().map(|r| r.hash).collect();
-            let got = remote.tier.get_run(&hashes)?;
-            let n = got.len();
-            for (k, b) in got.into_iter().enumerate() {
-                self.promote_remote(&hashes[k], &b, attach, lower.as_deref());
-                blocks.push(b);
-            }
-            if n < hashes.len() {
-                break;
-            }
-            i = end;
-        }
-        let complete = blocks.len() == refs.len();
-        Ok(Loaded { blocks, complete })
-    }
-
-    /// Copies a remote hit into RAM and queues it for the persistent tier, as configured.
-    fn promote_remote(
-        &self,
-        hash: &crate::hash::BlockHash,
-        bytes: &Bytes,
-        attach: &RemoteAttach,
-        lower: Option<&lower::Lower>,
-    ) {
-        let Some(meta) = self.index.meta_of(hash) else {
-            return;
-        };
-        if attach.promote_to_ram
-            && self.ram.put(&meta, bytes.clone()).ok() == Some(crate::tier::PutOutcome::Stored)
-        {
-            self.movement
-                .promotions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        if attach.promote_to_ssd
-            && let Some(lower) = lower
-            && !lower.tier.contains(hash)
-        {
-            lower.writer.enqueue(meta, bytes.clone());
-        }
-    }
-
-    fn load_lower(&self, hash: &crate::hash::BlockHash) -> Result<Option<Bytes>> {
-        let Some(lower) = self.lower() else {
-            return Ok(None);
-        };
-        // Not written yet: the queued bytes (a block RAM evicted moments ago).
-        let Some(bytes) = lower
-            .tier
-            .get(hash)?
-            .or_else(|| lower.writer.pending_payload(hash))
-        else {
-            return Ok(None);
-        };
-        if lower.config.promote_on_hit
-            && let Some(meta) = self.index.meta_of(hash)
-            && self.ram.put(&meta, bytes.clone())? == crate::tier::PutOutcome::Stored
-        {
-            self.movement
-                .promotions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Ok(Some(bytes))
-    }
-
-    /// Stops the persistent tier's writer: no new writes, everything queued is written
-    /// (within `timeout`). In evict-only mode it first writes the blocks only RAM holds —
-    /// the hot set, which evict-only mode otherwise never writes — within half of
-    /// `timeout` (counted: `engine_shutdown_saved_blocks`, `engine_shutdown_unsaved_blocks`;
-    /// a shutdown that leaves some unsaved is recorded as partial). Returns the writer's
-    /// report, or `None` without a persistent tier. The remote tier's writer, if any, is
-    /// stopped first the same way (a partial drain is logged). The engine keeps serving
-    /// reads afterwards; stores reach RAM only.
-    pub fn shutdown(&self, timeout: std::time::Duration) -> Option<crate::tier::writer::Shutdown> {
-        let started = std::time::Instant::now();
-        if let Some((remote, _)) = &self.remote {
-            let report = remote.writer.stop(timeout);
-            if !report.clean {
-                tracing::warn!(
-                    left = report.left_in_queue,
-                    "the remote tier's queue did not drain before the deadline"
-                );
-            }
-        }
-        let lower = self.lower()?;
-        let unsaved = if lower.config.mode == PersistMode::EvictOnly {
-            self.save_ram_only(&lower, started + timeout / 2)
-        } else {
-            0
-        };
-        let left = timeout.saturating_sub(started.elapsed());
-        let mut report = lower.writer.stop(left);
-        if unsaved > 0 {
-            report.clean = false;
-            report.partial = true;
-        }
-        if let Err(e) = lower.tier.make_durable() {
-            tracing::warn!(error = %e, "could not sync the persistent tier at shutdown");
-        }
-        if let Err(e) = lower.tier.record_shutdown(report.clean) {
-            tracing::warn!(error = %e, "could not record how the engine shut down");
-        }
-        Some(report)
-    }
-
-    /// Writes every block RAM holds and the persistent tier lacks, on this thread, until
-    /// `deadline`; returns how many it could not write.
-    fn save_ram_only(&self, lower: &lower::Lower, deadline: std::time::Instant) -> u64 {
-        use std::sync::atomic::Ordering::Relaxed;
-        let todo: Vec<(crate::tier::BlockMeta, Bytes)> = self
-            .ram
-            .held_blocks()
-            .into_iter()
-            .filter(|(m, _)| !lower.tier.contains(&m.hash) && !lower.writer.is_pending(&m.hash))
-            .collect();
-        let mut unsaved = 0;
-        for (n, batch) in todo.chunks(64).enumerate() {
-            if std::time::Instant::now() >= deadline {
-                unsaved = (todo.len() - n * 64) as u64;
-                break;
-            }
-            for outcome in lower.tier.put_many(batch) {
-                match outcome {
-                    Ok(crate::tier::PutOutcome::Stored | crate::tier::PutOutcome::Duplicate) => {
-                        self.movement.shutdown_saved.fetch_add(1, Relaxed);
-                    }
-                    _ => unsaved += 1,
-                }
-            }
-        }
-        self.movement.shutdown_unsaved.fetch_add(unsaved, Relaxed);
-        if unsaved > 0 {
-            tracing::warn!(
-                unsaved,
-                "evict-only shutdown could not write every RAM-only block to the persistent tier"
-            );
-        }
-        unsaved
-    }
-
-    /// How the previous run of the persistent tier ended (see
-    /// [`Tier::previous_shutdown_clean`]); `None` without a persistent tier.
-    pub fn previous_shutdown_clean(&self) -> Option<bool> {
-        self.lower().and_then(|l| l.tier.previous_shutdown_clean())
-    }
-
-    /// Waits until every block queued for the persistent tier and the remote tier is
-    /// written (or `timeout` passes, for both together), and syncs the persistent tier.
-    /// Returns whether they drained and synced; `true` without either.
-    pub fn flush(&self, timeout: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        // Drained, then synced: what a flush reports done survives a power loss.
-        let local = self.lower().is_none_or(|l| {
-            let drained = l.writer.flush(timeout);
-            match l.tier.make_durable() {
-                Ok(()) => drained,
-                Err(e) => {
-                    tracing::warn!(error = %e, "flush could not sync the persistent tier");
-                    false
-                }
-            }
-        });
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let remote = self
-            .remote
-            .as_ref()
-            .is_none_or(|(r, _)| r.writer.flush(left));
-        local && remote
-    }
-
-    /// The remote tier, if one is attached.
-    pub fn remote(&self) -> Option<Arc<dyn Tier>> {
-        self.remote.as_ref().map(|(r, _)| r.tier.clone())
-    }
-
-    /// Swaps the persistent tier on a running engine (seed 000's quiesce → detach →
-    /// reattach): stores in flight finish and new stores and snapshot puts wait until the
-    /// swap is done (so every acknowledged write reaches the old tier or the new one); the
-    /// current tier is taken out at once (loads miss on it meanwhile), its writer is drained and stopped (every acknowledged block is
-    /// written, within `drain_timeout`), the index forgets what it held, and the tier is
-    /// closed (its directory lock released). Then `new`, if given, is opened — it may be
-    /// the same directory with other settings, another directory, or another layout's
-    /// codec — and recovered blocks are reported to the index. With `None` the engine
-    /// stays detached. If opening fails the engine stays detached and the error is
-    /// returned.
-    pub fn reattach_persistent(
-        &self,
-        new: Option<(PersistConfig, TierOpener)>,
-        drain_timeout: std::time::Duration,
-    ) -> Result<Reattached> {
-        self.reattach_persistent_or_restore(new, None, drain_timeout)
-    }
-
-    /// [`Engine::reattach_persistent`], and if opening `new` fails, `restore` is opened in
-    /// its place within the same quiesce (typically the tier that was attached, with its
-    /// old settings), so no store is ever acknowledged while the engine is unexpectedly
-    /// without its persistent tier. The error of `new` is still returned; whether
-    /// `restore` took its place shows in [`Engine::persistent`].
-    pub fn reattach_persistent_or_restore(
-        &self,
-        new: Option<(PersistConfig, TierOpener)>,
-        restore: Option<(PersistConfig, TierOpener)>,
-        drain_timeout: std::time::Duration,
-    ) -> Result<Reattached> {
-        // Quiesce: wait for stores in flight; new ones wait until the swap is done.
-        let _quiesced = self.admission.write();
-        let old = self.lower.write().take();
-        *self.sink.demote_to.write() = None;
-        let mut report = Reattached::default();
-        if let Some(old) = old {
-            let drained = old.writer.stop(drain_timeout);
-            report.drained_clean = drained.clean;
-            report.left_in_queue = drained.left_in_queue;
-            report.detached_blocks = self.index.clear_tier(old.tier.kind());
-            // A prefetch or load in flight may still hold the old tier; wait (within the
-            // deadline) until it lets go, so the tier is closed — its directory lock
-            // released — before a new one opens, possibly on the same directory.
-            let deadline = std::time::Instant::now() + drain_timeout;
-            while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            drop(old);
-        } else {
-            report.drained_clean = true;
-        }
-        let Some((config, open)) = new else {
-            return Ok(report);
-        };
-        match self.attach_lower(config, open) {
-            Ok(blocks) => {
-                report.attached_blocks = blocks;
-                report.attached = true;
-                Ok(report)
-            }
-            Err(e) => {
-                if let Some((config, open)) = restore {
-                    match self.attach_lower(config, open) {
-                        Ok(_) => {
-                            tracing::warn!(error = %e, "the new persistent tier did not open; the previous one is attached again");
-                        }
-                        Err(again) => {
-                            tracing::error!(error = %e, restore_error = %again, "neither the new nor the previous persistent tier opened; running without one");
-                        }
-                    }
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Opens and attaches a persistent tier; returns the blocks it held.
-    fn attach_lower(&self, config: PersistConfig, open: TierOpener) -> Result<u64> {
-        let (lower, writer) = builder::open_lower(&self.sink, config, open)?;
-        if config.mode == PersistMode::EvictOnly {
-            *self.sink.demote_to.write() = Some(Arc::downgrade(&writer));
-        }
-        let blocks = lower.tier.stats().resident_blocks;
-        *self.lower.write() = Some(lower);
-        Ok(blocks)
-    }
-
-    /// The persistent tier, if one is attached.
+    /// The persistent tier (the first tier below RAM that carries durable
+    /// acknowledgements), if one is attached.
     pub fn persistent(&self) -> Option<Arc<dyn Tier>> {
-        self.lower().map(|l| l.tier.clone())
+        self.stack.persistent().map(|s| s.tier.clone())
     }
 
-    /// The attached persistent tier, if any (a cheap clone of a handle).
-    fn lower(&self) -> Option<Arc<lower::Lower>> {
-        self.lower.read().clone()
-    }
-
-    /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
-    /// block, each a zero-copy slice when the block is in RAM). The page boundaries come
-    /// from the layout the lookup was made under, never from the caller.
-    pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
-        let layout = self.layout(lookup.layout)?;
-        let range = layout
-            .geometry()
-            .layer_range(layers.clone())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "layer range {}..{} is empty or past the layout's {} layers",
-                    layers.start,
-                    layers.end,
-                    layout.geometry().num_layers
-                ))
-            })?;
-        self.load_with(&lookup.blocks, |r| {
-            if let Some(bytes) = self.tier(r.tier)?.get_range(&r.hash, range.clone())? {
-                return Ok(Some(bytes));
-            }
-            // Not written yet: a slice of the queued bytes (see `load_lower`).
-            let queued = self
-                .lower()
-                .filter(|l| l.tier.kind() == r.tier)
-                .and_then(|l| l.writer.pending_payload(&r.hash));
-            Ok(queued
-                .filter(|b| b.len() as u64 >= range.end)
-                .map(|b| b.slice(range.start as usize..range.end as usize)))
-        })
-    }
-
-    fn load_with(
+    /// Registers `observer` for every residency event of every tier (see [`crate::events`])
+    /// under `name` (lowercase letters, digits and `_`; it names the observer's counters,
+    /// `observer_{name}_*`), with a queue of `queue_len` events: a slow observer never
+    /// blocks a store or a load, it misses events instead (counted). Dropping the handle
+    /// unregisters it.
+    pub fn observe(
         &self,
-        refs: &[BlockRef],
-        mut get: impl FnMut(&BlockRef) -> Result<Option<Bytes>>,
-    ) -> Result<Loaded> {
-        let mut blocks = Vec::with_capacity(refs.len());
-        for r in refs {
-            match get(r)? {
-                Some(b) => blocks.push(b),
-                None => {
-                    return Ok(Loaded {
-                        blocks,
-                        complete: false,
-                    });
-                }
-            }
-        }
-        Ok(Loaded {
-            blocks,
-            complete: true,
-        })
+        name: &str,
+        observer: Arc<dyn crate::events::ResidencyObserver>,
+        queue_len: usize,
+    ) -> Result<crate::events::ObserverHandle> {
+        self.observers.register(name, observer, queue_len)
     }
 
-    fn tier(&self, kind: TierKind) -> Result<Arc<dyn Tier>> {
-        match (self.lower(), kind) {
-            (_, TierKind::Ram) => Ok(self.ram.clone()),
-            (Some(lower), k) if lower.tier.kind() == k => Ok(lower.tier.clone()),
-            (_, TierKind::Remote) if self.remote.is_some() => Ok(self
-                .remote
-                .as_ref()
-                .map(|(r, _)| r.tier.clone())
-                .ok_or_else(|| {
-                    Error::new(
-                        crate::ErrorKind::Unavailable,
-                        "the remote tier is not attached",
-                    )
-                })?),
-            (_, other) => Err(Error::new(
-                crate::ErrorKind::Unavailable,
-                format!("the {} tier is not attached", other.name()),
-            )),
+    /// The attached tier of kind `kind` (RAM included), if any.
+    pub fn tier(&self, kind: TierKind) -> Option<Arc<dyn Tier>> {
+        if kind == TierKind::Ram {
+            return Some(self.ram.clone());
         }
+        self.stack.find(kind).map(|s| s.tier.clone())
+    }
+
+    /// The kinds of the attached tiers, fastest first (RAM first).
+    pub fn tier_kinds(&self) -> Vec<TierKind> {
+        std::iter::once(TierKind::Ram)
+            .chain(self.stack.slots().iter().map(|s| s.kind()))
+            .collect()
     }
 
     /// Stores the recurrent state reached after exactly `tokens` (and `session`, if given)
@@ -573,9 +231,11 @@ impl Engine {
         let outcome = self
             .snapshots
             .put(key, owned.clone(), &|n| ram.evict_bytes(n));
-        // A persistent tier keeps it too, so it survives a restart.
-        if let Some(lower) = self.lower() {
-            lower.writer.enqueue_snapshot(key, layout, owned);
+        // Every tier below RAM that keeps snapshots gets it too, so it survives a restart.
+        for slot in self.stack.slots().iter() {
+            if slot.tier.snapshots().is_some() {
+                slot.writer.enqueue_snapshot(key, layout, owned.clone());
+            }
         }
         Ok(outcome)
     }
@@ -593,20 +253,20 @@ impl Engine {
         if let Some(blob) = self.snapshots.get(&key) {
             return Ok(Some(blob));
         }
-        // After a restart the bucket starts empty: restore from the persistent tier.
-        let Some(lower) = self.lower() else {
-            return Ok(None);
-        };
-        let Some(store) = lower.tier.snapshots() else {
-            return Ok(None);
-        };
-        let Some(blob) = store.get_snapshot(&key)? else {
-            return Ok(None);
-        };
-        let ram = &self.ram;
-        self.snapshots
-            .put(key, blob.clone(), &|n| ram.evict_bytes(n));
-        Ok(Some(blob))
+        // After a restart the bucket starts empty: restore from the fastest tier that has
+        // the snapshot.
+        for slot in self.stack.slots().iter() {
+            let Some(store) = slot.tier.snapshots() else {
+                continue;
+            };
+            if let Some(blob) = store.get_snapshot(&key)? {
+                let ram = &self.ram;
+                self.snapshots
+                    .put(key, blob.clone(), &|n| ram.evict_bytes(n));
+                return Ok(Some(blob));
+            }
+        }
+        Ok(None)
     }
 
     /// The RAM tier, for inspection and tests.
@@ -624,32 +284,39 @@ impl Engine {
     /// equals `ram_resident_blocks`, and stores minus evictions equal residency), the
     /// snapshot bucket's under its own lock.
     pub fn stats(&self) -> EngineStats {
+        let slots = self.stack.slots();
         let (ram, (index, lower)) = self.ram.stats_and(|| {
-            (
-                self.index.stats(),
-                self.lower().map(|l| (l.tier.stats(), l.writer.stats())),
-            )
+            let lower = slots
+                .iter()
+                .map(|s| LowerTierStats {
+                    kind: s.kind(),
+                    tier: s.tier.stats(),
+                    writer: s.writer.stats(),
+                })
+                .collect::<Vec<_>>();
+            (self.index.stats(), lower)
         });
-        let m = &self.movement;
+        let kinds: Vec<TierKind> = std::iter::once(TierKind::Ram)
+            .chain(lower.iter().map(|l| l.kind))
+            .collect();
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let p = &self.prefetcher.counters;
         EngineStats {
             index,
             ram,
-            ssd: lower.map(|(t, _)| t),
-            writer: lower.map(|(_, w)| w),
-            remote: self.remote.as_ref().map(|(r, _)| r.tier.stats()),
-            remote_writer: self.remote.as_ref().map(|(r, _)| r.writer.stats()),
-            promotions: get(&m.promotions),
-            prefetched: get(&self.prefetcher.counters.prefetched),
-            prefetch_used: get(&self.prefetcher.counters.used),
-            prefetch_skipped: get(&self.prefetcher.counters.skipped),
-            demotions_queued: get(&m.demotions_queued),
-            demotions_dropped: get(&m.demotions_dropped),
-            shutdown_saved: get(&m.shutdown_saved),
-            shutdown_unsaved: get(&m.shutdown_unsaved),
+            lower,
+            moves: self.movement.stats(&kinds),
+            engine: EngineCounters {
+                prefetched: get(&p.prefetched),
+                prefetch_used: get(&p.used),
+                prefetch_skipped: get(&p.skipped),
+                shutdown_saved: get(&self.movement.shutdown_saved),
+                shutdown_unsaved: get(&self.movement.shutdown_unsaved),
+                memory_used_bytes: self.budget.used(),
+                memory_capacity_bytes: self.budget.capacity(),
+            },
             snapshot: self.snapshots.stats(),
-            memory_used_bytes: self.budget.used(),
-            memory_capacity_bytes: self.budget.capacity(),
+            observers: self.observers.stats(),
         }
     }
 }

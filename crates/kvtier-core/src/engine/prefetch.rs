@@ -1,4 +1,5 @@
-//! Prefetch: when a lookup matches blocks only the persistent tier holds, their reads start
+//! Prefetch: when a lookup matches blocks only a prefetching tier below RAM holds (see
+//! [`super::TierPolicy::prefetch`]), their reads start
 //! at once, in the order the engine will consume them (seed 004: prefetch follows the scan
 //! order), and each block read is promoted into RAM, so the load that follows finds it
 //! there. One thread per engine reads in order (a block is promoted only after its parent),
@@ -9,9 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
-use super::lower::Lower;
+use super::stack::Stack;
+use crate::events::{Observers, ResidencyEvent};
 use crate::hash::BlockHash;
 use crate::index::PrefixIndex;
 use crate::tier::{PutOutcome, RamTier, Tier};
@@ -40,7 +42,8 @@ pub(super) struct Prefetcher {
 pub(super) struct Shared {
     pub ram: Arc<RamTier>,
     pub index: Arc<PrefixIndex>,
-    pub lower: Weak<RwLock<Option<Arc<Lower>>>>,
+    pub stack: Weak<Stack>,
+    pub observers: Arc<Observers>,
 }
 
 impl Prefetcher {
@@ -88,21 +91,21 @@ fn run(
     c: &PrefetchCounters,
 ) {
     while let Ok(hashes) = rx.recv() {
-        let Some(slot) = s.lower.upgrade() else {
+        let Some(stack) = s.stack.upgrade() else {
             return;
         };
-        let Some(lower) = slot.read().clone() else {
-            continue;
-        };
+        let slots = stack.slots();
+        drop(stack);
         for hash in hashes {
             if s.ram.contains(&hash) {
                 continue;
             }
-            let read = lower
-                .tier
-                .get(&hash)
-                .map(|got| got.or_else(|| lower.writer.pending_payload(&hash)));
-            let Ok(Some(bytes)) = read else {
+            // The first prefetching tier that has it.
+            let read = slots
+                .iter()
+                .filter(|slot| slot.policy.prefetch)
+                .find_map(|slot| Some((slot.kind(), slot.get(&hash).ok().flatten()?)));
+            let Some((from, bytes)) = read else {
                 break; // gone or failing: the load will find out and recompute
             };
             let Some(meta) = s.index.meta_of(&hash) else {
@@ -110,6 +113,11 @@ fn run(
             };
             match s.ram.put(&meta, bytes) {
                 Ok(PutOutcome::Stored) => {
+                    s.observers.publish(|| ResidencyEvent::Promoted {
+                        from,
+                        to: crate::tier::TierKind::Ram,
+                        block: meta,
+                    });
                     c.prefetched.fetch_add(1, Ordering::Relaxed);
                     let mut f = fresh.lock();
                     // Bounded: forget the oldest marks rather than grow without end.

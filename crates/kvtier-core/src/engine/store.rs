@@ -1,16 +1,18 @@
 //! Storing the blocks of a prompt.
 //!
 //! A store always puts its blocks in RAM. What its `Ok` promises beyond that is its
-//! [`Ack`] level: `Queued` returns once the blocks are queued for the persistent tier;
+//! [`Ack`] level: `Queued` returns once the blocks are queued for the tiers below RAM;
 //! `Written` and `Synced` write every kept block the persistent tier lacks on the caller's
 //! thread (one batch) and, for `Synced`, then wait for a sync that covers them — shared with
 //! every other store waiting at the same time (group commit), so durability costs each
 //! store a sync's latency, not the disk a sync per store.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
+use super::Ack;
 use super::Engine;
-use super::{Ack, PersistMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::Prompt;
 use crate::tier::writer::Enqueued;
@@ -87,12 +89,14 @@ impl Engine {
         let mut report = StoreReport::default();
         // Not across a reattach (see `Engine::admission`).
         let _admitted = self.admission.read();
-        let lower = self.lower();
+        let slots = self.stack.slots();
+        let persistent = slots.iter().find(|s| s.policy.takes_acks);
         let ack = options
             .ack
             .unwrap_or_default()
-            .max(lower.as_ref().map_or(Ack::Queued, |l| l.config.ack));
-        if ack > Ack::Queued && lower.is_none() {
+            .max(persistent.map_or(Ack::Queued, |p| p.policy.ack));
+        let durable = ack > Ack::Queued;
+        if durable && persistent.is_none() {
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 format!(
@@ -103,81 +107,86 @@ impl Engine {
         }
         // Kept blocks the persistent tier must hold before a durable acknowledgement.
         let mut must_persist: Vec<(BlockMeta, Bytes)> = Vec::new();
-        let write_through = lower
-            .as_ref()
-            .filter(|l| l.config.mode == PersistMode::WriteThrough);
-        let remote = self.remote.as_ref().map(|(r, _)| r);
-        let mut for_remote = Vec::new();
+        // One run per tier that stores runs (see `TierPolicy::runs`).
+        let mut runs: Vec<Vec<(BlockMeta, Bytes)>> = vec![Vec::new(); slots.len()];
+        let is_persistent = |at: usize| persistent.is_some_and(|p| Arc::ptr_eq(p, &slots[at]));
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
-            let held_lower = lower
-                .as_ref()
-                .is_some_and(|l| self.index.tiers_of(&hash) & l.tier.kind().bit() != 0);
-            // The shared tier gets every block it neither holds nor has queued.
-            let to_remote =
-                remote.filter(|r| !r.tier.contains(&hash) && !r.writer.is_pending(&hash));
-            // Held where it needs to be: refresh it, copy nothing (but for the remote
-            // tier, when it lacks the block).
-            if (held_lower || write_through.is_none()) && self.ram.touch(&hash) {
-                if to_remote.is_some() {
-                    for_remote.push((block_meta(prompt, i), copy_payload(payload)));
-                }
-                if ack > Ack::Queued && lower.as_ref().is_some_and(|l| !l.tier.contains(&hash)) {
-                    must_persist.push((block_meta(prompt, i), copy_payload(payload)));
+            // The write-through tiers that lack the block (held or queued).
+            let lacking: Vec<usize> = (0..slots.len())
+                .filter(|&at| slots[at].write_through() && !slots[at].holds_or_queued(&hash))
+                .collect();
+            // Already in RAM: refresh it, copy it only for the tiers that lack it.
+            let per_block_lacking = lacking.iter().any(|&at| !slots[at].policy.runs);
+            if !per_block_lacking && self.ram.touch(&hash) {
+                let meta = block_meta(prompt, i);
+                let lacking_durable =
+                    durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
+                if !lacking.is_empty() || lacking_durable {
+                    let bytes = copy_payload(payload);
+                    for &at in &lacking {
+                        runs[at].push((meta.clone(), bytes.clone()));
+                    }
+                    if lacking_durable {
+                        must_persist.push((meta, bytes));
+                    }
                 }
                 report.duplicates += 1;
                 continue;
             }
             let meta = block_meta(prompt, i);
             let bytes = copy_payload(payload);
-            if to_remote.is_some() {
-                for_remote.push((meta.clone(), bytes.clone()));
-            }
             let in_ram = self.ram.put(&meta, bytes.clone())?;
-            // The persistent tier gets every block it does not hold yet in write-through
-            // mode, and in either mode a block RAM refused (a chain longer than RAM, or a
-            // parent RAM no longer holds): it keeps the chain reachable from there.
+            // Every write-through tier gets a block it lacks, and in either mode a tier
+            // gets a block RAM refused (a chain longer than RAM, or a parent RAM no longer
+            // holds): it keeps the chain reachable from there.
             let refused = matches!(in_ram, PutOutcome::Rejected(_));
-            if ack > Ack::Queued {
-                // Written below on this thread, not queued.
-                let kept = !refused || lower.is_some();
-                if kept && lower.as_ref().is_some_and(|l| !l.tier.contains(&hash)) {
-                    must_persist.push((meta, bytes));
+            let mut kept_below = false;
+            for (at, slot) in slots.iter().enumerate() {
+                if durable && is_persistent(at) {
+                    // Written below on this thread, not queued.
+                    if !slot.tier.contains(&hash) {
+                        must_persist.push((meta.clone(), bytes.clone()));
+                    }
+                    kept_below = true;
+                    continue;
                 }
-                match in_ram {
-                    PutOutcome::Stored => report.stored += 1,
-                    PutOutcome::Duplicate => report.duplicates += 1,
-                    PutOutcome::Rejected(_) => report.stored_lower_only += 1,
+                let wants = lacking.contains(&at)
+                    || (refused && !slot.policy.runs && !slot.holds_or_queued(&hash));
+                if !wants {
+                    kept_below |= !slot.policy.runs && slot.holds_or_queued(&hash);
+                    continue;
                 }
-                continue;
-            }
-            let queued = match &lower {
-                Some(lower) if !held_lower && (write_through.is_some() || refused) => matches!(
-                    lower.writer.enqueue(meta, bytes),
+                if slot.policy.runs {
+                    // Fire and forget: a run lands as one object, or not at all.
+                    runs[at].push((meta.clone(), bytes.clone()));
+                    continue;
+                }
+                kept_below |= matches!(
+                    slot.writer.enqueue(meta.clone(), bytes.clone()),
                     Enqueued::Queued
                         | Enqueued::AlreadyPending
                         | Enqueued::WrittenInline(Ok(PutOutcome::Stored | PutOutcome::Duplicate))
-                ),
-                _ => false,
-            };
+                );
+            }
             match in_ram {
                 PutOutcome::Stored => report.stored += 1,
                 PutOutcome::Duplicate => report.duplicates += 1,
-                PutOutcome::Rejected(_) if queued || held_lower => report.stored_lower_only += 1,
+                PutOutcome::Rejected(_) if kept_below => report.stored_lower_only += 1,
                 PutOutcome::Rejected(why) => {
                     report.stopped = Some(why);
                     break;
                 }
             }
         }
-        // One job for the remote tier: the run becomes one object.
-        if let Some(r) = remote
-            && !for_remote.is_empty()
-        {
-            r.writer.enqueue_run(for_remote);
+        // One job per run-storing tier: the run becomes one object.
+        for (slot, run) in slots.iter().zip(runs) {
+            if !run.is_empty() {
+                slot.writer.enqueue_run(run);
+            }
         }
-        if let Some(lower) = lower.as_ref().filter(|_| ack > Ack::Queued) {
-            persist(lower.tier.as_ref(), &must_persist, ack)?;
+        if let Some(p) = persistent.filter(|_| durable) {
+            persist(p.tier.as_ref(), &must_persist, ack)?;
         }
         report.ack = ack;
         Ok(report)

@@ -231,12 +231,19 @@ impl PrefixIndex {
     /// Forgets that `tier` holds anything (it was detached); entries no other tier holds
     /// go. Returns how many blocks the tier was recorded as holding.
     pub fn clear_tier(&self, tier: TierKind) -> u64 {
+        self.clear_tier_with(tier, |_| {})
+    }
+
+    /// [`PrefixIndex::clear_tier`], calling `each` with every block it forgets for `tier`
+    /// (under the index's shard lock: `each` must be quick and must not call the index).
+    pub fn clear_tier_with(&self, tier: TierKind, mut each: impl FnMut(&BlockMeta)) -> u64 {
         let mut cleared = 0;
         self.map.for_each_mut(|shard| {
             shard.retain(|_, e| {
                 if e.tiers & tier.bit() != 0 {
                     cleared += 1;
                     e.tiers &= !tier.bit();
+                    each(&e.cold.meta);
                 }
                 e.tiers != 0
             });

@@ -30,7 +30,8 @@ use super::{BlockMeta, PutOutcome, Tier};
 use crate::hash::BlockHash;
 use crate::layout::LayoutDigest;
 use crate::snapshot::SnapshotKey;
-use crate::stats::prefixed;
+use crate::stats::Counter;
+use crate::stats::CounterKind::{Counter as C, Gauge as G};
 
 /// What to do when the queue stays full for the whole short wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,25 +103,24 @@ pub struct WriterStats {
     pub queue_depth: u64,
 }
 
+const OUTCOMES: &str = "A tier's write queue, by outcome";
+
 impl WriterStats {
-    /// The counters as `(name, value)` pairs prefixed `writer_`.
-    pub fn counters(&self) -> Vec<(String, u64)> {
-        prefixed(
-            "writer",
-            &[
-                ("enqueued", self.enqueued),
-                ("pending_dedup", self.pending_dedup),
-                ("saved", self.saved),
-                ("duplicate", self.duplicate),
-                ("rejected", self.rejected),
-                ("failed", self.failed),
-                ("sync_fallback", self.sync_fallback),
-                ("dropped_full", self.dropped_full),
-                ("dropped_closed", self.dropped_closed),
-                ("queue_depth", self.queue_depth),
-            ],
-        )
-    }
+    /// Every writer counter; names are prefixed `{tier}_writer_`, and the metrics carry a
+    /// `tier` label.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<WriterStats>] = &[
+        Counter { name: "enqueued", family: "writer_outcomes", label: Some(("outcome", "enqueued")), help: OUTCOMES, kind: C, read: |s| s.enqueued },
+        Counter { name: "pending_dedup", family: "writer_outcomes", label: Some(("outcome", "pending_dedup")), help: OUTCOMES, kind: C, read: |s| s.pending_dedup },
+        Counter { name: "saved", family: "writer_outcomes", label: Some(("outcome", "saved")), help: OUTCOMES, kind: C, read: |s| s.saved },
+        Counter { name: "duplicate", family: "writer_outcomes", label: Some(("outcome", "duplicate")), help: OUTCOMES, kind: C, read: |s| s.duplicate },
+        Counter { name: "rejected", family: "writer_outcomes", label: Some(("outcome", "rejected")), help: OUTCOMES, kind: C, read: |s| s.rejected },
+        Counter { name: "failed", family: "writer_outcomes", label: Some(("outcome", "failed")), help: OUTCOMES, kind: C, read: |s| s.failed },
+        Counter { name: "sync_fallback", family: "writer_outcomes", label: Some(("outcome", "sync_fallback")), help: OUTCOMES, kind: C, read: |s| s.sync_fallback },
+        Counter { name: "dropped_full", family: "writer_outcomes", label: Some(("outcome", "dropped_full")), help: OUTCOMES, kind: C, read: |s| s.dropped_full },
+        Counter { name: "dropped_closed", family: "writer_outcomes", label: Some(("outcome", "dropped_closed")), help: OUTCOMES, kind: C, read: |s| s.dropped_closed },
+        Counter { name: "queue_depth", family: "writer_queue_depth", label: None, help: "Blocks waiting in a tier's write queue", kind: G, read: |s| s.queue_depth },
+    ];
 }
 
 /// How a shutdown ended.

@@ -16,6 +16,7 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::Instant;
 
+use kvtier_core::tier::TierKind;
 use kvtier_core::{Ack, Engine, ExtraKeys, KvDtype, LayoutKey, Prompt, StoreOptions};
 
 use super::measure::{pattern, seconds};
@@ -159,7 +160,7 @@ pub fn rows(
         }
         // Every store must really be on the SSD tier: otherwise the figure measured
         // something else.
-        let held = e.stats().ssd.map_or(0, |t| t.stores);
+        let held = e.stats().tier(TierKind::Ssd).map_or(0, |t| t.stores);
         drop(e);
         let _ = std::fs::remove_dir_all(&dir);
         let expected = if want_c1 { n1 } else { 0 } + if want_c16 { n16 } else { 0 };

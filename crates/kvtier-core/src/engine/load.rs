@@ -1,0 +1,176 @@
+//! Loading blocks: RAM first, then down the tier stack, promoting hits as each tier's
+//! policy says.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use super::movement::Moved;
+use super::stack::Slot;
+use super::{Engine, Loaded};
+use crate::error::{Error, ErrorKind, Result};
+use crate::events::ResidencyEvent;
+use crate::hash::BlockHash;
+use crate::index::{BlockRef, Lookup};
+use crate::tier::writer::Enqueued;
+use crate::tier::{PutOutcome, Tier, TierKind};
+
+impl Engine {
+    /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
+    /// Each block is read from the fastest tier holding it: RAM first (a block may have
+    /// been promoted since the lookup), then each tier below in order. A tier that reads
+    /// runs (the remote tier) is asked for the whole run of following blocks no faster
+    /// tier holds, in one request. A block read below RAM is promoted as its tier's policy
+    /// says.
+    pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
+        let slots = self.stack.slots();
+        let mut blocks = Vec::with_capacity(refs.len());
+        let mut i = 0;
+        'blocks: while i < refs.len() {
+            let hash = refs[i].hash;
+            if let Some(b) = self.ram.get(&hash)? {
+                self.prefetcher.note_ram_hit(&hash);
+                blocks.push(b);
+                i += 1;
+                continue;
+            }
+            for (at, slot) in slots.iter().enumerate() {
+                if !slot.policy.runs {
+                    let Some(b) = slot.get(&hash)? else {
+                        continue;
+                    };
+                    self.promote(&slots, at, &hash, &b);
+                    blocks.push(b);
+                    i += 1;
+                    continue 'blocks;
+                }
+                // The run of blocks from here that no faster tier holds.
+                let faster = &slots[..at];
+                let held_faster = |h: &BlockHash| {
+                    self.ram.contains(h) || faster.iter().any(|s| s.tier.contains(h))
+                };
+                let end = (i + 1..refs.len())
+                    .find(|&j| held_faster(&refs[j].hash))
+                    .unwrap_or(refs.len());
+                let hashes: Vec<BlockHash> = refs[i..end].iter().map(|r| r.hash).collect();
+                let got = slot.get_run(&hashes)?;
+                if got.is_empty() {
+                    continue;
+                }
+                let n = got.len();
+                for (k, b) in got.into_iter().enumerate() {
+                    self.promote(&slots, at, &hashes[k], &b);
+                    blocks.push(b);
+                }
+                // A short run (the tier lost a block) goes on from the top with the block
+                // it lacked: the next loop ends the load unless some tier holds it.
+                i += n;
+                continue 'blocks;
+            }
+            break;
+        }
+        let complete = blocks.len() == refs.len();
+        Ok(Loaded { blocks, complete })
+    }
+
+    /// Promotes `bytes`, read from `slots[at]`, as that tier's policy says: into RAM
+    /// and/or queued for the faster tiers below RAM that lack it. Each move is counted by
+    /// its true source and destination. Best effort: a refused promotion fails no load.
+    pub(super) fn promote(
+        &self,
+        slots: &[std::sync::Arc<Slot>],
+        at: usize,
+        hash: &BlockHash,
+        bytes: &Bytes,
+    ) {
+        let from = &slots[at];
+        let (to_ram, fill) = (from.policy.promote_to_ram, from.policy.fill_faster);
+        if !to_ram && !fill {
+            return;
+        }
+        let Some(meta) = self.index.meta_of(hash) else {
+            return;
+        };
+        if to_ram && matches!(self.ram.put(&meta, bytes.clone()), Ok(PutOutcome::Stored)) {
+            self.movement
+                .count(Moved::Promoted, from.kind(), TierKind::Ram, 1);
+            self.observers.publish(|| ResidencyEvent::Promoted {
+                from: from.kind(),
+                to: TierKind::Ram,
+                block: meta.clone(),
+            });
+        }
+        if fill {
+            for faster in slots[..at].iter().filter(|s| !s.holds_or_queued(hash)) {
+                if matches!(
+                    faster.writer.enqueue(meta.clone(), bytes.clone()),
+                    Enqueued::Queued
+                ) {
+                    self.movement
+                        .count(Moved::Promoted, from.kind(), faster.kind(), 1);
+                    self.observers.publish(|| ResidencyEvent::Promoted {
+                        from: from.kind(),
+                        to: faster.kind(),
+                        block: meta.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
+    /// block, each a zero-copy slice when the block is in RAM). The page boundaries come
+    /// from the layout the lookup was made under, never from the caller.
+    pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
+        let layout = self.layout(lookup.layout)?;
+        let range = layout
+            .geometry()
+            .layer_range(layers.clone())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "layer range {}..{} is empty or past the layout's {} layers",
+                    layers.start,
+                    layers.end,
+                    layout.geometry().num_layers
+                ))
+            })?;
+        let mut blocks = Vec::with_capacity(lookup.blocks.len());
+        for r in &lookup.blocks {
+            match self.get_range(r, range.clone())? {
+                Some(b) => blocks.push(b),
+                None => {
+                    return Ok(Loaded {
+                        blocks,
+                        complete: false,
+                    });
+                }
+            }
+        }
+        Ok(Loaded {
+            blocks,
+            complete: true,
+        })
+    }
+
+    /// Bytes `range` of the block `r` names, from the tier the lookup found it in (or, not
+    /// written there yet, a slice of the queued bytes).
+    fn get_range(&self, r: &BlockRef, range: Range<u64>) -> Result<Option<Bytes>> {
+        if r.tier == TierKind::Ram {
+            return self.ram.get_range(&r.hash, range);
+        }
+        let slot = self.stack.find(r.tier).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("the {} tier is not attached", r.tier.name()),
+            )
+        })?;
+        if let Some(bytes) = slot.tier.get_range(&r.hash, range.clone())? {
+            return Ok(Some(bytes));
+        }
+        Ok(slot
+            .writer
+            .pending_payload(&r.hash)
+            .filter(|b| b.len() as u64 >= range.end)
+            .map(|b| b.slice(range.start as usize..range.end as usize)))
+    }
+}
