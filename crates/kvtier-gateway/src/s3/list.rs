@@ -19,7 +19,7 @@ use super::{etag, timestamp};
 use crate::store::{GatewayStore, ListPage, ListQuery, decode_token};
 
 /// The owner every object is listed with (one account per gateway).
-fn owner() -> Owner {
+pub(super) fn owner() -> Owner {
     Owner {
         display_name: Some("kvtier".into()),
         id: Some("kvtier".into()),
@@ -39,10 +39,10 @@ fn url_encode(s: &str) -> String {
 }
 
 /// How names go out: as stored, or percent-encoded.
-struct Names(bool);
+pub(super) struct Names(bool);
 
 impl Names {
-    fn of(encoding: Option<&EncodingType>) -> S3Result<Self> {
+    pub(super) fn of(encoding: Option<&EncodingType>) -> S3Result<Self> {
         match encoding.map(EncodingType::as_str) {
             None => Ok(Names(false)),
             Some(e) if e.eq_ignore_ascii_case("url") => Ok(Names(true)),
@@ -52,7 +52,7 @@ impl Names {
             )),
         }
     }
-    fn name(&self, s: &str) -> String {
+    pub(super) fn name(&self, s: &str) -> String {
         if self.0 { url_encode(s) } else { s.to_owned() }
     }
     fn opt(&self, s: Option<String>) -> Option<String> {

@@ -20,11 +20,12 @@ use s3s::dto::{
     CompleteMultipartUploadOutput, CreateBucketInput, CreateBucketOutput,
     CreateMultipartUploadInput, CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput,
     DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag,
-    GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput,
-    HeadObjectOutput, ListBucketsInput, ListBucketsOutput, ListObjectVersionsInput,
-    ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
-    ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput, PutObjectOutput,
-    Timestamp, UploadPartInput, UploadPartOutput,
+    GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectInput, GetObjectOutput,
+    HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput,
+    ListBucketsOutput, ListMultipartUploadsInput, ListMultipartUploadsOutput,
+    ListObjectVersionsInput, ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput,
+    ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput,
+    PutObjectOutput, Timestamp, UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -111,7 +112,15 @@ impl S3 for Gateway {
             ));
         }
         let location = format!("/{bucket}");
-        blocking(move || store.create_bucket(&bucket)).await?;
+        // Creating a bucket this account owns already answers 200 and changes nothing,
+        // as S3 answers in us-east-1 (the region this gateway reports); S3 elsewhere
+        // answers 409 `BucketAlreadyOwnedByYou`. The gateway has one account, so every
+        // existing bucket is the caller's own.
+        match blocking(move || store.create_bucket(&bucket)).await {
+            Ok(()) => {}
+            Err(e) if e.code() == &S3ErrorCode::BucketAlreadyOwnedByYou => {}
+            Err(e) => return Err(e),
+        }
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(location),
         }))
@@ -176,6 +185,13 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         object::head(self, req.input).map(S3Response::new)
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        object::attributes(self, req.input).map(S3Response::new)
     }
 
     async fn delete_object(
@@ -248,6 +264,13 @@ impl S3 for Gateway {
         let store = self.store.clone();
         blocking(move || store.abort_upload(&input.upload_id, &input.bucket, &input.key)).await?;
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        multipart::list_uploads(self, req.input).map(S3Response::new)
     }
 
     async fn list_parts(

@@ -1,9 +1,11 @@
-//! CreateMultipartUpload, UploadPart, CompleteMultipartUpload and ListParts.
+//! CreateMultipartUpload, UploadPart, CompleteMultipartUpload, ListParts and
+//! ListMultipartUploads.
 
 use s3s::dto::{
-    CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CreateMultipartUploadInput,
-    CreateMultipartUploadOutput, ListPartsInput, ListPartsOutput, Part, UploadPartInput,
-    UploadPartOutput,
+    CommonPrefix, CompleteMultipartUploadInput, CompleteMultipartUploadOutput,
+    CreateMultipartUploadInput, CreateMultipartUploadOutput, Initiator, ListMultipartUploadsInput,
+    ListMultipartUploadsOutput, ListPartsInput, ListPartsOutput, MultipartUpload, Part,
+    StorageClass, UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3Request, S3Result, s3_error};
 
@@ -11,6 +13,7 @@ use super::input::{
     check_key, check_md5, check_md5_form, check_metadata, kept_headers, stream_into,
     write_conditions,
 };
+use super::list::{Names, owner};
 use super::object::info_from;
 use super::{Gateway, blocking, etag, s3_err, timestamp};
 use crate::store::Completed;
@@ -161,5 +164,107 @@ pub(super) fn list_parts(gw: &Gateway, input: ListPartsInput) -> S3Result<ListPa
         is_truncated: Some(truncated),
         parts: Some(parts),
         ..ListPartsOutput::default()
+    })
+}
+
+/// ListMultipartUploads: the uploads in progress, by key then initiation, with `prefix`,
+/// `delimiter` (keys rolled up into common prefixes), `key-marker` / `upload-id-marker`,
+/// `max-uploads` (at most 1,000) and `encoding-type=url`.
+pub(super) fn list_uploads(
+    gw: &Gateway,
+    input: ListMultipartUploadsInput,
+) -> S3Result<ListMultipartUploadsOutput> {
+    let names = Names::of(input.encoding_type.as_ref())?;
+    let max = input.max_uploads.unwrap_or(1000);
+    if max < 0 {
+        return Err(s3_error!(
+            InvalidArgument,
+            "max-uploads must not be negative"
+        ));
+    }
+    let max = max.min(1000) as usize;
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+    let key_marker = input.key_marker.clone().unwrap_or_default();
+    let id_marker = input.upload_id_marker.clone().unwrap_or_default();
+    let found = gw
+        .store
+        .list_uploads(&input.bucket, &prefix, &key_marker, &id_marker)
+        .map_err(s3_err)?;
+    // A key marker that is a rolled-up prefix (the last entry of a previous page) skips
+    // every key under it.
+    let skip_under = delimiter
+        .as_deref()
+        .filter(|d| key_marker.ends_with(d) && id_marker.is_empty())
+        .map(|_| key_marker.clone());
+    let mut uploads = Vec::new();
+    let mut prefixes: Vec<String> = Vec::new();
+    let mut last: Option<(String, Option<String>)> = None;
+    let mut truncated = false;
+    for u in found {
+        if skip_under.as_deref().is_some_and(|p| u.key.starts_with(p)) {
+            continue;
+        }
+        let rolled = delimiter.as_deref().and_then(|d| {
+            let rest = &u.key[prefix.len()..];
+            rest.find(d)
+                .map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
+        });
+        if let Some(p) = &rolled
+            && prefixes.last() == Some(p)
+        {
+            continue;
+        }
+        if uploads.len() + prefixes.len() == max {
+            truncated = true;
+            break;
+        }
+        match rolled {
+            Some(p) => {
+                last = Some((p.clone(), None));
+                prefixes.push(p);
+            }
+            None => {
+                last = Some((u.key.clone(), Some(u.upload_id.clone())));
+                uploads.push(MultipartUpload {
+                    key: Some(names.name(&u.key)),
+                    upload_id: Some(u.upload_id),
+                    initiated: Some(timestamp(u.initiated_ms)),
+                    initiator: Some(Initiator {
+                        display_name: owner().display_name,
+                        id: owner().id,
+                    }),
+                    owner: Some(owner()),
+                    storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                    ..MultipartUpload::default()
+                });
+            }
+        }
+    }
+    let (next_key, next_id) = match (truncated, last) {
+        (true, Some((k, id))) => (Some(names.name(&k)), id),
+        _ => (None, None),
+    };
+    Ok(ListMultipartUploadsOutput {
+        bucket: Some(input.bucket),
+        prefix: Some(names.name(&prefix)),
+        delimiter: delimiter.map(|d| names.name(&d)),
+        key_marker: Some(names.name(&key_marker)),
+        upload_id_marker: Some(id_marker),
+        next_key_marker: next_key,
+        next_upload_id_marker: next_id,
+        max_uploads: Some(max as i32),
+        is_truncated: Some(truncated),
+        uploads: Some(uploads),
+        common_prefixes: (!prefixes.is_empty()).then(|| {
+            prefixes
+                .into_iter()
+                .map(|p| CommonPrefix {
+                    prefix: Some(names.name(&p)),
+                })
+                .collect()
+        }),
+        encoding_type: input.encoding_type,
+        ..ListMultipartUploadsOutput::default()
     })
 }

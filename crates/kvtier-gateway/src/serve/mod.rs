@@ -204,6 +204,7 @@ impl RunningGateway {
             service: builder.build(),
             body_timeout: config.body_timeout,
             refusals: refusals::Refusals::new(config.refusal_log_interval),
+            request_ids: wrap::RequestIds::new(),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.workers.max(1))

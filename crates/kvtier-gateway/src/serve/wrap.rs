@@ -16,9 +16,14 @@
 //!   character references, as S3 writes them; a 304 carries no body.
 //! - **Refusals** are logged, rate-limited (`refusals.rs`). A failed request whose body
 //!   may be unread closes its connection (`Connection: close`).
+//! - **Request ids**: every response carries `x-amz-request-id`, and an error's XML body
+//!   the same id in `<RequestId>`, as S3 answers (clients log it; support asks for it).
+//! - **GetObjectAttributes**: its `<ETag>` is written without quotes, as S3 writes it
+//!   there (s3s quotes every ETag element).
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,6 +47,35 @@ pub struct Shaper {
     pub service: S3Service,
     pub body_timeout: Duration,
     pub refusals: Refusals,
+    pub request_ids: RequestIds,
+}
+
+/// Request ids: a per-process starting point (time and process id, so that ids of two
+/// runs hardly ever meet) plus a counter; 16 hex digits, as S3's.
+#[derive(Debug)]
+pub struct RequestIds {
+    base: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    pub fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        // Spread the bits (a multiplicative hash) so consecutive starts differ widely.
+        let base =
+            (nanos ^ (u64::from(std::process::id()) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Self {
+            base,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016X}", self.base.wrapping_add(n))
+    }
 }
 
 /// A request body that fails when no frame arrives for a while.
@@ -188,12 +222,22 @@ impl Shaper {
     ) -> Result<Response<s3s::Body>, std::convert::Infallible> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
+        let attributes = req.method() == http::Method::GET
+            && req.uri().query().is_some_and(|q| {
+                q.split('&')
+                    .any(|kv| kv == "attributes" || kv == "attributes=")
+            });
         let res = self.shaped(req).await;
         let status = res.status().as_u16();
         if Refusals::is_refusal(status) {
             self.refusals.log(status, &method, &path, &peer);
         }
-        Ok(res)
+        let res = if attributes && res.status().is_success() {
+            unquote_etag(res)
+        } else {
+            res
+        };
+        Ok(with_request_id(res, &self.request_ids.next()))
     }
 
     async fn shaped(&self, req: Request<Incoming>) -> Response<s3s::Body> {
@@ -296,6 +340,67 @@ async fn gather(mut body: TimedBody, max: usize) -> Result<Bytes, String> {
     Ok(Bytes::from(buf))
 }
 
+/// Sets `x-amz-request-id`, and puts the same id in an XML error body (`<RequestId>`).
+fn with_request_id(res: Response<s3s::Body>, id: &str) -> Response<s3s::Body> {
+    let (mut parts, mut body) = res.into_parts();
+    if let Ok(v) = HeaderValue::from_str(id) {
+        parts.headers.insert("x-amz-request-id", v);
+    }
+    let xml = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|c| c.as_bytes().starts_with(b"application/xml"));
+    if parts.status.as_u16() >= 300
+        && xml
+        && let Some(bytes) = body.take_bytes()
+    {
+        let with_id = error_with_request_id(&bytes, id).unwrap_or_else(|| bytes.to_vec());
+        parts.headers.insert(
+            http::header::CONTENT_LENGTH,
+            HeaderValue::from(with_id.len()),
+        );
+        return Response::from_parts(parts, s3s::Body::from(with_id));
+    }
+    Response::from_parts(parts, body)
+}
+
+/// The error document `xml` with `<RequestId>id</RequestId>` before its `</Error>`, or
+/// `None` when it is no error document or already names a request id.
+fn error_with_request_id(xml: &[u8], id: &str) -> Option<Vec<u8>> {
+    const END: &[u8] = b"</Error>";
+    if xml.windows(11).any(|w| w == b"<RequestId>") {
+        return None;
+    }
+    let at = xml.windows(END.len()).rposition(|w| w == END)?;
+    let mut out = Vec::with_capacity(xml.len() + id.len() + 24);
+    out.extend_from_slice(&xml[..at]);
+    out.extend_from_slice(b"<RequestId>");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"</RequestId>");
+    out.extend_from_slice(&xml[at..]);
+    Some(out)
+}
+
+/// GetObjectAttributes' `<ETag>"x"</ETag>` written as S3 writes it: `<ETag>x</ETag>`.
+fn unquote_etag(res: Response<s3s::Body>) -> Response<s3s::Body> {
+    let (mut parts, mut body) = res.into_parts();
+    let Some(bytes) = body.take_bytes() else {
+        return Response::from_parts(parts, body);
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return Response::from_parts(parts, s3s::Body::from(bytes));
+    };
+    let out = text
+        .replace("<ETag>\"", "<ETag>")
+        .replace("\"</ETag>", "</ETag>")
+        .replace("<ETag>&quot;", "<ETag>")
+        .replace("&quot;</ETag>", "</ETag>");
+    parts
+        .headers
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+    Response::from_parts(parts, s3s::Body::from(out))
+}
+
 fn finish(res: Response<s3s::Body>, is_get: bool) -> Response<s3s::Body> {
     let (mut parts, mut body) = res.into_parts();
     if parts.status == StatusCode::NOT_MODIFIED {
@@ -355,5 +460,20 @@ mod tests {
         assert!(presigned_expiry_too_long(Some("X-Amz-Expires=609901&a=b")));
         assert!(!presigned_expiry_too_long(Some("X-Amz-Expires=604800")));
         assert!(!presigned_expiry_too_long(None));
+    }
+
+    #[test]
+    fn a_request_id_goes_into_error_documents_once() {
+        let doc = b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code></Error>";
+        assert_eq!(
+            error_with_request_id(doc, "AB12").as_deref(),
+            Some(&b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code><RequestId>AB12</RequestId></Error>"[..])
+        );
+        let named = b"<Error><RequestId>X</RequestId></Error>";
+        assert_eq!(error_with_request_id(named, "AB12"), None);
+        assert_eq!(error_with_request_id(b"<ListBucketResult/>", "AB12"), None);
+        let ids = RequestIds::new();
+        let (a, b) = (ids.next(), ids.next());
+        assert!(a != b && a.len() == 16 && b.len() == 16, "{a} {b}");
     }
 }

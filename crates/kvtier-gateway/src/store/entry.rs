@@ -90,6 +90,12 @@ pub struct ObjectInfo {
     /// answered like the first one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_id: Option<String>,
+    /// A completed multipart object's part sizes, in part order (part `n` is bytes
+    /// `sum(sizes[..n-1])..sum(sizes[..n])`), for GET and HEAD with `partNumber` and
+    /// GetObjectAttributes. Empty for a single PUT, and for multipart objects completed
+    /// before the field existed (their descriptions simply lack it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub part_sizes: Vec<u64>,
 }
 
 /// Response headers an object keeps (S3 returns them on GET and HEAD).
@@ -196,7 +202,7 @@ fn key_of(tag: u8, parts: &[&[u8]]) -> [u8; 32] {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests")]
+    #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
     use super::*;
 
     #[test]
@@ -223,6 +229,27 @@ mod tests {
         );
         // A garbage length is no entry, not a panic.
         assert_eq!(Entry::from_tail(&[0xff; 8], 8), Ok(None));
+    }
+
+    #[test]
+    fn descriptions_without_part_sizes_still_read_and_with_them_round_trip() {
+        // As written before part sizes were recorded.
+        let old = br#"{"t":"object","bucket":"b","key":"k","etag":"abc-2","modified_ms":5,"upload_id":"u"}"#;
+        let Entry::Object { info, .. } = serde_json::from_slice::<Entry>(old).unwrap() else {
+            panic!("not an object");
+        };
+        assert!(info.part_sizes.is_empty() && info.etag == "abc-2");
+        let e = Entry::Object {
+            bucket: "b".into(),
+            key: "k".into(),
+            info: ObjectInfo {
+                etag: "abc-2".into(),
+                part_sizes: vec![5 << 20, 7],
+                ..ObjectInfo::default()
+            },
+        };
+        let p = e.payload(b"");
+        assert_eq!(Entry::from_tail(&p, p.len() as u64), Ok(Some((e, 0))));
     }
 
     #[test]

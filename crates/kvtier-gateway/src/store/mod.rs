@@ -38,7 +38,7 @@ use parking_lot::{Mutex, RwLock};
 
 pub use entry::{Entry, Headers, ObjectInfo};
 pub use list::{ListPage, ListQuery, decode_token};
-pub use multipart::Completed;
+pub use multipart::{Completed, UploadView};
 pub use write::{EtagMatch, Precondition, ReadVerdict, RecordWriter};
 
 /// Why a store operation did not happen; each maps to one S3 error code.

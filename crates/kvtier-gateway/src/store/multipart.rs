@@ -17,6 +17,17 @@ use super::{
 /// Bytes of a part read (and verified) per step while completing.
 const COPY_STEP: u64 = 4 << 20;
 
+/// A multipart upload in progress, as ListMultipartUploads shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadView {
+    /// The key the upload will become.
+    pub key: String,
+    /// Its id.
+    pub upload_id: String,
+    /// When it was created, milliseconds since the Unix epoch.
+    pub initiated_ms: u64,
+}
+
 /// What a completion produced: the object, or (a retry) the object an earlier
 /// completion of the same upload produced.
 #[derive(Debug)]
@@ -162,6 +173,50 @@ impl GatewayStore {
         Ok((page, after.next().is_some()))
     }
 
+    /// Multipart uploads in progress in `bucket` whose key starts with `prefix`, ordered
+    /// by key and then by initiation, after (`key_marker`, `upload_id_marker`): with an
+    /// upload id marker naming an upload of `key_marker`, the uploads that follow it;
+    /// otherwise those whose key is greater than `key_marker`.
+    pub fn list_uploads(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        key_marker: &str,
+        upload_id_marker: &str,
+    ) -> StoreResult<Vec<UploadView>> {
+        let index = self.index.read();
+        if !index.buckets.contains_key(bucket) {
+            return Err(StoreError::NoSuchBucket);
+        }
+        let mut all: Vec<UploadView> = index
+            .uploads
+            .iter()
+            .filter(|(_, u)| u.bucket == bucket && u.key.starts_with(prefix))
+            .map(|(id, u)| UploadView {
+                key: u.key.clone(),
+                upload_id: id.clone(),
+                initiated_ms: u.info.modified_ms,
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            (&a.key, a.initiated_ms, &a.upload_id).cmp(&(&b.key, b.initiated_ms, &b.upload_id))
+        });
+        let after = all
+            .iter()
+            .position(|u| {
+                !upload_id_marker.is_empty()
+                    && u.key == key_marker
+                    && u.upload_id == upload_id_marker
+            })
+            .map(|i| i + 1);
+        let from = match after {
+            Some(i) => i,
+            None => all.partition_point(|u| u.key.as_str() <= key_marker),
+        };
+        all.drain(..from);
+        Ok(all)
+    }
+
     /// Drops an upload and its parts.
     pub fn abort_upload(&self, upload_id: &str, bucket: &str, key: &str) -> StoreResult<()> {
         let _p = self.publish.lock();
@@ -245,6 +300,7 @@ impl GatewayStore {
             etag: etag.clone(),
             modified_ms: now_ms(),
             upload_id: Some(upload_id.to_owned()),
+            part_sizes: parts.iter().map(|(_, v)| v.size).collect(),
             ..info
         };
         let mut w = self.begin_object(bucket, key, total, &info, etag.len())?;
