@@ -105,10 +105,10 @@ fn gemma_rows(
 
     // The same through `kvtier serve` on loopback, where the load is a network stream.
     let dir = std::env::temp_dir().join(format!("kvtier-bench-served-{}", std::process::id()));
-    let settings = kvtier_server::config::Settings {
+    let settings = kvtier_node::Settings {
         listen: ([127, 0, 0, 1], 0).into(),
         data_dir: dir.clone(),
-        ram: kvtier_server::units::ByteSize(1 << 30),
+        ram: kvtier_node::units::ByteSize(1 << 30),
         ..Default::default()
     };
     let served = LocalServer::start(settings).and_then(|server| {

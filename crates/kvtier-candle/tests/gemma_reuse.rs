@@ -19,7 +19,7 @@ use kvtier_candle::prompts::{system_prompt, user_turn};
 use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, TurnReport};
 use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, KvDtype};
-use kvtier_server::config::Settings;
+use kvtier_node::Settings;
 
 /// Tokens decoded after each restore.
 const DECODE: usize = 32;
@@ -113,7 +113,7 @@ fn settings(dir: &std::path::Path) -> Settings {
 
 /// An engine with RAM and the SSD tier on `dir`, as `kvtier serve` builds it.
 fn ssd_engine(dir: &std::path::Path) -> Arc<Engine> {
-    kvtier_server::state::AppState::open(settings(dir))
+    kvtier_node::Node::open(settings(dir))
         .unwrap()
         .engine
         .clone()

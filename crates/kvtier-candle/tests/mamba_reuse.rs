@@ -19,7 +19,7 @@ use kvtier_candle::mamba::{MambaModel, synthetic_config, write_synthetic};
 use kvtier_candle::prompts::{system_prompt, user_turn};
 use kvtier_candle::reuse::{Backend, LocalServer, MambaRunner, MambaTurn};
 use kvtier_core::Engine;
-use kvtier_server::config::Settings;
+use kvtier_node::Settings;
 
 const DECODE: usize = 32;
 
@@ -117,8 +117,7 @@ fn ssd_settings(dir: &std::path::Path) -> Settings {
 #[ignore = "run by turn_two_restores_from_ssd_after_a_process_restart in a child process"]
 fn mamba_turn_one_in_a_child_process() {
     let dir = std::env::var(CHILD_DIR).expect("only run as a child");
-    let app =
-        kvtier_server::state::AppState::open(ssd_settings(std::path::Path::new(&dir))).unwrap();
+    let app = kvtier_node::Node::open(ssd_settings(std::path::Path::new(&dir))).unwrap();
     let runner =
         MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();
     let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
@@ -144,7 +143,7 @@ fn turn_two_restores_from_ssd_after_a_process_restart() {
         .status()
         .unwrap();
     assert!(status.success(), "the first process failed: {status}");
-    let app = kvtier_server::state::AppState::open(ssd_settings(dir.path())).unwrap();
+    let app = kvtier_node::Node::open(ssd_settings(dir.path())).unwrap();
     assert_eq!(app.engine.stats().snapshot.resident_entries, 0);
     let mut runner =
         MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();

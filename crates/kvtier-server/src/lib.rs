@@ -1,21 +1,21 @@
 //! `kvtier serve`: the engine as a per-replica daemon (seed 001's layer 2) for inference
 //! engines that do not embed the crate.
 //!
-//! - [`config`]: settings from defaults, a TOML file, environment and flags.
+//! - [`config`], [`units`]: the settings, defined once in `kvtier-node` and re-exported.
 //! - `routes`: the HTTP API (docs/API.md) — data endpoints, admin control plane, health.
 //! - [`metrics`]: Prometheus exposition of every engine counter and request latencies.
-//! - [`state`]: the engine and the SSD tier's open / reattach.
+//! - [`state`]: the node (`kvtier-node`) and the metrics every handler shares.
 //! - [`listen`]: connections, with timeouts and a cap.
 //! - [`serve`]: start, graceful shutdown.
 
-pub mod config;
 pub mod error;
 pub mod listen;
 pub mod metrics;
 mod routes;
 pub mod serve;
 pub mod state;
-pub mod units;
 
-pub use config::{ServeArgs, Settings};
+pub use kvtier_node::settings as config;
+pub use kvtier_node::units;
+pub use kvtier_node::{ServeArgs, Settings};
 pub use serve::{Running, Stopped, run};

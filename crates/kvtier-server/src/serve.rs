@@ -58,7 +58,7 @@ impl Running {
     pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let app = self.app;
         let (deadline, limits) = {
-            let s = app.settings.read();
+            let s = app.node.settings.read();
             let limits = Limits {
                 max_connections: listen::reserve_descriptors(s.max_connections),
                 header_timeout: s.header_timeout.0,
@@ -86,7 +86,7 @@ impl Running {
             );
         }
         let engine = app.engine.clone();
-        let drain = app.settings.read().ssd.drain_timeout.0;
+        let drain = app.node.settings.read().ssd.drain_timeout.0;
         let report = tokio::task::spawn_blocking(move || engine.shutdown(drain))
             .await
             .ok()

@@ -1,181 +1,35 @@
-//! What every request handler shares: the engine, the settings in force, the metrics.
+//! What every request handler shares: the node (engine and settings), the metrics.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use kvtier_core::clock::SystemClock;
-use kvtier_core::tier::writer::{Overflow, WriterConfig};
-use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
-use kvtier_core::{Engine, PersistConfig, PersistMode, Reattached, TierOpener};
-use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
-use parking_lot::{Mutex, RwLock};
+use kvtier_core::Engine;
+use kvtier_node::{Node, Settings};
 
-use crate::config::{OverflowName, Settings, SsdMode, SsdSettings};
 use crate::metrics::Metrics;
-
-/// How often the SSD tier enforces budgets and TTL in the background.
-const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
 
 /// Shared by all handlers.
 pub struct AppState {
-    /// The engine.
+    /// The engine (the node's, kept here for the handlers' convenience).
     pub engine: Arc<Engine>,
-    /// Settings in force (admin calls change the SSD part).
-    pub settings: RwLock<Settings>,
+    /// The node: engine, settings in force, SSD recovery report.
+    pub node: Arc<Node>,
     /// Request metrics.
     pub metrics: Metrics,
-    /// What the SSD tier's recovery found when it was last opened.
-    pub recovery: Arc<Mutex<Option<RecoveryReport>>>,
     /// One admin change at a time.
     pub admin: tokio::sync::Mutex<()>,
-    /// How the run before this one ended, read when the SSD tier was first opened: true
-    /// after a clean shutdown, false after a partial flush or a crash (the store holds
-    /// data but no shutdown record), `None` on a first start or without an SSD tier.
-    pub previous_shutdown_clean: Option<bool>,
 }
 
 impl AppState {
-    /// Builds the engine: RAM, and the SSD tier when enabled (recovering what its
-    /// directory holds).
+    /// Assembles the node (see [`Node::open`]) and the metrics over it.
     pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
-        let recovery = Arc::new(Mutex::new(None));
-        let mut builder = Engine::builder()
-            .ram(RamConfig {
-                capacity_bytes: settings.ram.0,
-            })
-            .max_tokens(settings.max_tokens);
-        if settings.ssd.enabled {
-            let dir = settings.ssd_dir();
-            let (persist, open) = ssd_opener(&settings.ssd, dir, recovery.clone());
-            builder = builder.persistent_tier(persist, open);
-        }
-        if !settings.remote.endpoints.is_empty() {
-            let r = &settings.remote;
-            let mut config = kvtier_remote::RemoteConfig::new(
-                r.endpoints
-                    .iter()
-                    .map(|url| {
-                        let mut e = kvtier_remote::Endpoint::new(url.clone(), r.bucket.clone());
-                        e.region = r.region.clone();
-                        e.access_key = r.access_key.clone();
-                        e.secret_key = r.secret_key.clone();
-                        e
-                    })
-                    .collect(),
-            );
-            config.prefix = r.prefix.clone();
-            config.deadline = r.deadline.0;
-            let attach = kvtier_core::engine::RemoteAttach {
-                promote_to_ssd: r.promote_to_ssd,
-                ..kvtier_core::engine::RemoteAttach::default()
-            };
-            builder = builder.remote_tier(attach, move |sink| {
-                Ok(Arc::new(kvtier_remote::RemoteTier::open(config, sink)?))
-            });
-        }
-        let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
+        let node = Node::open(settings)?;
         let metrics = Metrics::new();
-        metrics.attach(&engine, recovery.clone());
-        // No shutdown record: a first start if the store held nothing, a crash otherwise.
-        let existed = recovery
-            .lock()
-            .as_ref()
-            .is_some_and(|r| r.segments > 0 || r.removed_files > 0 || r.records > 0);
-        let previous_shutdown_clean = match engine.previous_shutdown_clean() {
-            Some(clean) => Some(clean),
-            None if existed => Some(false),
-            None => None,
-        };
+        metrics.attach(&node.engine, node.recovery.clone());
         Ok(Arc::new(Self {
-            previous_shutdown_clean,
-            engine,
-            settings: RwLock::new(settings),
+            engine: node.engine.clone(),
+            node,
             metrics,
-            recovery,
             admin: tokio::sync::Mutex::new(()),
         }))
     }
-
-    /// Quiesce, drain, close and reopen the SSD tier with `ssd` (or leave it detached
-    /// when `ssd.enabled` is false). Blocking: call from a blocking thread.
-    pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, String> {
-        let (drain, dir, old, old_dir) = {
-            let s = self.settings.read();
-            (
-                s.ssd.drain_timeout.0,
-                ssd.dir_under(&s.data_dir),
-                s.ssd.clone(),
-                s.ssd_dir(),
-            )
-        };
-        let new = ssd
-            .enabled
-            .then(|| ssd_opener(&ssd, dir, self.recovery.clone()));
-        if new.is_none() {
-            *self.recovery.lock() = None;
-        }
-        // If the new tier does not open, the old one (same settings, same directory) is
-        // opened again in the same quiesce: a failed change never leaves the server
-        // silently without its SSD.
-        let restore = old
-            .enabled
-            .then(|| ssd_opener(&old, old_dir, self.recovery.clone()));
-        let result = self
-            .engine
-            .reattach_persistent_or_restore(new, restore, drain)
-            .map_err(|e| e.to_string());
-        // Record what is in force: the new settings if attached; the old ones if they were
-        // restored; detached otherwise.
-        let mut s = self.settings.write();
-        match &result {
-            Ok(_) => s.ssd = ssd,
-            Err(_) if self.engine.persistent().is_some() => {}
-            Err(_) => s.ssd.enabled = false,
-        }
-        result
-    }
-}
-
-/// The engine's view of the SSD settings, and the function that opens the tier.
-fn ssd_opener(
-    ssd: &SsdSettings,
-    dir: std::path::PathBuf,
-    recovery: Arc<Mutex<Option<RecoveryReport>>>,
-) -> (PersistConfig, TierOpener) {
-    let persist = PersistConfig {
-        ack: ssd.durability.ack(),
-        mode: match ssd.mode {
-            SsdMode::WriteThrough => PersistMode::WriteThrough,
-            SsdMode::EvictOnly => PersistMode::EvictOnly,
-        },
-        promote_on_hit: ssd.promote_on_hit,
-        prefetch: ssd.prefetch,
-        writer: WriterConfig {
-            queue_len: ssd.queue_len.max(1),
-            wait: ssd.writer_wait.0,
-            overflow: match ssd.overflow {
-                OverflowName::SyncWrite => Overflow::SyncWrite,
-                OverflowName::Drop => Overflow::Drop,
-            },
-        },
-    };
-    let mut config = SsdConfig::new(dir);
-    config.capacity_bytes = ssd.capacity.0;
-    config.namespace_bytes = ssd.namespace_budget.map(|b| b.0);
-    config.ttl = ssd.ttl.0;
-    config.min_free_bytes = ssd.min_free.0;
-    // Syncs are the engine's business (a `synced` store waits for a group commit): the
-    // store itself never syncs per write.
-    config.store.durability = Durability::Persistent {
-        retries: ssd.retries,
-    };
-    let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
-        let tier = Arc::new(SsdTier::open(config, Arc::new(SystemClock::new()), sink)?);
-        *recovery.lock() = Some(tier.recovery_report().clone());
-        if let Err(e) = SsdTier::spawn_maintenance(&tier, MAINTENANCE_EVERY) {
-            tracing::warn!(error = %e, "cannot start the SSD maintenance thread; budgets are enforced on writes only");
-        }
-        Ok(tier as Arc<dyn Tier>)
-    });
-    (persist, open)
 }

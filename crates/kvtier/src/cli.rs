@@ -20,7 +20,7 @@ enum Command {
     /// Run kvtier as a daemon: RAM + SSD under a data directory, with the network API,
     /// Prometheus metrics, health and the admin control plane (docs/API.md). Settings come
     /// from defaults, then --config FILE, then environment variables and flags.
-    Serve(Box<kvtier_server::ServeArgs>),
+    Serve(Box<kvtier_node::ServeArgs>),
     /// Serve an S3-compatible object store (kvtier's shared data plane) from a local
     /// directory: buckets, PUT/GET with ranges, listings, multipart, SigV4
     /// (docs/gateway.md). Prints `listening on http://ADDR`; stops on SIGINT/SIGTERM.
@@ -122,7 +122,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn serve(args: &kvtier_server::ServeArgs) -> anyhow::Result<()> {
+fn serve(args: &kvtier_node::ServeArgs) -> anyhow::Result<()> {
     let settings = args.settings().map_err(anyhow::Error::msg)?;
     if args.print_config {
         print!(

@@ -46,17 +46,17 @@ pub struct DemoReport {
     pub rows: Vec<PhaseSummary>,
 }
 
-fn settings_for(dir: &Path) -> kvtier_server::config::Settings {
-    kvtier_server::config::Settings {
+fn settings_for(dir: &Path) -> kvtier_node::Settings {
+    kvtier_node::Settings {
         listen: ([127, 0, 0, 1], 0).into(),
         data_dir: dir.to_path_buf(),
-        ram: kvtier_server::units::ByteSize(2 << 30),
+        ram: kvtier_node::units::ByteSize(2 << 30),
         ..Default::default()
     }
 }
 
 fn embedded(dir: &Path) -> Result<Arc<kvtier_core::Engine>> {
-    let app = kvtier_server::state::AppState::open(settings_for(dir)).map_err(Error::Invalid)?;
+    let app = kvtier_node::Node::open(settings_for(dir)).map_err(Error::Invalid)?;
     Ok(app.engine.clone())
 }
 

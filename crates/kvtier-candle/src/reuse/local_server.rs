@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
 
-use kvtier_server::config::Settings;
+use kvtier_node::Settings;
 use kvtier_server::serve::{Running, Stopped};
 
 use crate::{Error, Result};

@@ -6,8 +6,8 @@
     reason = "test code; not every test file uses every helper"
 )]
 
-use kvtier_server::config::Settings;
-use kvtier_server::units::ByteSize;
+use kvtier_node::Settings;
+use kvtier_node::units::ByteSize;
 
 /// Server (and embedded SSD) settings on `dir`: loopback on a free port, the SSD tier on,
 /// `ram` bytes of RAM, no free-space watermark (the test disk may be nearly full).

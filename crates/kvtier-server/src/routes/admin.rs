@@ -69,10 +69,10 @@ pub async fn ssd(
 ) -> Result<Json<SsdAdminAnswer>, ApiError> {
     let req: SsdAdmin = input::json(&read_body(body, ADMIN_BODY_LIMIT).await?)?;
     let _one_at_a_time = app.admin.lock().await;
-    let next = next_settings(&app.settings.read().ssd, &req)?;
+    let next = next_settings(&app.node.settings.read().ssd, &req)?;
     let worker = app.clone();
     let done = blocking(move || {
-        worker.reattach_ssd(next).map_err(|e| {
+        worker.node.reattach_ssd(next).map_err(|e| {
             ApiError::new(
                 axum::http::StatusCode::UNPROCESSABLE_ENTITY,
                 "reattach_failed",
@@ -82,7 +82,7 @@ pub async fn ssd(
     })
     .await?;
     let ssd = {
-        let s = app.settings.read();
+        let s = app.node.settings.read();
         s.ssd.enabled.then(|| {
             let mut shown = serde_json::to_value(&s.ssd).unwrap_or_default();
             if let Some(obj) = shown.as_object_mut() {
@@ -106,7 +106,7 @@ pub async fn ssd(
 
 /// `POST /admin/flush`: waits until everything queued for the SSD is written.
 pub async fn flush(State(app): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
-    let timeout = app.settings.read().ssd.drain_timeout.0;
+    let timeout = app.node.settings.read().ssd.drain_timeout.0;
     let engine = app.engine.clone();
     let drained = blocking(move || Ok(engine.flush(timeout))).await?;
     Ok(Json(serde_json::json!({ "drained": drained })))

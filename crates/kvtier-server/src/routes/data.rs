@@ -24,7 +24,7 @@ use crate::state::AppState;
 type App = State<Arc<AppState>>;
 
 fn limit(app: &AppState) -> u64 {
-    app.settings.read().max_body.0
+    app.node.settings.read().max_body.0
 }
 
 /// `POST /v1/layouts`: registers a layout (idempotent).
@@ -143,7 +143,7 @@ pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
         ));
     }
     let count = req.handles.len() / HANDLE_HEX_LEN;
-    let most = app.settings.read().max_tokens / layout.tokens_per_block();
+    let most = app.node.settings.read().max_tokens / layout.tokens_per_block();
     if count > most {
         return Err(ApiError::bad(
             "too_many_blocks",

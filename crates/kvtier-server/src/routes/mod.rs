@@ -102,7 +102,7 @@ async fn not_found() -> ApiError {
 /// All routes over `app`.
 pub fn router(app: Arc<AppState>) -> Router {
     let (data_guard, admin_guard) = {
-        let auth = &app.settings.read().auth;
+        let auth = &app.node.settings.read().auth;
         let data = auth
             .data_token
             .as_deref()

@@ -27,7 +27,7 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         tiers,
-        previous_shutdown_clean: app.previous_shutdown_clean,
+        previous_shutdown_clean: app.node.previous_shutdown_clean,
         ssd_write_failures,
     })
 }

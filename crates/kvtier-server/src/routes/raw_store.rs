@@ -71,7 +71,7 @@ pub async fn store_raw(
         .parse()
         .map_err(|_| ApiError::bad("bad_query", "the durability parameter is not URI text"))?;
     let ack = data::asked_ack(&passed)?;
-    let limit = app.settings.read().max_body.0;
+    let limit = app.node.settings.read().max_body.0;
     let payload = read_body(body, limit).await?;
     let head = serde_json::to_vec(&spec).map_err(|e| {
         ApiError::new(

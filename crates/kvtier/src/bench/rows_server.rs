@@ -21,7 +21,7 @@ use bytes::Bytes;
 use kvtier_client::Client;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec};
-use kvtier_server::Settings;
+use kvtier_node::Settings;
 
 use super::measure::pattern;
 use super::{Effort, Row};

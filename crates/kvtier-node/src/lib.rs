@@ -1,0 +1,17 @@
+//! kvtier-node: how a kvtier node is assembled, in one place for every front end —
+//! `kvtier serve`, `kvtier demo`, `kvtier bench`, the model crates and the coming Python
+//! package.
+//!
+//! - [`settings`]: every setting, defined once with its default: serde for files
+//!   (`--print-config` prints it back as written), clap for flags and environment.
+//! - [`units`]: sizes and durations in human units that round-trip as written (`2GB` stays
+//!   `2GB`).
+//! - [`node`]: settings → a running engine with its tiers and background work, and the
+//!   live SSD change.
+
+pub mod node;
+pub mod settings;
+pub mod units;
+
+pub use node::Node;
+pub use settings::{ServeArgs, Settings};
