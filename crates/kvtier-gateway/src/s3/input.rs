@@ -201,3 +201,29 @@ pub async fn stream_into(
         }
     }
 }
+
+/// What a request's canned ACL (`x-amz-acl`) asks of an object or bucket: whether it is
+/// `public-read`. With one account, `private`, `authenticated-read`,
+/// `bucket-owner-read` and `bucket-owner-full-control` all mean "the owner only", as
+/// nothing but the owner can authenticate. Anything that would let someone else write
+/// (`public-read-write`), `aws-exec-read`, and explicit grants (`x-amz-grant-*`) are
+/// refused with 501 rather than ignored.
+pub fn canned_public_read(acl: Option<&str>, grants: &[Option<&String>]) -> S3Result<bool> {
+    if grants.iter().any(Option::is_some) {
+        return Err(s3_error!(
+            NotImplemented,
+            "x-amz-grant-* headers are not supported; use a canned ACL (private or public-read)"
+        ));
+    }
+    match acl.map(str::trim) {
+        None
+        | Some(
+            "private" | "authenticated-read" | "bucket-owner-read" | "bucket-owner-full-control",
+        ) => Ok(false),
+        Some("public-read") => Ok(true),
+        Some(other) => Err(s3_error!(
+            NotImplemented,
+            "the canned ACL {other:?} is not supported here (private and public-read are)"
+        )),
+    }
+}

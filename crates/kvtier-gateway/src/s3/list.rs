@@ -9,13 +9,86 @@
 //! - `fetch-owner=true` (v2) adds the owner to each entry; v1 always does.
 
 use s3s::dto::{
-    CommonPrefix, EncodingType, ListObjectVersionsInput, ListObjectVersionsOutput,
-    ListObjectsInput, ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, ObjectVersion,
-    Owner,
+    Bucket, CommonPrefix, EncodingType, ListBucketsInput, ListBucketsOutput,
+    ListObjectVersionsInput, ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput,
+    ListObjectsV2Input, ListObjectsV2Output, ObjectVersion, Owner,
 };
 use s3s::{S3Result, s3_error};
 
 use super::{etag, timestamp};
+
+/// ListBuckets: by name, with `prefix`, `max-buckets` (1..=10,000; without it every
+/// bucket) and a continuation token naming the last bucket of the previous page.
+pub(super) fn buckets(
+    store: &GatewayStore,
+    input: ListBucketsInput,
+) -> S3Result<ListBucketsOutput> {
+    let max = match input.max_buckets {
+        None => usize::MAX,
+        Some(n) if (1..=10_000).contains(&n) => n as usize,
+        Some(_) => {
+            return Err(s3_error!(
+                InvalidArgument,
+                "max-buckets must be between 1 and 10000"
+            ));
+        }
+    };
+    let after = match input
+        .continuation_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    {
+        None => None,
+        Some(t) => Some(decode_bucket_token(t).ok_or_else(|| {
+            s3_error!(
+                InvalidArgument,
+                "The continuation token provided is incorrect"
+            )
+        })?),
+    };
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let mut matching = store
+        .buckets()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(&prefix))
+        .filter(|(name, _)| after.as_ref().is_none_or(|a| name > a));
+    let page: Vec<(String, u64)> = matching.by_ref().take(max).collect();
+    let more = matching.next().is_some();
+    let next = if more {
+        page.last().map(|(name, _)| bucket_token(name))
+    } else {
+        None
+    };
+    Ok(ListBucketsOutput {
+        buckets: Some(
+            page.into_iter()
+                .map(|(name, ms)| Bucket {
+                    name: Some(name),
+                    creation_date: Some(timestamp(ms)),
+                    ..Bucket::default()
+                })
+                .collect(),
+        ),
+        continuation_token: next,
+        owner: Some(owner()),
+        prefix: input.prefix,
+    })
+}
+
+/// A ListBuckets continuation token: the last bucket name, hex (a bucket name is ASCII).
+fn bucket_token(name: &str) -> String {
+    kvtier_core::hash::hex(name.as_bytes())
+}
+
+fn decode_bucket_token(token: &str) -> Option<String> {
+    if !token.len().is_multiple_of(2) {
+        return None;
+    }
+    let raw: Option<Vec<u8>> = (0..token.len() / 2)
+        .map(|i| u8::from_str_radix(token.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(raw?).ok()
+}
 use crate::store::{GatewayStore, ListPage, ListQuery, decode_token};
 
 /// The owner every object is listed with (one account per gateway).

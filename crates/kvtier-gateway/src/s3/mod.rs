@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use s3s::dto::{
-    AbortMultipartUploadInput, AbortMultipartUploadOutput, Bucket, CompleteMultipartUploadInput,
-    CompleteMultipartUploadOutput, CreateBucketInput, CreateBucketOutput,
-    CreateMultipartUploadInput, CreateMultipartUploadOutput, DeleteBucketInput, DeleteBucketOutput,
-    DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, ETag,
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, BucketLocationConstraint,
+    CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CreateBucketInput,
+    CreateBucketOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput, DeleteBucketInput,
+    DeleteBucketOutput, DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput,
+    DeleteObjectsOutput, ETag, GetBucketLocationInput, GetBucketLocationOutput,
     GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectInput, GetObjectOutput,
     HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput,
     ListBucketsOutput, ListMultipartUploadsInput, ListMultipartUploadsOutput,
@@ -30,6 +31,7 @@ use s3s::dto::{
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 pub use input::{MAX_KEY_BYTES, MAX_METADATA_BYTES, check_key};
+pub use object::access_denied;
 
 use crate::serve::Counters;
 use crate::store::{GatewayStore, StoreError};
@@ -39,12 +41,31 @@ use crate::store::{GatewayStore, StoreError};
 pub struct Gateway {
     store: Arc<GatewayStore>,
     counters: Arc<Counters>,
+    /// Requests are authenticated (SigV4): a request without credentials is anonymous
+    /// and reads only `public-read` objects. Without authentication (`--auth none`)
+    /// every request acts as the owner.
+    authenticated: bool,
 }
 
 impl Gateway {
-    /// Serves `store`, counting into `counters`.
+    /// Serves `store`, counting into `counters`, every request acting as the owner (no
+    /// authentication).
     pub fn with_counters(store: Arc<GatewayStore>, counters: Arc<Counters>) -> Self {
-        Self { store, counters }
+        Self {
+            store,
+            counters,
+            authenticated: false,
+        }
+    }
+
+    /// Requests are authenticated: those without credentials are anonymous.
+    pub fn authenticated(mut self) -> Self {
+        self.authenticated = true;
+        self
+    }
+
+    fn anonymous<T>(&self, req: &S3Request<T>) -> bool {
+        self.authenticated && req.credentials.is_none()
     }
 }
 
@@ -102,7 +123,34 @@ impl S3 for Gateway {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let store = self.store.clone();
-        let bucket = req.input.bucket;
+        let input = req.input;
+        let public_read = input::canned_public_read(
+            input.acl.as_ref().map(|a| a.as_str()),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
+        )?;
+        let location = input
+            .create_bucket_configuration
+            .and_then(|c| c.location_constraint)
+            .map(|l| l.as_str().to_owned())
+            .filter(|l| !l.is_empty() && l != "us-east-1");
+        if let Some(l) = &location
+            && (l.len() > 64
+                || !l
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':')))
+        {
+            return Err(s3_error!(
+                InvalidLocationConstraint,
+                "The specified location-constraint is not valid"
+            ));
+        }
+        let bucket = input.bucket;
         // The same rules as `--create-bucket`: a name some client cannot address (by path
         // or virtual host) is refused rather than created.
         if !crate::cli::valid_bucket_name(&bucket) {
@@ -111,18 +159,18 @@ impl S3 for Gateway {
                 "The specified bucket is not valid."
             ));
         }
-        let location = format!("/{bucket}");
+        let path = format!("/{bucket}");
         // Creating a bucket this account owns already answers 200 and changes nothing,
         // as S3 answers in us-east-1 (the region this gateway reports); S3 elsewhere
         // answers 409 `BucketAlreadyOwnedByYou`. The gateway has one account, so every
         // existing bucket is the caller's own.
-        match blocking(move || store.create_bucket(&bucket)).await {
+        match blocking(move || store.create_bucket_with(&bucket, public_read, location)).await {
             Ok(()) => {}
             Err(e) if e.code() == &S3ErrorCode::BucketAlreadyOwnedByYou => {}
             Err(e) => return Err(e),
         }
         Ok(S3Response::new(CreateBucketOutput {
-            location: Some(location),
+            location: Some(path),
         }))
     }
 
@@ -146,24 +194,23 @@ impl S3 for Gateway {
         Ok(S3Response::new(DeleteBucketOutput::default()))
     }
 
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let Some(location) = self.store.bucket_location(&req.input.bucket) else {
+            return Err(s3_err(StoreError::NoSuchBucket));
+        };
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint: location.map(BucketLocationConstraint::from),
+        }))
+    }
+
     async fn list_buckets(
         &self,
-        _req: S3Request<ListBucketsInput>,
+        req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        let buckets = self
-            .store
-            .buckets()
-            .into_iter()
-            .map(|(name, ms)| Bucket {
-                name: Some(name),
-                creation_date: Some(timestamp(ms)),
-                ..Bucket::default()
-            })
-            .collect();
-        Ok(S3Response::new(ListBucketsOutput {
-            buckets: Some(buckets),
-            ..ListBucketsOutput::default()
-        }))
+        list::buckets(&self.store, req.input).map(S3Response::new)
     }
 
     async fn put_object(
@@ -177,14 +224,16 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        object::get(self, req.input).map(S3Response::new)
+        let anonymous = self.anonymous(&req);
+        object::get(self, req.input, anonymous).map(S3Response::new)
     }
 
     async fn head_object(
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        object::head(self, req.input).map(S3Response::new)
+        let anonymous = self.anonymous(&req);
+        object::head(self, req.input, anonymous).map(S3Response::new)
     }
 
     async fn get_object_attributes(

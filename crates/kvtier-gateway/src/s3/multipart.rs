@@ -10,8 +10,8 @@ use s3s::dto::{
 use s3s::{S3Request, S3Result, s3_error};
 
 use super::input::{
-    check_key, check_md5, check_md5_form, check_metadata, kept_headers, stream_into,
-    write_conditions,
+    canned_public_read, check_key, check_md5, check_md5_form, check_metadata, kept_headers,
+    stream_into, write_conditions,
 };
 use super::list::{Names, owner};
 use super::object::info_from;
@@ -24,6 +24,15 @@ pub(super) async fn create(
 ) -> S3Result<CreateMultipartUploadOutput> {
     check_key(&input.key)?;
     check_metadata(input.metadata.as_ref())?;
+    let public_read = canned_public_read(
+        input.acl.as_ref().map(|a| a.as_str()),
+        &[
+            input.grant_full_control.as_ref(),
+            input.grant_read.as_ref(),
+            input.grant_read_acp.as_ref(),
+            input.grant_write_acp.as_ref(),
+        ],
+    )?;
     let headers = kept_headers(
         input.cache_control,
         input.content_disposition,
@@ -31,11 +40,14 @@ pub(super) async fn create(
         input.content_language,
         input.expires.as_ref(),
     );
-    let info = info_from(
-        input.content_type.map(|c| c.to_string()),
-        input.metadata,
-        headers,
-    );
+    let info = crate::store::ObjectInfo {
+        public_read,
+        ..info_from(
+            input.content_type.map(|c| c.to_string()),
+            input.metadata,
+            headers,
+        )
+    };
     let store = gw.store.clone();
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
     let upload_id = blocking(move || store.create_upload(&bucket, &key, info)).await?;

@@ -13,8 +13,8 @@ use s3s::dto::{
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Result, s3_error};
 
 use super::input::{
-    check_key, check_md5, check_md5_form, check_metadata, kept_headers, read_conditions,
-    stream_into, write_conditions,
+    canned_public_read, check_key, check_md5, check_md5_form, check_metadata, kept_headers,
+    read_conditions, stream_into, write_conditions,
 };
 use super::{Gateway, blocking, etag, s3_err, timestamp};
 use crate::store::{Object, ObjectInfo, Precondition, ReadVerdict, StoreError};
@@ -149,14 +149,30 @@ fn select_any(object: &Object, range: Option<Range>, part: Option<i32>) -> S3Res
 }
 
 /// The object after its read conditions: 412 `PreconditionFailed` or 304.
+///
+/// An anonymous request (`anonymous`) may read only an object written `public-read`:
+/// any other is 403 `AccessDenied`, and so is a missing key unless the bucket is
+/// `public-read` (then 404, as S3 answers whoever may list the bucket).
 fn conditioned(
     gw: &Gateway,
     bucket: &str,
     key: &str,
     cond: &Precondition,
+    anonymous: bool,
 ) -> S3Result<std::sync::Arc<Object>> {
     check_key(key)?;
-    let object = gw.store.object(bucket, key).map_err(s3_err)?;
+    let object = match gw.store.object(bucket, key) {
+        Ok(o) => o,
+        Err(StoreError::NoSuchKey)
+            if anonymous && gw.store.bucket_public_read(bucket) != Some(true) =>
+        {
+            return Err(access_denied());
+        }
+        Err(e) => return Err(s3_err(e)),
+    };
+    if anonymous && !object.info.public_read {
+        return Err(access_denied());
+    }
     match cond.check_read(&object).map_err(s3_err)? {
         ReadVerdict::Send => Ok(object),
         ReadVerdict::NotModified => {
@@ -176,6 +192,15 @@ pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Resul
     check_key(&input.key)?;
     check_metadata(input.metadata.as_ref())?;
     check_md5_form(input.content_md5.as_deref())?;
+    let public_read = canned_public_read(
+        input.acl.as_ref().map(|a| a.as_str()),
+        &[
+            input.grant_full_control.as_ref(),
+            input.grant_read.as_ref(),
+            input.grant_read_acp.as_ref(),
+            input.grant_write_acp.as_ref(),
+        ],
+    )?;
     let cond = write_conditions(
         input.if_match.as_ref(),
         input.if_none_match.as_ref(),
@@ -208,11 +233,14 @@ pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Resul
         input.content_language,
         input.expires.as_ref(),
     );
-    let info = info_from(
-        input.content_type.map(|c| c.to_string()),
-        input.metadata,
-        headers,
-    );
+    let info = ObjectInfo {
+        public_read,
+        ..info_from(
+            input.content_type.map(|c| c.to_string()),
+            input.metadata,
+            headers,
+        )
+    };
     let store = gw.store.clone();
     let (bucket, key) = (input.bucket, input.key);
     let writer = {
@@ -250,14 +278,23 @@ fn content_range(range: &std::ops::Range<u64>, size: u64) -> String {
     )
 }
 
-pub(super) fn get(gw: &Gateway, input: GetObjectInput) -> S3Result<GetObjectOutput> {
+/// 403 `AccessDenied`, as S3 words it.
+pub fn access_denied() -> S3Error {
+    s3_error!(AccessDenied, "Access Denied")
+}
+
+pub(super) fn get(
+    gw: &Gateway,
+    input: GetObjectInput,
+    anonymous: bool,
+) -> S3Result<GetObjectOutput> {
     let cond = read_conditions(
         input.if_match.as_ref(),
         input.if_none_match.as_ref(),
         input.if_modified_since.as_ref(),
         input.if_unmodified_since.as_ref(),
     );
-    let object = conditioned(gw, &input.bucket, &input.key, &cond)?;
+    let object = conditioned(gw, &input.bucket, &input.key, &cond, anonymous)?;
     let Selected {
         range,
         partial,
@@ -295,14 +332,18 @@ pub(super) fn get(gw: &Gateway, input: GetObjectInput) -> S3Result<GetObjectOutp
     })
 }
 
-pub(super) fn head(gw: &Gateway, input: HeadObjectInput) -> S3Result<HeadObjectOutput> {
+pub(super) fn head(
+    gw: &Gateway,
+    input: HeadObjectInput,
+    anonymous: bool,
+) -> S3Result<HeadObjectOutput> {
     let cond = read_conditions(
         input.if_match.as_ref(),
         input.if_none_match.as_ref(),
         input.if_modified_since.as_ref(),
         input.if_unmodified_since.as_ref(),
     );
-    let object = conditioned(gw, &input.bucket, &input.key, &cond)?;
+    let object = conditioned(gw, &input.bucket, &input.key, &cond, anonymous)?;
     let Selected {
         range,
         partial,

@@ -8,6 +8,7 @@
 //! longest-idle one makes room for a new one: `conns.rs`). Request shaping and the
 //! rate-limited log of refusals: `wrap.rs`, `refusals.rs`.
 
+mod access;
 mod conns;
 mod refusals;
 mod wrap;
@@ -188,18 +189,23 @@ impl RunningGateway {
             }
         }
         let counters = Arc::new(Counters::default());
-        let mut builder =
-            S3ServiceBuilder::new(Gateway::with_counters(Arc::new(store), counters.clone()));
-        if let Auth::SigV4 {
-            access_key,
-            secret_key,
-        } = &config.auth
-        {
-            builder.set_auth(OneKey {
-                access_key: access_key.clone(),
-                secret_key: SecretKey::from(secret_key.as_str()),
-            });
-        }
+        let store = Arc::new(store);
+        let gateway = Gateway::with_counters(store.clone(), counters.clone());
+        let builder = match &config.auth {
+            Auth::None => S3ServiceBuilder::new(gateway),
+            Auth::SigV4 {
+                access_key,
+                secret_key,
+            } => {
+                let mut builder = S3ServiceBuilder::new(gateway.authenticated());
+                builder.set_auth(OneKey {
+                    access_key: access_key.clone(),
+                    secret_key: SecretKey::from(secret_key.as_str()),
+                });
+                builder.set_access(access::PublicReadOnly { store });
+                builder
+            }
+        };
         let shaper = Arc::new(wrap::Shaper {
             service: builder.build(),
             body_timeout: config.body_timeout,

@@ -16,6 +16,8 @@
 //!   character references, as S3 writes them; a 304 carries no body.
 //! - **Refusals** are logged, rate-limited (`refusals.rs`). A failed request whose body
 //!   may be unread closes its connection (`Connection: close`).
+//! - **CORS preflights** (`OPTIONS`) are answered as S3 answers them for a bucket without a
+//!   CORS configuration: 400 without `Origin`, 403 with one (CORS is not supported).
 //! - **Request ids**: every response carries `x-amz-request-id`, and an error's XML body
 //!   the same id in `<RequestId>`, as S3 answers (clients log it; support asks for it).
 //! - **GetObjectAttributes**: its `<ETag>` is written without quotes, as S3 writes it
@@ -241,6 +243,9 @@ impl Shaper {
     }
 
     async fn shaped(&self, req: Request<Incoming>) -> Response<s3s::Body> {
+        if req.method() == http::Method::OPTIONS {
+            return preflight(req.headers());
+        }
         if presigned_expiry_too_long(req.uri().query()) {
             return xml_error(
                 StatusCode::FORBIDDEN,
@@ -321,6 +326,27 @@ impl Shaper {
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         res
+    }
+}
+
+/// A CORS preflight (`OPTIONS`): no bucket has a CORS configuration here, so one that
+/// names an origin and a method is refused as S3 refuses it without a configuration
+/// (403); one that does not is a bad request (400), as in S3.
+fn preflight(headers: &http::HeaderMap) -> Response<s3s::Body> {
+    if headers.contains_key(http::header::ORIGIN)
+        && headers.contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
+    {
+        xml_error(
+            StatusCode::FORBIDDEN,
+            "AccessForbidden",
+            "CORSResponse: CORS is not enabled for this bucket.",
+        )
+    } else {
+        xml_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "Insufficient information. Origin request header needed.",
+        )
     }
 }
 

@@ -19,6 +19,12 @@ pub enum Entry {
     Bucket {
         /// Its name.
         bucket: String,
+        /// Created with the canned ACL `public-read` (absent in older records: private).
+        #[serde(default, skip_serializing_if = "is_false")]
+        public_read: bool,
+        /// The `LocationConstraint` it was created with (absent: none, us-east-1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
     },
     /// An object: the data is the object's bytes.
     Object {
@@ -96,6 +102,14 @@ pub struct ObjectInfo {
     /// before the field existed (their descriptions simply lack it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub part_sizes: Vec<u64>,
+    /// Written with the canned ACL `public-read`: anonymous GET and HEAD may read it
+    /// (absent in older records: private).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub public_read: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Response headers an object keeps (S3 returns them on GET and HEAD).
@@ -130,7 +144,7 @@ impl Entry {
     /// each length-prefixed, so distinct entries never share a key by construction.
     pub fn record_key(&self) -> [u8; 32] {
         match self {
-            Entry::Bucket { bucket } => key_of(b'B', &[bucket.as_bytes()]),
+            Entry::Bucket { bucket, .. } => key_of(b'B', &[bucket.as_bytes()]),
             Entry::Object { bucket, key, .. } | Entry::Deleted { bucket, key } => {
                 key_of(b'O', &[bucket.as_bytes(), key.as_bytes()])
             }
@@ -256,6 +270,8 @@ mod tests {
     fn keys_of_different_entries_differ() {
         let a = Entry::Bucket {
             bucket: "ab".into(),
+            public_read: false,
+            location: None,
         }
         .record_key();
         let b = Entry::Object {

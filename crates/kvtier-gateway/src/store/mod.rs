@@ -133,6 +133,10 @@ pub struct Object {
 struct Bucket {
     rec: Rec,
     created_ms: u64,
+    /// Created with the canned ACL `public-read`.
+    public_read: bool,
+    /// The `LocationConstraint` it was created with.
+    location: Option<String>,
     objects: BTreeMap<String, Arc<Object>>,
 }
 
@@ -298,8 +302,19 @@ impl GatewayStore {
         Ok(())
     }
 
-    /// Creates `bucket`.
+    /// Creates `bucket` (private).
     pub fn create_bucket(&self, bucket: &str) -> StoreResult<()> {
+        self.create_bucket_with(bucket, false, None)
+    }
+
+    /// Creates `bucket`, `public_read` if it was asked for with that canned ACL, recording
+    /// the `location` constraint it was created with (GetBucketLocation returns it).
+    pub fn create_bucket_with(
+        &self,
+        bucket: &str,
+        public_read: bool,
+        location: Option<String>,
+    ) -> StoreResult<()> {
         let _p = self.publish.lock();
         if self.index.read().buckets.contains_key(bucket) {
             return Err(StoreError::BucketExists);
@@ -307,6 +322,8 @@ impl GatewayStore {
         let rec = self.write(
             &Entry::Bucket {
                 bucket: bucket.to_owned(),
+                public_read,
+                location: location.clone(),
             },
             &[],
         )?;
@@ -316,6 +333,8 @@ impl GatewayStore {
             Bucket {
                 rec,
                 created_ms,
+                public_read,
+                location,
                 objects: BTreeMap::new(),
             },
         );
@@ -357,6 +376,21 @@ impl GatewayStore {
             self.forget_upload(u);
         }
         Ok(())
+    }
+
+    /// The location constraint `bucket` was created with (`Some(None)`: none); `None` if
+    /// it does not exist.
+    pub fn bucket_location(&self, bucket: &str) -> Option<Option<String>> {
+        self.index
+            .read()
+            .buckets
+            .get(bucket)
+            .map(|b| b.location.clone())
+    }
+
+    /// Whether `bucket` was created `public-read`; `None` if it does not exist.
+    pub fn bucket_public_read(&self, bucket: &str) -> Option<bool> {
+        self.index.read().buckets.get(bucket).map(|b| b.public_read)
     }
 
     /// Whether `bucket` exists.

@@ -54,7 +54,11 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
     let mut index = Index::default();
     for (rec, entry, size) in described {
         match entry {
-            Entry::Bucket { bucket } => {
+            Entry::Bucket {
+                bucket,
+                public_read,
+                location,
+            } => {
                 opened.buckets += 1;
                 let created_ms = rec.header.created_ms;
                 index.buckets.insert(
@@ -62,6 +66,8 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
                     Bucket {
                         rec,
                         created_ms,
+                        public_read,
+                        location,
                         objects: BTreeMap::new(),
                     },
                 );

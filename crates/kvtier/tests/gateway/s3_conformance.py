@@ -2,17 +2,24 @@
 
 usage: s3_conformance.py ENDPOINT ACCESS SECRET MODE
 MODE: api     - x-amz-request-id on answers and in error bodies, re-creating an owned
-                bucket, GET/HEAD by partNumber, GetObjectAttributes, ListMultipartUploads
-      parts   - a multipart object and a single-PUT object, for `partsc`
-      partsc  - after a restart: the part boundaries are still known
+                bucket, GET/HEAD by partNumber, GetObjectAttributes, ListMultipartUploads,
+                canned ACLs and anonymous reads, CORS preflights, GetBucketLocation,
+                ListBuckets pages
+      parts   - a multipart object, a single-PUT object, public-read objects and a bucket
+                with a location constraint, for `partsc`
+      partsc  - after a restart: part boundaries, ACLs and the location are still known
 Exit status 0 and a last line `OK` when every check passed.
 """
 import hashlib
 import sys
 import xml.etree.ElementTree as ET
 
+import urllib.error
+import urllib.request
+
 import boto3
 import botocore
+from botocore import UNSIGNED
 from botocore.config import Config
 
 endpoint, access, secret, mode = sys.argv[1:5]
@@ -170,16 +177,103 @@ def list_uploads():
     assert err(lambda: s3.list_multipart_uploads(Bucket="nosuchbucket")) == ("NoSuchBucket", 404)
 
 
+anon = boto3.client(
+    "s3", endpoint_url=endpoint, region_name="us-east-1",
+    config=Config(signature_version=UNSIGNED, retries={"max_attempts": 1}, s3={"addressing_style": "path"}))
+
+
+def make_public():
+    s3.create_bucket(Bucket="pub", ACL="public-read")
+    s3.put_object(Bucket="pub", Key="open", Body=b"for everyone", ACL="public-read")
+    s3.put_object(Bucket="pub", Key="closed", Body=b"owner only")
+    s3.create_bucket(Bucket="priv")
+    s3.put_object(Bucket="priv", Key="open", Body=b"open in private", ACL="public-read")
+    s3.put_object(Bucket="priv", Key="closed", Body=b"owner only", ACL="private")
+    up = s3.create_multipart_upload(Bucket="priv", Key="mp-open", ACL="public-read")["UploadId"]
+    tag = s3.upload_part(Bucket="priv", Key="mp-open", UploadId=up, PartNumber=1, Body=b"mp")["ETag"]
+    s3.complete_multipart_upload(Bucket="priv", Key="mp-open", UploadId=up,
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": tag}]})
+    s3.create_bucket(Bucket="located", CreateBucketConfiguration={"LocationConstraint": "default"})
+
+
+def check_public():
+    # Anonymous reads of objects written public-read, in any bucket.
+    assert anon.get_object(Bucket="pub", Key="open")["Body"].read() == b"for everyone"
+    assert anon.head_object(Bucket="pub", Key="open")["ContentLength"] == 12
+    assert anon.get_object(Bucket="priv", Key="open")["Body"].read() == b"open in private"
+    assert anon.get_object(Bucket="priv", Key="mp-open")["Body"].read() == b"mp"
+    # Nothing else: private objects, listings, writes, deletes, other operations.
+    assert err(lambda: anon.get_object(Bucket="pub", Key="closed")) == ("AccessDenied", 403)
+    assert err(lambda: anon.get_object(Bucket="priv", Key="closed")) == ("AccessDenied", 403)
+    assert err(lambda: anon.head_object(Bucket="priv", Key="closed"))[1] == 403
+    assert err(lambda: anon.get_object_attributes(Bucket="pub", Key="open", ObjectAttributes=["ETag"]))[1] == 403
+    assert err(lambda: anon.list_objects_v2(Bucket="pub")) == ("AccessDenied", 403)
+    assert err(lambda: anon.list_objects(Bucket="pub")) == ("AccessDenied", 403)
+    assert err(lambda: anon.list_buckets()) == ("AccessDenied", 403)
+    assert err(lambda: anon.put_object(Bucket="pub", Key="open", Body=b"defaced")) == ("AccessDenied", 403)
+    assert err(lambda: anon.delete_object(Bucket="pub", Key="open")) == ("AccessDenied", 403)
+    assert err(lambda: anon.create_multipart_upload(Bucket="pub", Key="x")) == ("AccessDenied", 403)
+    assert err(lambda: anon.delete_bucket(Bucket="priv")) == ("AccessDenied", 403)
+    assert s3.get_object(Bucket="pub", Key="open")["Body"].read() == b"for everyone"
+    # A missing key: 404 where the bucket is public-read, 403 where it is not (no
+    # probing for names); a missing bucket is 404 whoever asks, as in S3.
+    assert err(lambda: anon.get_object(Bucket="pub", Key="nothing")) == ("NoSuchKey", 404)
+    assert err(lambda: anon.get_object(Bucket="priv", Key="nothing")) == ("AccessDenied", 403)
+    assert err(lambda: anon.get_object(Bucket="gone-bucket", Key="x")) == ("NoSuchBucket", 404)
+    assert err(lambda: anon.delete_object(Bucket="gone-bucket", Key="x")) == ("NoSuchBucket", 404)
+    assert s3.get_bucket_location(Bucket="located")["LocationConstraint"] == "default"
+
+
+def acls_and_more():
+    make_public()
+    check_public()
+    # The ACL belongs to the object written: a private overwrite closes it.
+    s3.put_object(Bucket="priv", Key="open", Body=b"now private")
+    assert err(lambda: anon.get_object(Bucket="priv", Key="open")) == ("AccessDenied", 403)
+    # What would let others write, and explicit grants, are refused, not ignored.
+    assert err(lambda: s3.put_object(Bucket="pub", Key="w", Body=b"x", ACL="public-read-write")) == ("NotImplemented", 501)
+    assert err(lambda: s3.put_object(Bucket="pub", Key="w", Body=b"x", GrantRead="uri=http://acs.amazonaws.com/groups/global/AllUsers"))[1] == 501
+    assert err(lambda: s3.create_bucket(Bucket="rw-bucket", ACL="public-read-write")) == ("NotImplemented", 501)
+    assert err(lambda: s3.head_bucket(Bucket="rw-bucket"))[1] == 404
+    assert err(lambda: s3.get_object(Bucket="pub", Key="w")) == ("NoSuchKey", 404)
+    # CORS preflights: 400 without an origin, 403 with one (no CORS here).
+    url = endpoint + "/pub/open"
+    for headers, code in [({}, 400), ({"Origin": "http://x", "Access-Control-Request-Method": "GET"}, 403)]:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="OPTIONS", headers=headers))
+            raise AssertionError("OPTIONS answered 2xx")
+        except urllib.error.HTTPError as e:
+            assert e.code == code, (headers, e.code)
+    # GetBucketLocation: none for a bucket created without a constraint.
+    assert s3.get_bucket_location(Bucket="pub").get("LocationConstraint") is None
+    assert err(lambda: s3.get_bucket_location(Bucket="gone-bucket")) == ("NoSuchBucket", 404)
+    # ListBuckets pages.
+    names = sorted(b["Name"] for b in s3.list_buckets()["Buckets"])
+    seen, kw = [], {}
+    while True:
+        r = s3.list_buckets(MaxBuckets=2, **kw)
+        seen += [b["Name"] for b in r["Buckets"]]
+        if "ContinuationToken" not in r:
+            break
+        kw = {"ContinuationToken": r["ContinuationToken"]}
+    assert seen == names and len(names) > 2, (seen, names)
+    assert [b["Name"] for b in s3.list_buckets(Prefix="p")["Buckets"]] == ["parts", "priv", "pub"]
+    assert err(lambda: s3.list_buckets(ContinuationToken="zz"))[1] == 400
+
+
 if mode == "api":
     request_ids()
     recreate()
     make_parts()
     check_parts()
     list_uploads()
+    acls_and_more()
 elif mode == "parts":
     make_parts()
+    make_public()
 elif mode == "partsc":
     check_parts()
+    check_public()
 else:
     sys.exit("unknown mode " + mode)
 print("OK")
