@@ -1,12 +1,15 @@
 //! The S3 operations, on top of [`GatewayStore`].
 //!
-//! Supported: CreateBucket, HeadBucket, DeleteBucket, ListBuckets, PutObject, GetObject,
-//! HeadObject, DeleteObject, DeleteObjects, ListObjectsV2, ListObjects (v1),
-//! ListObjectVersions (each object its one `null` version: no versioning here), and
-//! multipart upload (create, upload part, complete, abort, list parts), with S3's
-//! conditional requests. Everything else answers `NotImplemented` (s3s's default).
-//! Request parsing, XML, and SigV4 checks are s3s's.
+//! Supported: CreateBucket, HeadBucket, GetBucketLocation, DeleteBucket, ListBuckets,
+//! PutObject, GetObject, HeadObject (by Range or `partNumber`), GetObjectAttributes,
+//! DeleteObject, DeleteObjects, ListObjectsV2, ListObjects (v1), ListObjectVersions (each
+//! object its one `null` version: no versioning here), multipart upload (create, upload
+//! part, complete, abort, list parts, list uploads), canned ACLs (private, public-read;
+//! Get*Acl, Put*Acl restating them: `acl.rs`), with S3's conditional requests. Everything
+//! else answers `NotImplemented` (s3s's default). Request parsing, XML, and SigV4 checks
+//! are s3s's.
 
+mod acl;
 mod input;
 mod list;
 mod multipart;
@@ -20,13 +23,15 @@ use s3s::dto::{
     CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CreateBucketInput,
     CreateBucketOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput, DeleteBucketInput,
     DeleteBucketOutput, DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput,
-    DeleteObjectsOutput, ETag, GetBucketLocationInput, GetBucketLocationOutput,
-    GetObjectAttributesInput, GetObjectAttributesOutput, GetObjectInput, GetObjectOutput,
-    HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListBucketsInput,
-    ListBucketsOutput, ListMultipartUploadsInput, ListMultipartUploadsOutput,
-    ListObjectVersionsInput, ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput,
-    ListObjectsV2Input, ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutObjectInput,
-    PutObjectOutput, Timestamp, UploadPartInput, UploadPartOutput,
+    DeleteObjectsOutput, ETag, GetBucketAclInput, GetBucketAclOutput, GetBucketLocationInput,
+    GetBucketLocationOutput, GetObjectAclInput, GetObjectAclOutput, GetObjectAttributesInput,
+    GetObjectAttributesOutput, GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput,
+    HeadObjectInput, HeadObjectOutput, ListBucketsInput, ListBucketsOutput,
+    ListMultipartUploadsInput, ListMultipartUploadsOutput, ListObjectVersionsInput,
+    ListObjectVersionsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+    ListObjectsV2Output, ListPartsInput, ListPartsOutput, PutBucketAclInput, PutBucketAclOutput,
+    PutObjectAclInput, PutObjectAclOutput, PutObjectInput, PutObjectOutput, Timestamp,
+    UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -234,6 +239,34 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let anonymous = self.anonymous(&req);
         object::head(self, req.input, anonymous).map(S3Response::new)
+    }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        acl::get_object(self, req.input).map(S3Response::new)
+    }
+
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        acl::put_object(self, req.input).map(S3Response::new)
+    }
+
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        acl::get_bucket(self, req.input).map(S3Response::new)
+    }
+
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        acl::put_bucket(self, req.input).map(S3Response::new)
     }
 
     async fn get_object_attributes(

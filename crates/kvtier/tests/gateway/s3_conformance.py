@@ -3,8 +3,8 @@
 usage: s3_conformance.py ENDPOINT ACCESS SECRET MODE
 MODE: api     - x-amz-request-id on answers and in error bodies, re-creating an owned
                 bucket, GET/HEAD by partNumber, GetObjectAttributes, ListMultipartUploads,
-                canned ACLs and anonymous reads, CORS preflights, GetBucketLocation,
-                ListBuckets pages
+                canned ACLs, anonymous reads and the ACL operations, CORS preflights,
+                GetBucketLocation, ListBuckets pages
       parts   - a multipart object, a single-PUT object, public-read objects and a bucket
                 with a location constraint, for `partsc`
       partsc  - after a restart: part boundaries, ACLs and the location are still known
@@ -236,6 +236,22 @@ def acls_and_more():
     assert err(lambda: s3.create_bucket(Bucket="rw-bucket", ACL="public-read-write")) == ("NotImplemented", 501)
     assert err(lambda: s3.head_bucket(Bucket="rw-bucket"))[1] == 404
     assert err(lambda: s3.get_object(Bucket="pub", Key="w")) == ("NoSuchKey", 404)
+    # The ACL operations show the canned ACL; restating it succeeds, changing it is 501.
+    def public(grants):
+        return any(g["Grantee"].get("URI", "").endswith("/AllUsers") and g["Permission"] == "READ" for g in grants)
+    a = s3.get_object_acl(Bucket="pub", Key="open")
+    assert public(a["Grants"]) and a["Owner"]["ID"], a
+    a = s3.get_object_acl(Bucket="pub", Key="closed")
+    assert not public(a["Grants"]) and a["Grants"][0]["Permission"] == "FULL_CONTROL", a
+    assert public(s3.get_bucket_acl(Bucket="pub")["Grants"])
+    assert not public(s3.get_bucket_acl(Bucket="priv")["Grants"])
+    s3.put_object_acl(Bucket="pub", Key="closed", ACL="private")
+    s3.put_bucket_acl(Bucket="pub", ACL="public-read")
+    assert err(lambda: s3.put_object_acl(Bucket="pub", Key="closed", ACL="public-read")) == ("NotImplemented", 501)
+    assert err(lambda: anon.get_object(Bucket="pub", Key="closed")) == ("AccessDenied", 403)
+    assert err(lambda: s3.put_bucket_acl(Bucket="priv", ACL="public-read")) == ("NotImplemented", 501)
+    assert err(lambda: s3.put_object_acl(Bucket="pub", Key="nothing", ACL="private")) == ("NoSuchKey", 404)
+    assert err(lambda: anon.get_object_acl(Bucket="pub", Key="open")) == ("AccessDenied", 403)
     # CORS preflights: 400 without an origin, 403 with one (no CORS here).
     url = endpoint + "/pub/open"
     for headers, code in [({}, 400), ({"Origin": "http://x", "Access-Control-Request-Method": "GET"}, 403)]:
