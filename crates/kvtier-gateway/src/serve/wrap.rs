@@ -227,7 +227,7 @@ impl Shaper {
         let attributes = req.method() == http::Method::GET
             && req.uri().query().is_some_and(|q| {
                 q.split('&')
-                    .any(|kv| kv == "attributes" || kv == "attributes=")
+                    .any(|kv| kv == "attributes" || kv.starts_with("attributes="))
             });
         let res = self.shaped(req).await;
         let status = res.status().as_u16();
@@ -413,7 +413,11 @@ fn unquote_etag(res: Response<s3s::Body>) -> Response<s3s::Body> {
     let Some(bytes) = body.take_bytes() else {
         return Response::from_parts(parts, body);
     };
-    let Ok(text) = std::str::from_utf8(&bytes) else {
+    // Only GetObjectAttributes' own document is touched (never an object's bytes).
+    let Some(text) = std::str::from_utf8(&bytes)
+        .ok()
+        .filter(|t| t.contains("<GetObjectAttributesResponse"))
+    else {
         return Response::from_parts(parts, s3s::Body::from(bytes));
     };
     let out = text
@@ -486,6 +490,28 @@ mod tests {
         assert!(presigned_expiry_too_long(Some("X-Amz-Expires=609901&a=b")));
         assert!(!presigned_expiry_too_long(Some("X-Amz-Expires=604800")));
         assert!(!presigned_expiry_too_long(None));
+    }
+
+    fn body_of(res: Response<s3s::Body>) -> Vec<u8> {
+        let (_, mut body) = res.into_parts();
+        body.take_bytes().map(|b| b.to_vec()).unwrap_or_default()
+    }
+
+    #[test]
+    fn only_the_attributes_document_loses_its_etag_quotes() {
+        let doc =
+            "<GetObjectAttributesResponse><ETag>\"abc-2\"</ETag></GetObjectAttributesResponse>";
+        let out = body_of(unquote_etag(Response::new(s3s::Body::from(doc.to_owned()))));
+        assert_eq!(
+            out,
+            b"<GetObjectAttributesResponse><ETag>abc-2</ETag></GetObjectAttributesResponse>"
+        );
+        // Anything else (an object's bytes, say) is left exactly as it is.
+        let other = "<x><ETag>\"abc\"</ETag></x>";
+        let out = body_of(unquote_etag(Response::new(s3s::Body::from(
+            other.to_owned(),
+        ))));
+        assert_eq!(out, other.as_bytes());
     }
 
     #[test]
