@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::clock::SystemClock;
-use kvtier_core::tier::writer::{Overflow, WriterConfig};
+use kvtier_core::tier::writer::WriterConfig;
 use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
-use kvtier_core::{Engine, PersistConfig, PersistMode, Reattached, TierOpener};
+use kvtier_core::{Engine, PersistConfig, Reattached, TierOpener};
 use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
 use parking_lot::{Mutex, RwLock};
 
-use crate::settings::{OverflowName, Settings, SsdMode, SsdSettings};
+use crate::settings::{Settings, SsdSettings};
 
 /// How often the SSD tier enforces budgets and TTL in the background.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
@@ -144,20 +144,14 @@ fn ssd_opener(
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
 ) -> (PersistConfig, TierOpener) {
     let persist = PersistConfig {
-        ack: ssd.durability.ack(),
-        mode: match ssd.mode {
-            SsdMode::WriteThrough => PersistMode::WriteThrough,
-            SsdMode::EvictOnly => PersistMode::EvictOnly,
-        },
+        ack: ssd.durability,
+        mode: ssd.mode,
         promote_on_hit: ssd.promote_on_hit,
         prefetch: ssd.prefetch,
         writer: WriterConfig {
             queue_len: ssd.queue_len.max(1),
             wait: ssd.writer_wait.0,
-            overflow: match ssd.overflow {
-                OverflowName::SyncWrite => Overflow::SyncWrite,
-                OverflowName::Drop => Overflow::Drop,
-            },
+            overflow: ssd.overflow,
         },
     };
     let mut config = SsdConfig::new(dir);

@@ -9,66 +9,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
+use kvtier_core::tier::writer::Overflow;
+use kvtier_core::{Ack, PersistConfig, PersistMode, RemoteAttach};
 use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, HumanDuration};
 
-/// When blocks reach the SSD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum SsdMode {
-    /// Every new block goes to RAM and the SSD.
-    WriteThrough,
-    /// The SSD receives what RAM evicts.
-    EvictOnly,
-}
-
-/// What a store's 200 promises about its blocks (a request may ask for more with
-/// `?durability=`). The names before issue 12 are accepted as aliases: `best_effort` is
-/// `queued`, `persistent` is `written`, `fsync` is `synced`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum DurabilityName {
-    /// In RAM and queued for the SSD: a kill loses what is still queued (flush and a
-    /// clean stop write it).
-    #[serde(alias = "best_effort")]
-    #[value(alias = "best_effort")]
-    Queued,
-    /// Written to the SSD's files before the answer: survives a kill, not a power loss.
-    #[serde(alias = "persistent")]
-    #[value(alias = "persistent")]
-    Written,
-    /// Written and synced (`fdatasync`, shared by concurrent stores) before the answer:
-    /// survives a power loss.
-    #[serde(alias = "fsync")]
-    #[value(alias = "fsync")]
-    Synced,
-}
-
-impl DurabilityName {
-    /// The engine's acknowledgement level of this name.
-    pub fn ack(self) -> kvtier_core::Ack {
-        match self {
-            DurabilityName::Queued => kvtier_core::Ack::Queued,
-            DurabilityName::Written => kvtier_core::Ack::Written,
-            DurabilityName::Synced => kvtier_core::Ack::Synced,
-        }
-    }
-}
-
-/// What a full write queue does after the short wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum OverflowName {
-    /// Write on the caller's thread.
-    SyncWrite,
-    /// Drop the block (counted).
-    Drop,
-}
+// The tier settings use the engine's own types (`PersistMode`, `Ack`, `Overflow`): their
+// names in files and flags come from the engine (`FromStr`, `Display`, serde), so there is
+// one definition of each.
 
 /// The SSD tier.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,11 +36,14 @@ pub struct SsdSettings {
     pub namespace_budget: Option<ByteSize>,
     /// Blocks unread for this long are dropped.
     pub ttl: HumanDuration,
-    /// When blocks reach the SSD.
-    pub mode: SsdMode,
+    /// When blocks reach the SSD: `write_through` (every new block) or `evict_only` (what
+    /// RAM evicts).
+    pub mode: PersistMode,
     /// What a store's answer promises: `queued`, `written` (survives a kill) or `synced`
     /// (survives a power loss).
-    pub durability: DurabilityName,
+    /// (`best_effort`, `persistent` and `fsync`, the names before issue 12, are read as
+    /// `queued`, `written` and `synced`).
+    pub durability: Ack,
     /// Extra attempts when an SSD write fails (not when the disk is full).
     pub retries: u32,
     /// Stop admitting while the filesystem has less free space (0 = off).
@@ -103,8 +56,9 @@ pub struct SsdSettings {
     pub queue_len: usize,
     /// How long a store may wait for room in the queue.
     pub writer_wait: HumanDuration,
-    /// What a full queue does after the wait.
-    pub overflow: OverflowName,
+    /// What a full queue does after the wait: `sync_write` (write on the caller's thread)
+    /// or `drop` (counted).
+    pub overflow: Overflow,
     /// How long shutdown and reattach wait for the queue to drain.
     pub drain_timeout: HumanDuration,
 }
@@ -117,22 +71,25 @@ impl SsdSettings {
 }
 
 impl Default for SsdSettings {
+    /// The engine's defaults for how it uses the tier (one place: `PersistConfig`), and
+    /// the server's for the store itself.
     fn default() -> Self {
+        let engine = PersistConfig::default();
         Self {
             enabled: true,
             dir: None,
             capacity: ByteSize(64 << 30),
             namespace_budget: None,
             ttl: HumanDuration(Duration::from_secs(7 * 86_400)),
-            mode: SsdMode::WriteThrough,
-            durability: DurabilityName::Queued,
+            mode: engine.mode,
+            durability: engine.ack,
             retries: 3,
             min_free: ByteSize(1 << 30),
-            promote_on_hit: true,
-            prefetch: true,
-            queue_len: 512,
-            writer_wait: HumanDuration(Duration::from_millis(50)),
-            overflow: OverflowName::SyncWrite,
+            promote_on_hit: engine.promote_on_hit,
+            prefetch: engine.prefetch,
+            queue_len: engine.writer.queue_len,
+            writer_wait: HumanDuration(engine.writer.wait),
+            overflow: engine.writer.overflow,
             drain_timeout: HumanDuration(Duration::from_secs(30)),
         }
     }
@@ -173,7 +130,7 @@ impl Default for RemoteSettings {
             access_key: None,
             secret_key: None,
             deadline: HumanDuration(Duration::from_secs(2)),
-            promote_to_ssd: true,
+            promote_to_ssd: RemoteAttach::default().promote_to_ssd,
         }
     }
 }
@@ -383,11 +340,11 @@ pub struct ServeArgs {
     pub ssd_ttl: Option<HumanDuration>,
     /// When blocks reach the SSD [default: write_through].
     #[arg(long, env = "KVTIER_SSD_MODE", value_name = "MODE")]
-    pub ssd_mode: Option<SsdMode>,
+    pub ssd_mode: Option<PersistMode>,
     /// What a store's answer promises: queued, written (survives a kill) or synced
     /// (survives a power loss) [default: queued].
     #[arg(long, env = "KVTIER_SSD_DURABILITY", value_name = "D")]
-    pub ssd_durability: Option<DurabilityName>,
+    pub ssd_durability: Option<Ack>,
     /// Extra attempts when an SSD write fails [default: 3].
     #[arg(long, env = "KVTIER_SSD_RETRIES", value_name = "N")]
     pub ssd_retries: Option<u32>,
@@ -408,7 +365,7 @@ pub struct ServeArgs {
     pub ssd_writer_wait: Option<HumanDuration>,
     /// What a full queue does after the wait [default: sync_write].
     #[arg(long, env = "KVTIER_SSD_OVERFLOW", value_name = "O")]
-    pub ssd_overflow: Option<OverflowName>,
+    pub ssd_overflow: Option<Overflow>,
     /// How long shutdown and reattach wait for the SSD queue [default: 30s].
     #[arg(long, env = "KVTIER_SSD_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub ssd_drain_timeout: Option<HumanDuration>,
@@ -551,7 +508,7 @@ mod tests {
     fn printed_settings_read_back_the_same() {
         let mut s = Settings::default();
         s.ssd.namespace_budget = Some(ByteSize(3 << 30));
-        s.ssd.mode = SsdMode::EvictOnly;
+        s.ssd.mode = PersistMode::EvictOnly;
         let text = s.to_toml_redacted().unwrap();
         let back: Settings = toml::from_str(&text).unwrap();
         assert_eq!(back, s);

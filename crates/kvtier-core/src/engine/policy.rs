@@ -18,6 +18,11 @@ use crate::tier::{ResidencySink, Tier};
 
 /// When blocks are written to the persistent tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum PersistMode {
     /// Every new block (default).
     WriteThrough,
@@ -28,16 +33,24 @@ pub enum PersistMode {
 /// What a successful store promises about its blocks, weakest first. Each level says what
 /// the blocks survive once the store has returned `Ok`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Ack {
     /// In RAM and queued for the persistent tier (default). A process kill loses what is
     /// still queued; a flush or a clean shutdown writes it.
     #[default]
+    #[cfg_attr(feature = "serde", serde(alias = "best_effort"))]
     Queued,
     /// Written to the persistent tier's files: survives a kill of the process (the
     /// kernel's page cache holds the bytes), not a power loss.
+    #[cfg_attr(feature = "serde", serde(alias = "persistent"))]
     Written,
     /// Written and synced (`fdatasync`, shared between concurrent stores): survives a
     /// power loss.
+    #[cfg_attr(feature = "serde", serde(alias = "fsync"))]
     Synced,
 }
 
@@ -48,6 +61,57 @@ impl Ack {
             Ack::Queued => "queued",
             Ack::Written => "written",
             Ack::Synced => "synced",
+        }
+    }
+}
+
+impl PersistMode {
+    /// The mode's name in settings: `write_through` or `evict_only`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PersistMode::WriteThrough => "write_through",
+            PersistMode::EvictOnly => "evict_only",
+        }
+    }
+}
+
+impl std::fmt::Display for PersistMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PersistMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "write_through" => Ok(PersistMode::WriteThrough),
+            "evict_only" => Ok(PersistMode::EvictOnly),
+            _ => Err(format!("`{s}` is not a mode: write_through or evict_only")),
+        }
+    }
+}
+
+impl std::fmt::Display for Ack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Ack {
+    type Err = String;
+
+    /// The level's name, or its name before issue 12 (`best_effort` is `queued`,
+    /// `persistent` is `written`, `fsync` is `synced`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "queued" | "best_effort" => Ok(Ack::Queued),
+            "written" | "persistent" => Ok(Ack::Written),
+            "synced" | "fsync" => Ok(Ack::Synced),
+            _ => Err(format!(
+                "`{s}` is not a durability: queued, written or synced"
+            )),
         }
     }
 }

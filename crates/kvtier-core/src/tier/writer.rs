@@ -35,11 +35,46 @@ use crate::stats::CounterKind::{Counter as C, Gauge as G};
 
 /// What to do when the queue stays full for the whole short wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Overflow {
     /// Write on the caller's thread (default).
     SyncWrite,
     /// Drop the block and count it.
     Drop,
+}
+
+impl Overflow {
+    /// The policy's name in settings: `sync_write` or `drop`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Overflow::SyncWrite => "sync_write",
+            Overflow::Drop => "drop",
+        }
+    }
+}
+
+impl std::fmt::Display for Overflow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Overflow {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sync_write" => Ok(Overflow::SyncWrite),
+            "drop" => Ok(Overflow::Drop),
+            _ => Err(format!(
+                "`{s}` is not an overflow policy: sync_write or drop"
+            )),
+        }
+    }
 }
 
 /// Settings of a write-behind queue.

@@ -222,14 +222,13 @@ pub(super) fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack
                 format!("unknown query parameter `{name}` (only `durability`)"),
             ));
         }
-        let level: crate::config::DurabilityName =
-            serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
-                ApiError::bad(
-                    "bad_query",
-                    format!("durability `{value}`: expected queued, written or synced"),
-                )
-            })?;
-        ack = Some(level.ack());
+        let level: kvtier_core::Ack = value.parse().map_err(|_| {
+            ApiError::bad(
+                "bad_query",
+                format!("durability `{value}`: expected queued, written or synced"),
+            )
+        })?;
+        ack = Some(level);
     }
     Ok(ack)
 }
