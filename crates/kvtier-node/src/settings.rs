@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use kvtier_core::engine::RemoteAttach;
 use kvtier_core::tier::writer::Overflow;
-use kvtier_core::{Ack, PersistConfig, PersistMode, RemoteAttach};
+use kvtier_core::{Ack, PersistConfig, PersistMode};
 use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, HumanDuration};
