@@ -16,29 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gateway::{ACCESS, Gateway, SECRET};
+use gateway::{ACCESS, Gateway, SECRET, assert_ok};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/s3_clients.py")
 }
 
 fn python(endpoint: &str, secret: &str, mode: &str, extra: &[&str]) -> Output {
-    Command::new("python3")
-        .arg(script())
-        .args([endpoint, ACCESS, secret, mode])
-        .args(extra)
-        .output()
-        .expect("python3 (scripts/setup.sh installs boto3)")
-}
-
-fn assert_ok(out: &Output, what: &str) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("OK"),
-        "{what} failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gateway::python("s3_clients.py", endpoint, secret, mode, extra)
 }
 
 #[test]

@@ -14,29 +14,14 @@ mod gateway;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use gateway::{ACCESS, Gateway, SECRET};
+use gateway::{ACCESS, Gateway, SECRET, assert_ok};
 
 fn python(endpoint: &str, mode: &str) -> Output {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/s3_semantics.py");
-    Command::new("python3")
-        .arg(script)
-        .args([endpoint, ACCESS, SECRET, mode])
-        .output()
-        .expect("python3 (scripts/setup.sh installs boto3)")
-}
-
-fn assert_ok(out: &Output, what: &str) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("OK"),
-        "{what} failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gateway::python("s3_semantics.py", endpoint, SECRET, mode, &[])
 }
 
 #[test]

@@ -158,13 +158,13 @@ impl Engine {
     pub fn lookup(&self, prompt: &Prompt) -> Lookup {
         let found = self.index.lookup(prompt, usize::MAX);
         // Blocks RAM lacks: start reading them now, in scan order, when a tier holding
-        // them prefetches.
-        let prefetching = self.stack.slots();
-        let prefetching = |kind: TierKind| {
-            prefetching
-                .iter()
-                .any(|s| s.policy.prefetch && s.kind() == kind)
-        };
+        // them prefetches. An all-RAM hit (the common case) touches nothing more.
+        if found.blocks.iter().all(|b| b.tier == TierKind::Ram) {
+            return found;
+        }
+        let slots = self.stack.slots();
+        let prefetching =
+            |kind: TierKind| slots.iter().any(|s| s.policy.prefetch && s.kind() == kind);
         let cold: Vec<crate::hash::BlockHash> = found
             .blocks
             .iter()
@@ -203,13 +203,6 @@ impl Engine {
             return Some(self.ram.clone());
         }
         self.stack.find(kind).map(|s| s.tier.clone())
-    }
-
-    /// The kinds of the attached tiers, fastest first (RAM first).
-    pub fn tier_kinds(&self) -> Vec<TierKind> {
-        std::iter::once(TierKind::Ram)
-            .chain(self.stack.slots().iter().map(|s| s.kind()))
-            .collect()
     }
 
     /// Stores the recurrent state reached after exactly `tokens` (and `session`, if given)

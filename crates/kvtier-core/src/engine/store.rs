@@ -112,19 +112,21 @@ impl Engine {
         let is_persistent = |at: usize| persistent.is_some_and(|p| Arc::ptr_eq(p, &slots[at]));
         for (i, payload) in payloads.iter().enumerate() {
             let hash = prompt.hashes()[i];
-            // The write-through tiers that lack the block (held or queued).
-            let lacking: Vec<usize> = (0..slots.len())
+            // The write-through tiers that lack the block (neither held nor queued), as a bit
+            // per slot: no allocation per block on the store path.
+            let lacking: u32 = (0..slots.len())
                 .filter(|&at| slots[at].write_through() && !slots[at].holds_or_queued(&hash))
-                .collect();
+                .fold(0, |m, at| m | 1 << at);
+            let lacks = |at: usize| lacking & (1 << at) != 0;
             // Already in RAM: refresh it, copy it only for the tiers that lack it.
-            let per_block_lacking = lacking.iter().any(|&at| !slots[at].policy.runs);
+            let per_block_lacking = (0..slots.len()).any(|at| lacks(at) && !slots[at].policy.runs);
             if !per_block_lacking && self.ram.touch(&hash) {
                 let meta = block_meta(prompt, i);
                 let lacking_durable =
                     durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
-                if !lacking.is_empty() || lacking_durable {
+                if lacking != 0 || lacking_durable {
                     let bytes = copy_payload(payload);
-                    for &at in &lacking {
+                    for at in (0..slots.len()).filter(|&at| lacks(at)) {
                         runs[at].push((meta.clone(), bytes.clone()));
                     }
                     if lacking_durable {
@@ -151,8 +153,8 @@ impl Engine {
                     kept_below = true;
                     continue;
                 }
-                let wants = lacking.contains(&at)
-                    || (refused && !slot.policy.runs && !slot.holds_or_queued(&hash));
+                let wants =
+                    lacks(at) || (refused && !slot.policy.runs && !slot.holds_or_queued(&hash));
                 if !wants {
                     kept_below |= !slot.policy.runs && slot.holds_or_queued(&hash);
                     continue;

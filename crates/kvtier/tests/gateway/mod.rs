@@ -11,7 +11,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The key pair every test gateway accepts.
 pub const ACCESS: &str = "gateway-test";
@@ -65,4 +65,29 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `tests/gateway/{script}` (a boto3 client) against `endpoint` with the test access
+/// key, `secret`, `mode` and `extra` arguments.
+pub fn python(script: &str, endpoint: &str, secret: &str, mode: &str, extra: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/gateway")
+        .join(script);
+    Command::new("python3")
+        .arg(script)
+        .args([endpoint, ACCESS, secret, mode])
+        .args(extra)
+        .output()
+        .expect("python3 (scripts/setup.sh installs boto3)")
+}
+
+/// Fails the test unless the script exited 0 and its output ends with `OK`.
+pub fn assert_ok(out: &Output, what: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("OK"),
+        "{what} failed: {}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
