@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -151,7 +151,9 @@ impl Client {
         for t in &tokens {
             body.extend_from_slice(&t.to_le_bytes());
         }
-        let r = self.fast("/v1/lookup", UPLOAD_CONTENT_TYPE, &body).await?;
+        let r = self
+            .fast("/v1/lookup", UPLOAD_CONTENT_TYPE, &[&body])
+            .await?;
         let answer = self
             .pool
             .body(r)
@@ -191,13 +193,13 @@ impl Client {
         sink: &mut dyn BlockSink,
     ) -> Result<EndStatus> {
         let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let r = self.fast("/v1/load", "application/json", &body).await?;
+        let r = self.fast("/v1/load", "application/json", &[&body]).await?;
         read_stream(&self.pool, r, sink).await
     }
 
-    /// Sends a JSON body over the fast connection pool; an error status becomes
-    /// [`ClientError::Api`].
-    async fn fast(&self, path: &str, content_type: &str, body: &[u8]) -> Result<Response> {
+    /// Sends a body (its parts in order) over the fast connection pool; an error status
+    /// becomes [`ClientError::Api`].
+    async fn fast(&self, path: &str, content_type: &str, body: &[&[u8]]) -> Result<Response> {
         let r = self
             .pool
             .send("POST", path, self.token.as_deref(), content_type, body)
@@ -231,18 +233,35 @@ impl Client {
         payloads: Vec<Bytes>,
         durability: Option<&str>,
     ) -> Result<StoreAnswer> {
-        let body = upload_body(&prompt.compact(), payloads)?;
+        let parts: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        self.store_from(prompt, &parts, durability).await
+    }
+
+    /// Stores `payloads[i]` as block `i` of `prompt` straight from the caller's memory (an
+    /// engine's own KV buffers): each payload is written to the socket as it is, so the
+    /// kernel's copy is the only one on this side. `durability` as in
+    /// [`Client::store_durable`].
+    pub async fn store_from(
+        &self,
+        prompt: &PromptSpec,
+        payloads: &[&[u8]],
+        durability: Option<&str>,
+    ) -> Result<StoreAnswer> {
+        let head = upload_head(&prompt.compact())?;
         let path = match durability {
             Some(d) => format!("/v1/store?durability={d}"),
             None => "/v1/store".to_string(),
         };
-        let resp = self
-            .request(reqwest::Method::POST, &path)
-            .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
-            .body(body)
-            .send()
-            .await?;
-        self.json(resp).await
+        let mut parts = Vec::with_capacity(payloads.len() + 1);
+        parts.push(&head[..]);
+        parts.extend_from_slice(payloads);
+        let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
+        let answer = self
+            .pool
+            .body(r)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Stores the recurrent state reached after exactly `spec.tokens`.
@@ -329,15 +348,20 @@ impl Client {
 
 /// An upload body: the framing head, the JSON head, then the payloads, as a list of
 /// buffers (sent without concatenating them).
-fn upload_body<H: Serialize>(head: &H, payloads: Vec<Bytes>) -> Result<reqwest::Body> {
+/// An upload's frame and JSON head: what precedes its payload.
+fn upload_head<H: Serialize>(head: &H) -> Result<Vec<u8>> {
     let json = serde_json::to_vec(head).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let json_len = u32::try_from(json.len())
         .map_err(|_| ClientError::Protocol("request head longer than 4 GiB".into()))?;
-    let mut first = BytesMut::with_capacity(12 + json.len());
+    let mut first = Vec::with_capacity(12 + json.len());
     first.extend_from_slice(&frame::upload_head(json_len));
     first.extend_from_slice(&json);
+    Ok(first)
+}
+
+fn upload_body<H: Serialize>(head: &H, payloads: Vec<Bytes>) -> Result<reqwest::Body> {
     let mut parts = Vec::with_capacity(payloads.len() + 1);
-    parts.push(first.freeze());
+    parts.push(Bytes::from(upload_head(head)?));
     parts.extend(payloads);
     let stream = futures_util::stream::iter(parts.into_iter().map(Ok::<_, std::io::Error>));
     Ok(reqwest::Body::wrap_stream(stream))

@@ -128,12 +128,12 @@ impl Pool {
         path: &str,
         token: Option<&str>,
         content_type: &str,
-        body: &[u8],
+        body: &[&[u8]],
     ) -> io::Result<Response> {
+        let length: usize = body.iter().map(|p| p.len()).sum();
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: {content_type}\r\ncontent-length: {length}\r\n",
             self.host,
-            body.len()
         );
         if let Some(t) = token {
             head.push_str("authorization: Bearer ");
@@ -156,17 +156,46 @@ impl Pool {
         Self::exchange(stream, &head, body).await
     }
 
-    async fn exchange(mut stream: TcpStream, head: &str, body: &[u8]) -> io::Result<Response> {
-        // One write for a small request; two for a large body (no copy of it).
-        if body.len() <= 64 << 10 {
-            let mut all = Vec::with_capacity(head.len() + body.len());
+    /// Writes the request — `head`, then the body's parts in order — and reads the
+    /// answer's head.
+    async fn exchange(mut stream: TcpStream, head: &str, body: &[&[u8]]) -> io::Result<Response> {
+        // One write for a small request; for a large body, the head and then each part
+        // as it is (no copy of it: the kernel's copy into the socket is the only one).
+        let sent = Self::write_request(&mut stream, head, body).await;
+        // A server may answer before it has read the whole body (one over its limit, a
+        // store for an unknown layout) and close: its answer says more than the failed
+        // write, so it is read if it is there.
+        match Self::read_head(stream).await {
+            Ok(mut r) => {
+                if sent.is_err() {
+                    r.conn.keep_alive = false;
+                }
+                Ok(r)
+            }
+            Err(e) => Err(sent.err().unwrap_or(e)),
+        }
+    }
+
+    async fn write_request(stream: &mut TcpStream, head: &str, body: &[&[u8]]) -> io::Result<()> {
+        let length: usize = body.iter().map(|p| p.len()).sum();
+        if length <= 64 << 10 {
+            let mut all = Vec::with_capacity(head.len() + length);
             all.extend_from_slice(head.as_bytes());
-            all.extend_from_slice(body);
-            stream.write_all(&all).await?;
+            for part in body {
+                all.extend_from_slice(part);
+            }
+            stream.write_all(&all).await
         } else {
             stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body).await?;
+            for part in body {
+                stream.write_all(part).await?;
+            }
+            Ok(())
         }
+    }
+
+    /// Reads an answer's head; the body is read from the returned [`Response`].
+    async fn read_head(mut stream: TcpStream) -> io::Result<Response> {
         let mut buf = vec![0u8; 4096];
         let mut have = 0;
         let end = loop {

@@ -380,6 +380,22 @@ pub mod frame {
         h
     }
 
+    /// The length of the JSON head announced by an upload's first 12 bytes (which
+    /// `body` must start with): the magic and the framing version are checked first. A
+    /// reader that streams an upload needs this before the rest has arrived.
+    pub fn upload_json_len(body: &[u8]) -> Result<usize, String> {
+        if body.len() < 12 || body[..4] != UPLOAD_MAGIC {
+            return Err("upload body does not start with the KVTU magic".into());
+        }
+        let version = u16::from_le_bytes([body[4], body[5]]);
+        if version != VERSION {
+            return Err(format!(
+                "upload framing version {version} (this server speaks {VERSION})"
+            ));
+        }
+        Ok(u32_at(body, 8) as usize)
+    }
+
     fn u32_at(b: &[u8], at: usize) -> u32 {
         let mut w = [0u8; 4];
         w.copy_from_slice(&b[at..at + 4]);
@@ -394,16 +410,7 @@ pub mod frame {
 
     /// Splits an upload body into its JSON head and its payload bytes.
     pub fn split_upload(body: &[u8]) -> Result<(&[u8], &[u8]), String> {
-        if body.len() < 12 || body[..4] != UPLOAD_MAGIC {
-            return Err("upload body does not start with the KVTU magic".into());
-        }
-        let version = u16::from_le_bytes([body[4], body[5]]);
-        if version != VERSION {
-            return Err(format!(
-                "upload framing version {version} (this server speaks {VERSION})"
-            ));
-        }
-        let json_len = u32_at(body, 8) as usize;
+        let json_len = upload_json_len(body)?;
         let rest = &body[12..];
         if json_len > rest.len() {
             return Err(format!(

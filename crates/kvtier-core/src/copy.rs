@@ -19,18 +19,25 @@ const NON_TEMPORAL_MIN: usize = 64 << 10;
 /// Replaces `buf`'s contents with `src`, reusing its allocation when it is large enough.
 pub fn copy_into(buf: &mut BytesMut, src: &[u8]) {
     buf.clear();
+    append_into(buf, src);
+}
+
+/// Appends `src` to `buf` (growing it if needed): how a block is filled piece by piece as
+/// its bytes arrive from the network.
+pub fn append_into(buf: &mut BytesMut, src: &[u8]) {
     buf.reserve(src.len());
     #[cfg(target_arch = "x86_64")]
     if src.len() >= NON_TEMPORAL_MIN && std::arch::is_x86_feature_detected!("avx2") {
+        let had = buf.len();
         let spare = buf.spare_capacity_mut();
         debug_assert!(spare.len() >= src.len());
         // SAFETY: `reserve` guarantees `spare` holds at least `src.len()` bytes; the two
         // regions cannot overlap (`buf` owns its allocation, `src` is borrowed immutably);
-        // AVX2 was detected above; after the copy the first `src.len()` bytes of the spare
-        // capacity are initialised, which is what `set_len` requires.
+        // AVX2 was detected above; after the copy the `src.len()` bytes past the old length
+        // are initialised, which is what `set_len` requires.
         unsafe {
             x86::stream_copy(spare.as_mut_ptr().cast::<u8>(), src.as_ptr(), src.len());
-            buf.set_len(src.len());
+            buf.set_len(had + src.len());
         }
         return;
     }
@@ -95,6 +102,12 @@ mod tests {
                 let mut buf = BytesMut::new();
                 copy_into(&mut buf, &src[offset..]);
                 assert_eq!(&buf[..], &src[offset..], "len {len} offset {offset}");
+                // Appending in two pieces gives the same bytes.
+                let (a, b) = src[offset..].split_at(len / 3);
+                let mut appended = BytesMut::with_capacity(len);
+                append_into(&mut appended, a);
+                append_into(&mut appended, b);
+                assert_eq!(&appended[..], &src[offset..], "appended, len {len}");
                 // Reuse the same allocation for a shorter copy.
                 copy_into(&mut buf, &src[offset..offset + len / 2]);
                 assert_eq!(&buf[..], &src[offset..offset + len / 2]);

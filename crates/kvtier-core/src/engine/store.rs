@@ -6,6 +6,11 @@
 //! thread (one batch) and, for `Synced`, then wait for a sync that covers them — shared with
 //! every other store waiting at the same time (group commit), so durability costs each
 //! store a sync's latency, not the disk a sync per store.
+//!
+//! Payloads arrive borrowed ([`Engine::store`]: each is copied once, into a buffer of its
+//! own) or owned ([`Engine::store_owned`]: each buffer is kept as it is — a server that read
+//! an upload straight into per-block buffers stores without any copy). Both take the same
+//! path below; only where a block's bytes come from differs.
 
 use std::sync::Arc;
 
@@ -63,6 +68,28 @@ impl Engine {
         payloads: &[&[u8]],
         options: StoreOptions,
     ) -> Result<StoreReport> {
+        self.store_from(prompt, Payloads::Borrowed(payloads), options)
+    }
+
+    /// [`Engine::store_with`] of buffers the caller hands over: each is kept as it is, not
+    /// copied (the RAM tier holds these very buffers). Give each block a buffer of its own:
+    /// a block that is a slice of a larger allocation keeps all of it alive while the
+    /// block is held, and the RAM budget counts only the block.
+    pub fn store_owned(
+        &self,
+        prompt: &Prompt,
+        payloads: Vec<Bytes>,
+        options: StoreOptions,
+    ) -> Result<StoreReport> {
+        self.store_from(prompt, Payloads::Owned(payloads), options)
+    }
+
+    fn store_from(
+        &self,
+        prompt: &Prompt,
+        payloads: Payloads<'_>,
+        options: StoreOptions,
+    ) -> Result<StoreReport> {
         let layout = prompt.layout();
         self.layout(layout.digest())?;
         if payloads.len() > prompt.num_blocks() {
@@ -75,9 +102,8 @@ impl Engine {
             )));
         }
         let want = layout.block_bytes();
-        if let Some((i, p)) = payloads
-            .iter()
-            .enumerate()
+        if let Some((i, p)) = (0..payloads.len())
+            .map(|i| (i, payloads.get(i)))
             .find(|(_, p)| p.len() as u64 != want)
         {
             return Err(Error::invalid(format!(
@@ -110,7 +136,7 @@ impl Engine {
         // One run per tier that stores runs (see `TierPolicy::runs`).
         let mut runs: Vec<Vec<(BlockMeta, Bytes)>> = vec![Vec::new(); slots.len()];
         let is_persistent = |at: usize| persistent.is_some_and(|p| Arc::ptr_eq(p, &slots[at]));
-        for (i, payload) in payloads.iter().enumerate() {
+        for i in 0..payloads.len() {
             let hash = prompt.hashes()[i];
             // The write-through tiers that lack the block (neither held nor queued), as a bit
             // per slot: no allocation per block on the store path.
@@ -125,7 +151,7 @@ impl Engine {
                 let lacking_durable =
                     durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
                 if lacking != 0 || lacking_durable {
-                    let bytes = copy_payload(payload);
+                    let bytes = payloads.bytes(i);
                     for at in (0..slots.len()).filter(|&at| lacks(at)) {
                         runs[at].push((meta.clone(), bytes.clone()));
                     }
@@ -137,7 +163,7 @@ impl Engine {
                 continue;
             }
             let meta = block_meta(prompt, i);
-            let bytes = copy_payload(payload);
+            let bytes = payloads.bytes(i);
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // Every write-through tier gets a block it lacks, and in either mode a tier
             // gets a block RAM refused (a chain longer than RAM, or a parent RAM no longer
@@ -192,6 +218,39 @@ impl Engine {
         }
         report.ack = ack;
         Ok(report)
+    }
+}
+
+/// A store's payloads: borrowed from the caller (copied once each, when kept) or handed
+/// over (kept as they are).
+enum Payloads<'a> {
+    Borrowed(&'a [&'a [u8]]),
+    Owned(Vec<Bytes>),
+}
+
+impl Payloads<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payloads::Borrowed(p) => p.len(),
+            Payloads::Owned(p) => p.len(),
+        }
+    }
+
+    /// Block `i`'s bytes, without copying them.
+    fn get(&self, i: usize) -> &[u8] {
+        match self {
+            Payloads::Borrowed(p) => p[i],
+            Payloads::Owned(p) => &p[i],
+        }
+    }
+
+    /// Block `i`'s bytes as a buffer a tier may keep: a copy of a borrowed payload, the
+    /// caller's own buffer otherwise.
+    fn bytes(&self, i: usize) -> Bytes {
+        match self {
+            Payloads::Borrowed(p) => copy_payload(p[i]),
+            Payloads::Owned(p) => p[i].clone(),
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use ram::{RamConfig, RamTier, copy_payload};
+pub use ram::{RamConfig, RamTier, append_payload, copy_payload};
 
 use crate::error::Result;
 use crate::hash::BlockHash;

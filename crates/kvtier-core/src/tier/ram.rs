@@ -63,6 +63,13 @@ pub fn copy_payload(src: &[u8]) -> Bytes {
     buf.freeze()
 }
 
+/// Appends `src` to a block being filled (e.g. as an upload arrives), with the same
+/// streaming stores as [`copy_payload`]: the block lands in memory without passing
+/// through the CPU cache.
+pub fn append_payload(block: &mut BytesMut, src: &[u8]) {
+    crate::copy::append_into(block, src);
+}
+
 /// Blocks in host memory. See the module docs.
 pub struct RamTier {
     map: ShardedMap<Arc<Slot>>,

@@ -18,6 +18,7 @@ use kvtier_core::tier::RejectReason;
 use kvtier_core::{KvDtype, LayoutKey};
 
 use super::input::{self, blocking, known_layout, read_body};
+use super::upload::{self, BodyChunks};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -242,31 +243,43 @@ pub async fn store(
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
     let ack = asked_ack(&uri)?;
-    store_acked(State(app), ack, body).await
+    let mut chunks = BodyChunks::new(body, limit(&app))?;
+    let (spec, first): (PromptSpec, Bytes) = upload::read_head(&mut chunks).await?;
+    store_payload(app, ack, spec, chunks, first).await
 }
 
-/// A store of an upload body, acknowledged at `ack` (or the server's stronger default).
-pub async fn store_acked(
-    State(app): App,
+/// A store of the payload still to come in `chunks` (after `first`), for the prompt
+/// `spec` names, acknowledged at `ack` (or the server's stronger default). The payload is
+/// read straight into the blocks' own buffers, which the engine keeps without a copy.
+pub(super) async fn store_payload(
+    app: Arc<AppState>,
     ack: Option<kvtier_core::Ack>,
-    body: Body,
+    spec: PromptSpec,
+    mut chunks: BodyChunks,
+    first: Bytes,
 ) -> Result<Json<StoreAnswer>, ApiError> {
-    let body = read_body(body, limit(&app)).await?;
-    let (spec, payload): (PromptSpec, Bytes) = upload(&body)?;
-    let prompt = prompt_of(&app, &spec)?;
+    let prompt = match prompt_of(&app, &spec) {
+        Ok(p) => p,
+        Err(e) => {
+            // Answered before the payload was read: read it anyway, so the answer is not
+            // lost to a connection reset.
+            chunks.drain().await;
+            return Err(e);
+        }
+    };
     let block = prompt.layout().block_bytes() as usize;
-    if payload.len() % block != 0 {
+    let read = upload::read_blocks(&mut chunks, first, block, prompt.num_blocks()).await?;
+    if read.payload_len % block as u64 != 0 {
         return Err(ApiError::bad(
             "bad_payload_length",
             format!(
                 "{} payload bytes are not a whole number of {block}-byte blocks of layout {}",
-                payload.len(),
-                spec.layout
+                read.payload_len, spec.layout
             ),
         ));
     }
-    let n = payload.len() / block;
-    if n > prompt.num_blocks() {
+    let n = read.payload_len / block as u64;
+    if n > prompt.num_blocks() as u64 {
         return Err(ApiError::bad(
             "bad_payload_length",
             format!(
@@ -278,9 +291,8 @@ pub async fn store_acked(
     }
     let engine = app.engine.clone();
     let report = blocking(move || {
-        let slices: Vec<&[u8]> = payload.chunks_exact(block).collect();
         let options = kvtier_core::StoreOptions { ack };
-        Ok(engine.store_with(&prompt, &slices, options)?)
+        Ok(engine.store_owned(&prompt, read.blocks, options)?)
     })
     .await?;
     Ok(Json(StoreAnswer {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::StatusCode;
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use kvtier_client::wire::BlockExtraKeys;
 use kvtier_core::{BlockHash, ExtraKeys, Layout, LayoutDigest};
 use serde::de::DeserializeOwned;
 
+use super::upload::BodyChunks;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -23,47 +23,20 @@ const RESERVE_AHEAD: u64 = 16 << 20;
 /// timeout (408) and cut-off bodies (400).
 ///
 /// The bytes are gathered into one buffer as they arrive, so a request holds at most
-/// `limit` bytes (plus one chunk) however it sends them.
+/// `limit` bytes (plus one chunk) however it sends them. Stores do not come here: they
+/// read their payload straight into per-block buffers (see `upload`).
 pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
-    use axum::body::HttpBody as _;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!("the request body is larger than the limit of {limit} bytes (max_body)"),
-        )
-    };
-    let hint = body.size_hint();
-    if hint.lower() > limit {
-        return Err(too_large());
-    }
-    let announced = hint.exact().unwrap_or(0);
-    let mut stream = body.into_data_stream();
+    let mut chunks = BodyChunks::new(body, limit)?;
+    let announced = chunks.announced().unwrap_or(0);
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
-    let mut total = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            let inner = e.into_inner();
-            match crate::listen::timed_out(inner.as_ref()) {
-                Some(t) => {
-                    ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", t.to_string())
-                }
-                None => ApiError::bad(
-                    "body_unreadable",
-                    format!("the request body could not be read: {inner}"),
-                ),
-            }
-        })?;
-        total += chunk.len() as u64;
-        if total > limit {
-            return Err(too_large());
-        }
+    while let Some(chunk) = chunks.next().await? {
         // One chunk needs no copy; from the second on, chunks are gathered.
         match first.take() {
             None if buf.is_empty() => first = Some(chunk),
             held => {
                 if buf.is_empty() {
+                    let total = chunks.received();
                     let expected = announced.max(total).min(total + RESERVE_AHEAD);
                     buf.reserve(expected as usize);
                 }

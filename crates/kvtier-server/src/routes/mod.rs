@@ -8,6 +8,7 @@ mod load_stream;
 mod ops;
 mod raw_store;
 mod rejections;
+mod upload;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -3,10 +3,8 @@
 //! The store endpoint takes an upload body (a binary head, a JSON head, then the payload),
 //! which is what clients should send but which `curl` cannot build without a helper. This
 //! form takes the payload as the raw body (`curl --data-binary @kv.bin`) and the rest from
-//! the query string, then stores exactly as `POST /v1/store` does — it builds the same
-//! upload and hands it to the same handler, so validation and answers cannot differ. It
-//! copies the payload once more than the binary form: it is for trying kvtier out and for
-//! scripts, not for an inference engine's hot path.
+//! the query string, then stores exactly as `POST /v1/store` does — past the head, both
+//! hand the body to the same reader and handler, so validation and answers cannot differ.
 
 use std::sync::Arc;
 
@@ -14,10 +12,11 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::Uri;
-use kvtier_client::wire::{PromptSpec, StoreAnswer, frame};
+use bytes::Bytes;
+use kvtier_client::wire::{PromptSpec, StoreAnswer};
 
 use super::data;
-use super::input::read_body;
+use super::upload::BodyChunks;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -72,22 +71,8 @@ pub async fn store_raw(
         .map_err(|_| ApiError::bad("bad_query", "the durability parameter is not URI text"))?;
     let ack = data::asked_ack(&passed)?;
     let limit = app.node.settings.read().max_body.0;
-    let payload = read_body(body, limit).await?;
-    let head = serde_json::to_vec(&spec).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("cannot encode the upload head: {e}"),
-        )
-    })?;
-    let head_len = u32::try_from(head.len())
-        .map_err(|_| ApiError::bad("bad_query", "the query makes too long a head"))?;
-    let mut upload = Vec::with_capacity(12 + head.len() + payload.len());
-    upload.extend_from_slice(&frame::upload_head(head_len));
-    upload.extend_from_slice(&head);
-    upload.extend_from_slice(&payload);
-    drop(payload);
-    data::store_acked(State(app), ack, Body::from(upload)).await
+    let chunks = BodyChunks::new(body, limit)?;
+    data::store_payload(app, ack, spec, chunks, Bytes::new()).await
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ mod rows_lookup;
 mod rows_model;
 mod rows_ram;
 mod rows_server;
+mod rows_server_mixed;
 mod rows_snapshot;
 mod rows_ssd;
 mod s3;

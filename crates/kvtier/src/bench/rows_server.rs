@@ -27,7 +27,7 @@ use super::measure::pattern;
 use super::{Effort, Row};
 
 /// Clients in the lookup row.
-const CLIENTS: usize = 16;
+pub(super) const CLIENTS: usize = 16;
 
 fn spec(layers: u32) -> LayoutSpec {
     LayoutSpec {
@@ -48,7 +48,7 @@ fn spec(layers: u32) -> LayoutSpec {
     }
 }
 
-fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {
+pub(super) fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {
     PromptSpec::new(
         layout,
         (0..tokens as u32).map(|t| seed * 1_000_000 + t).collect(),
@@ -56,7 +56,7 @@ fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {
 }
 
 /// Seconds to move `total` bytes over one loopback TCP connection in `chunk`-byte writes.
-fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f64> {
+pub(super) fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let src = pattern(chunk, 3);
@@ -89,7 +89,7 @@ fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f64> {
 }
 
 /// p99 in ms of round trips of `req` bytes out and `resp` bytes back, 16 connections at once.
-fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> anyhow::Result<f64> {
+pub(super) fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> anyhow::Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let server = std::thread::spawn(move || {
@@ -142,7 +142,7 @@ fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> anyhow::Resu
     Ok(p99(&mut all))
 }
 
-fn p99(v: &mut [f64]) -> f64 {
+pub(super) fn p99(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
         .copied()
@@ -154,6 +154,8 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         "server.load.64x2MiB.GBps",
         "server.store.2MiB.GBps",
         "server.lookup.p99.ms",
+        "server.mixed.lookup.p99.ms",
+        "server.mixed.store.2MiB.GBps",
     ];
     if !names.iter().any(|n| wanted(n)) {
         return Ok(Vec::new());
@@ -166,6 +168,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     };
     settings.ram.0 = 1 << 30;
     settings.ssd.enabled = false;
+    // To compare thread counts (the default is chosen by these rows): 0 keeps the default.
+    if let Some(n) = std::env::var("KVTIER_BENCH_SERVER_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        settings.workers = n;
+    }
     // The server runs on its own runtime, with as many request threads as `kvtier serve`
     // would start by default; the clients on another runtime.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -266,7 +275,9 @@ async fn measure(
             "one loopback TCP connection carrying the same 32 MiB (RAM tier only)",
         ));
     }
-    if wanted("server.lookup.p99.ms") {
+    let lookup_rows = ["server.lookup.p99.ms", "server.mixed.lookup.p99.ms"];
+    let mixed = wanted("server.mixed.lookup.p99.ms") || wanted("server.mixed.store.2MiB.GBps");
+    if lookup_rows.iter().any(|n| wanted(n)) || mixed {
         // A small layout: lookups read memory only, block size does not matter.
         let small = c.register_layout(&spec(2)).await?;
         // Prompt length: 2,048 tokens unless KVTIER_BENCH_LOOKUP_TOKENS says otherwise (a
@@ -310,18 +321,29 @@ async fn measure(
         }
         let ours = p99(&mut all);
         let raw = tcp_round_trip_p99_ms(req_bytes, resp_bytes, rounds)?;
-        rows.push(Row::new(
-            "server.lookup.p99.ms",
-            ours,
-            "ms",
-            raw,
-            "p99 round trip of the same request/answer sizes over 16 plain TCP connections",
-        ));
+        if wanted("server.lookup.p99.ms") {
+            rows.push(Row::new(
+                "server.lookup.p99.ms",
+                ours,
+                "ms",
+                raw,
+                "p99 round trip of the same request/answer sizes over 16 plain TCP connections",
+            ));
+        }
+        if mixed {
+            let p = Arc::unwrap_or_clone(p);
+            rows.extend(
+                super::rows_server_mixed::rows(
+                    effort, url, &layout, &payload, p, req_bytes, resp_bytes,
+                )
+                .await?,
+            );
+        }
     }
     Ok(rows)
 }
 
-fn med(v: &mut [f64]) -> f64 {
+pub(super) fn med(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
