@@ -5,11 +5,15 @@
 //!   byte range, and their manifests (docs/remote-tier.md).
 //! - [`placement`]: which endpoint and bucket an object lives on (rendezvous hashing).
 //! - [`RemoteTier`]: the tier, behind kvtier-core's `Tier` trait.
+//! - [`catalog`]: how the tier learns of objects written elsewhere ([`Catalog`]; listing
+//!   the bucket at open is [`ListCatalog`]) and whom it tells of its own.
 
+pub mod catalog;
 mod config;
 pub mod object;
 pub mod placement;
 mod tier;
 
+pub use catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
 pub use config::{Endpoint, RemoteConfig};
 pub use tier::RemoteTier;

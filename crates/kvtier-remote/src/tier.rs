@@ -12,8 +12,11 @@
 //!   chain into one object; when the run's parent is already in an object that starts at
 //!   the chain's root, the new object repeats those bytes first (read with one GET), so
 //!   the longer prefix is again one range from offset 0. The manifest goes last.
-//! - **Restart**: [`RemoteTier::open`] lists the manifests under the prefix and registers
-//!   their blocks; nothing else is read.
+//! - **Objects learned elsewhere** come through a [`Catalog`]: at open it names objects
+//!   (by default [`ListCatalog`]: every manifest listed under the prefix) and the tier
+//!   adopts each after checking its manifest against the object's name
+//!   ([`RemoteTier::adopt`]); [`RemoteTier::forget`] and [`RemoteTier::delete`] take
+//!   objects back. The catalog hears of every object the tier writes or deletes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +38,7 @@ use object_store::{
 };
 use parking_lot::RwLock;
 
+use crate::catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
 use crate::config::RemoteConfig;
 use crate::object::{Manifest, RunObject, crc, data_of, names};
 use crate::placement::{Placement, Target};
@@ -69,6 +73,7 @@ pub struct RemoteTier {
     runtime: Option<tokio::runtime::Runtime>,
     blocks: RwLock<HashMap<BlockHash, Slot>>,
     sink: Arc<dyn ResidencySink>,
+    catalog: Arc<dyn Catalog>,
     counters: Counters,
 }
 
@@ -92,10 +97,21 @@ enum Fetch<T> {
 
 impl RemoteTier {
     /// Connects to the endpoints (no request is made for that), then lists the manifests
-    /// under the prefix and reports the blocks they hold to `sink`. An endpoint that does
-    /// not answer within the deadline is logged and skipped: the tier starts with what it
-    /// could list.
+    /// under the prefix and reports the blocks they hold to `sink` ([`ListCatalog`]). An
+    /// endpoint that does not answer within the deadline is logged and skipped: the tier
+    /// starts with what it could list.
     pub fn open(config: RemoteConfig, sink: Arc<dyn ResidencySink>) -> Result<Self> {
+        Self::open_with_catalog(config, sink, Arc::new(ListCatalog))
+    }
+
+    /// [`RemoteTier::open`], learning of objects from `catalog` instead of a listing: the
+    /// tier adopts each object the catalog names at open (checking its manifest) and tells
+    /// it of every object it writes or deletes.
+    pub fn open_with_catalog(
+        config: RemoteConfig,
+        sink: Arc<dyn ResidencySink>,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<Self> {
         if config.endpoints.is_empty() {
             return Err(Error::invalid(
                 "the remote tier needs at least one endpoint",
@@ -129,6 +145,7 @@ impl RemoteTier {
             runtime: Some(runtime),
             blocks: RwLock::new(HashMap::new()),
             sink,
+            catalog,
             counters: Counters::default(),
         };
         tier.recover();
@@ -168,9 +185,34 @@ impl RemoteTier {
             .unwrap_or(0)
     }
 
-    /// Lists and reads every manifest under the prefix, on every endpoint.
+    /// Adopts every object the catalog names at open.
     fn recover(&self) {
-        let mut found: Vec<Arc<RunObject>> = Vec::new();
+        let names = self.catalog.at_open(self);
+        let (mut objects, mut refused) = (0usize, 0usize);
+        for name in &names {
+            match self.adopt(name) {
+                Adopted::Blocks(_) => objects += 1,
+                Adopted::Refused(why) => {
+                    refused += 1;
+                    tracing::warn!(manifest = %name.manifest, reason = %why, "remote tier: not adopting an object");
+                }
+                Adopted::Unreachable(why) => {
+                    tracing::warn!(manifest = %name.manifest, reason = %why, "remote tier: cannot read a manifest; starting without it");
+                }
+            }
+        }
+        tracing::info!(
+            objects,
+            refused,
+            blocks = self.blocks.read().len(),
+            "remote tier recovered"
+        );
+    }
+
+    /// Every manifest under the prefix, on every endpoint (what [`ListCatalog`] names). An
+    /// endpoint that cannot be listed within the deadline is logged and skipped.
+    pub fn list_manifests(&self) -> Vec<ObjectName> {
+        let mut found = Vec::new();
         for (t, store) in self.stores.iter().enumerate() {
             let store = store.clone();
             let prefix = Path::from(self.config.prefix.as_str());
@@ -186,59 +228,139 @@ impl RemoteTier {
                 }
                 Ok(names)
             });
-            let names = match listed {
-                Fetch::Got(n) => n,
-                Fetch::Gone => Vec::new(),
+            match listed {
+                Fetch::Got(names) => found.extend(names.into_iter().map(|manifest| ObjectName {
+                    endpoint: t,
+                    manifest,
+                })),
+                Fetch::Gone => {}
                 Fetch::Failed(e) => {
                     tracing::warn!(endpoint = %self.placement.targets()[t].id, error = %e, "remote tier: cannot list objects; starting without them");
                     self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            for name in names {
-                let store = self.stores[t].clone();
-                let path = Path::from(name.as_str());
-                let got = self.call(async move { store.get(&path).await?.bytes().await });
-                let Fetch::Got(bytes) = got else { continue };
-                let Some(object) = parse_manifest(&bytes, t, &name) else {
-                    tracing::warn!(manifest = %name, "remote tier: ignoring a malformed manifest");
-                    continue;
-                };
-                found.push(object);
-            }
-        }
-        let mut blocks = self.blocks.write();
-        let mut metas: Vec<&BlockMeta> = Vec::new();
-        for object in &found {
-            for (i, m) in object.metas.iter().enumerate() {
-                // Prefer the object holding the longer run from the root.
-                let better = blocks
-                    .get(&m.hash)
-                    .is_none_or(|s| s.object.metas.len() < object.metas.len());
-                if better {
-                    if !blocks.contains_key(&m.hash) {
-                        metas.push(m);
-                    }
-                    blocks.insert(
-                        m.hash,
-                        Slot {
-                            object: object.clone(),
-                            index: i,
-                        },
-                    );
                 }
             }
         }
-        self.sink.inserted_many(TierKind::Remote, &metas);
-        tracing::info!(
-            objects = found.len(),
-            blocks = blocks.len(),
-            "remote tier recovered"
-        );
+        found
     }
 
-    /// Forgets every block that points at `object` (it is gone or corrupt).
-    fn forget_object(&self, object: &Arc<RunObject>, cause: RemovalCause) {
+    /// Reads `name`'s manifest and, if it describes exactly the object its name says (a
+    /// chain of blocks under this tier's prefix whose first and last hashes name it, with
+    /// a checksum per block), makes its blocks servable. A block already held in a shorter
+    /// object moves to this one (the longer run from the root is read with one GET).
+    pub fn adopt(&self, name: &ObjectName) -> Adopted {
+        let Some(store) = self.stores.get(name.endpoint).cloned() else {
+            return Adopted::Refused(format!(
+                "endpoint {} is not one of the tier's {}",
+                name.endpoint,
+                self.stores.len()
+            ));
+        };
+        let path = Path::from(name.manifest.as_str());
+        let bytes = match self.call(async move { store.get(&path).await?.bytes().await }) {
+            Fetch::Got(b) => b,
+            Fetch::Gone => return Adopted::Unreachable("the manifest is gone".into()),
+            Fetch::Failed(e) => {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                return Adopted::Unreachable(e);
+            }
+        };
+        let object = match checked_manifest(&bytes, name, &self.config.prefix) {
+            Ok(o) => o,
+            Err(why) => return Adopted::Refused(why),
+        };
+        let mut blocks = self.blocks.write();
+        let mut new: Vec<&BlockMeta> = Vec::new();
+        for (i, m) in object.metas.iter().enumerate() {
+            // Prefer the object holding the longer run from the root.
+            let held = blocks.get(&m.hash);
+            if held.is_none_or(|s| s.object.metas.len() < object.metas.len()) {
+                if held.is_none() {
+                    new.push(m);
+                }
+                blocks.insert(
+                    m.hash,
+                    Slot {
+                        object: object.clone(),
+                        index: i,
+                    },
+                );
+            }
+        }
+        self.sink.inserted_many(TierKind::Remote, &new);
+        Adopted::Blocks(new.len())
+    }
+
+    /// Stops serving from `name` (a catalog learned it is withdrawn): every block held in
+    /// that object is forgotten (reported to the sink as removed on request); the object
+    /// itself is left in the store. Returns how many blocks were forgotten.
+    pub fn forget(&self, name: &ObjectName) -> usize {
+        let Some(data_name) = data_of(&name.manifest) else {
+            return 0;
+        };
+        // A scan: forgetting is rare (a withdrawal), and a name index would have to follow
+        // every block that moves to a longer object.
+        let objects: Vec<Arc<RunObject>> = {
+            let blocks = self.blocks.read();
+            let mut seen: Vec<Arc<RunObject>> = Vec::new();
+            for slot in blocks.values() {
+                let o = &slot.object;
+                if o.target == name.endpoint
+                    && o.data_name == data_name
+                    && !seen.iter().any(|s| Arc::ptr_eq(s, o))
+                {
+                    seen.push(o.clone());
+                }
+            }
+            seen
+        };
+        objects
+            .iter()
+            .map(|o| self.forget_object(o, RemovalCause::Explicit))
+            .sum()
+    }
+
+    /// Deletes `name` from the store — the manifest first, so no reader adopts an object
+    /// whose data is going — then its data, forgets its blocks and tells the catalog.
+    /// Objects are shared: only the replica that owns an object should delete it (the
+    /// catalog's rule). An object already gone counts as deleted. Returns how many blocks
+    /// were forgotten; an error says what could not be deleted.
+    pub fn delete(&self, name: &ObjectName) -> Result<usize> {
+        let store = self.stores.get(name.endpoint).cloned().ok_or_else(|| {
+            Error::invalid(format!(
+                "endpoint {} is not one of the tier's {}",
+                name.endpoint,
+                self.stores.len()
+            ))
+        })?;
+        let data_name = data_of(&name.manifest)
+            .ok_or_else(|| Error::invalid(format!("`{}` is not a manifest name", name.manifest)))?;
+        for object in [name.manifest.clone(), data_name] {
+            let store = store.clone();
+            let path = Path::from(object.as_str());
+            match self.call(async move { store.delete(&path).await }) {
+                Fetch::Got(()) | Fetch::Gone => {}
+                Fetch::Failed(e) => {
+                    self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    // Without its manifest nobody adopts the object: forget it either way.
+                    let forgotten = self.forget(name);
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "cannot delete remote object `{object}` ({forgotten} blocks forgotten): {e}"
+                        ),
+                    ));
+                }
+            }
+        }
+        let forgotten = self.forget(name);
+        self.catalog.deleted(name);
+        Ok(forgotten)
+    }
+
+    /// Forgets every block that points at `object` (it is gone, corrupt or withdrawn);
+    /// returns how many.
+    fn forget_object(&self, object: &Arc<RunObject>, cause: RemovalCause) -> usize {
+        let mut forgotten = 0;
         let mut blocks = self.blocks.write();
         for m in &object.metas {
             if blocks
@@ -252,8 +374,10 @@ impl RemoteTier {
                     _ => &self.counters.removed_explicit,
                 };
                 c.fetch_add(1, Ordering::Relaxed);
+                forgotten += 1;
             }
         }
+        forgotten
     }
 
     /// One ranged GET of slots `range` of `object`, each block verified.
@@ -374,6 +498,15 @@ impl RemoteTier {
                 self.sink.inserted(TierKind::Remote, m);
             }
         }
+        drop(blocks);
+        self.catalog.wrote(&ObjectInfo {
+            name: ObjectName {
+                endpoint: object.target,
+                manifest: manifest_name,
+            },
+            blocks: object.metas.iter().map(|m| m.hash).collect(),
+            block_bytes: object.block_bytes,
+        });
         Ok(())
     }
 
@@ -430,12 +563,32 @@ fn build_store(
         .map_err(|err| Error::invalid(format!("remote endpoint {}: {err}", e.id())))
 }
 
-fn parse_manifest(bytes: &[u8], target: usize, manifest_name: &str) -> Option<Arc<RunObject>> {
-    let manifest: Manifest = serde_json::from_slice(bytes).ok()?;
-    let metas = manifest.metas()?;
-    Some(Arc::new(RunObject {
-        target,
-        data_name: data_of(manifest_name)?,
+/// The object `bytes` (the manifest read from `name`) describes, if it is exactly the
+/// object its name says: a chain of blocks of one size whose names under `prefix` are
+/// `name`. A manifest copied under another name, or naming another prefix, describes
+/// blocks the tier must not serve from that object.
+fn checked_manifest(
+    bytes: &[u8],
+    name: &ObjectName,
+    prefix: &str,
+) -> std::result::Result<Arc<RunObject>, String> {
+    let manifest: Manifest =
+        serde_json::from_slice(bytes).map_err(|e| format!("the manifest is not JSON: {e}"))?;
+    let metas = manifest
+        .metas()
+        .ok_or("the manifest does not describe a chain of blocks")?;
+    if manifest.block_bytes == 0 {
+        return Err("the manifest's blocks are empty".into());
+    }
+    let (data_name, manifest_name) = names(prefix, &metas).ok_or("the manifest has no blocks")?;
+    if manifest_name != name.manifest {
+        return Err(format!(
+            "the manifest describes `{manifest_name}`, not the object it is stored as"
+        ));
+    }
+    Ok(Arc::new(RunObject {
+        target: name.endpoint,
+        data_name,
         crcs: manifest.blocks.iter().map(|b| b.crc32c).collect(),
         metas,
         block_bytes: manifest.block_bytes,

@@ -1,0 +1,85 @@
+//! How the remote tier learns of objects it did not write itself, and tells others of the
+//! objects it writes and deletes.
+//!
+//! Objects in the shared store are written by many replicas. Which of them a replica may
+//! serve is a question for a catalog: listing the bucket at start ([`ListCatalog`], one
+//! replica or several that restart now and then) or a shared index that announces objects
+//! as they are written (the etcd plane). Whatever the catalog, the tier itself decides
+//! what it serves: [`crate::RemoteTier::adopt`] reads an object's manifest and checks it
+//! against the object's name before any of its blocks is known — a catalog can only point,
+//! never vouch — and [`crate::RemoteTier::forget`] / [`crate::RemoteTier::delete`] are the
+//! only ways blocks leave it besides a failed read.
+
+use std::fmt::Debug;
+
+use kvtier_core::hash::BlockHash;
+
+use crate::RemoteTier;
+
+/// An object of the remote store, by where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectName {
+    /// Which of the tier's endpoints holds it (an index into
+    /// [`crate::RemoteConfig::endpoints`]).
+    pub endpoint: usize,
+    /// The name of its manifest (`<prefix>/<layout>/<first>-<last>.kvm`); the data object
+    /// is the same name with `.kvo`.
+    pub manifest: String,
+}
+
+/// An object the tier wrote or deleted, as a catalog needs to describe it to others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Where it is.
+    pub name: ObjectName,
+    /// Its blocks' hashes, from the root of the chain: a reader may use any leading part.
+    pub blocks: Vec<BlockHash>,
+    /// Bytes per block: block `i` is bytes `i·block_bytes .. (i+1)·block_bytes` of the
+    /// data object.
+    pub block_bytes: u64,
+}
+
+/// What [`crate::RemoteTier::adopt`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adopted {
+    /// The manifest checked out; this many of its blocks were new to the tier.
+    Blocks(usize),
+    /// The manifest is not one the tier may serve from (unreadable, not a chain, or not
+    /// the object its name says); nothing was adopted.
+    Refused(String),
+    /// The manifest could not be read (gone, or the endpoint did not answer in time).
+    Unreachable(String),
+}
+
+/// Where a remote tier learns of objects, and whom it tells of its own writes and deletes.
+///
+/// Implementations must be quick in [`Catalog::wrote`] and [`Catalog::deleted`] (they run
+/// on the thread that wrote or deleted): hand the work to a thread of their own.
+pub trait Catalog: Send + Sync + Debug + 'static {
+    /// The objects to adopt when the tier opens. The tier adopts each through
+    /// [`crate::RemoteTier::adopt`], so a wrong name costs a refused adoption, not a
+    /// wrong block.
+    fn at_open(&self, tier: &RemoteTier) -> Vec<ObjectName>;
+
+    /// The tier wrote `object` (data, then manifest: it is complete).
+    fn wrote(&self, object: &ObjectInfo) {
+        let _ = object;
+    }
+
+    /// The tier deleted `object` from the store.
+    fn deleted(&self, object: &ObjectName) {
+        let _ = object;
+    }
+}
+
+/// The catalog of a tier on its own: at open, every manifest listed under the prefix on
+/// every endpoint; nothing learned afterwards (another replica's writes are seen at the
+/// next start).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ListCatalog;
+
+impl Catalog for ListCatalog {
+    fn at_open(&self, tier: &RemoteTier) -> Vec<ObjectName> {
+        tier.list_manifests()
+    }
+}
