@@ -17,6 +17,9 @@ use serde::de::DeserializeOwned;
 use super::input;
 use crate::error::ApiError;
 
+/// Payload bytes a store copies before it lets other requests on its thread run.
+const YIELD_EVERY: usize = 1 << 20;
+
 /// A request body's chunks, refusing more than its limit in total.
 pub struct BodyChunks {
     stream: BodyDataStream,
@@ -172,6 +175,7 @@ pub async fn read_blocks(
     );
     let mut filling = BytesMut::new();
     let mut payload_len = 0u64;
+    let mut since_yield = 0usize;
     let mut piece = first;
     loop {
         payload_len += piece.len() as u64;
@@ -186,6 +190,14 @@ pub async fn read_blocks(
             if filling.len() == block {
                 blocks.push(std::mem::take(&mut filling).freeze());
             }
+        }
+        // Let other requests run between pieces: a large store arrives in chunks that are
+        // always ready, and tokio's cooperative budget would let one store copy tens of
+        // megabytes before a lookup on the same thread got a turn.
+        since_yield += piece.len();
+        if since_yield >= YIELD_EVERY {
+            since_yield = 0;
+            tokio::task::yield_now().await;
         }
         match chunks.next().await? {
             Some(next) => piece = next,
