@@ -4,8 +4,27 @@
 //! that vanished between lookup and load ends the load early. `Error` is for calls that
 //! cannot be carried out; its [`ErrorKind`] tells the caller what to do about it, and the
 //! network edge maps it once to an HTTP status.
+//!
+//! An error has three parts, each for a different reader:
+//!
+//! - the **kind**, for code deciding what to do (retry, give up, report a bug);
+//! - the **message**, kvtier's own context naming the offending values
+//!   (``"write record to `/data/0000000000000003.seg`"``);
+//! - an optional **source**, the error underneath (an `std::io::Error`, an object-store
+//!   error, a lower tier's `Error`), reachable through [`std::error::Error::source`] so a
+//!   program can walk the chain and, say, downcast to `std::io::Error` to read the errno.
+//!
+//! `Display` prints the whole chain on one line — kind, message, then each source's text
+//! — because logs and API answers print errors with `Display` and must not lose the
+//! operating system's reason. A reporter that also walks `source()` will repeat the
+//! sources' text; kvtier's own edges never do that (see docs/adr/0012).
+//!
+//! Errors stay `Clone` (the source is shared behind an `Arc`): one failed write is
+//! reported to every block it carried. Two errors are equal when their kind and message
+//! are; the source does not take part (an `std::io::Error` has no equality).
 
 use std::fmt;
+use std::sync::Arc;
 
 /// What the caller should do about an [`Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,11 +46,16 @@ pub enum ErrorKind {
     Internal,
 }
 
-/// An error from kvtier-core, with a message that names the offending value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The error underneath an [`Error`], shared so that errors stay `Clone`.
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An error from kvtier-core: a kind, a message that names the offending value, and the
+/// error underneath when there is one. See the module docs.
+#[derive(Debug, Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    source: Option<Source>,
 }
 
 impl Error {
@@ -40,6 +64,7 @@ impl Error {
         Self {
             kind,
             message: message.into(),
+            source: None,
         }
     }
 
@@ -53,16 +78,62 @@ impl Error {
         Self::new(ErrorKind::NoSpace, message)
     }
 
+    /// This error, caused by `source`. The message should say what kvtier was doing; the
+    /// source says why it failed, so the message need not repeat the source's text.
+    pub fn with_source(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.with_shared_source(Arc::new(source))
+    }
+
+    /// Like [`Error::with_source`], with a source already shared (one cause reported by
+    /// several errors).
+    pub fn with_shared_source(mut self, source: Source) -> Self {
+        self.source = Some(source);
+        self
+    }
+
     /// What the caller should do about this error.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
-    /// The human-readable message.
+    /// kvtier's own context, without the sources' text (see [`Error::full_message`]).
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// The message followed by the text of every source down the chain, `": "`-separated:
+    /// what `Display` prints after the kind. For answers that carry the kind apart (the
+    /// HTTP edge's `code`).
+    pub fn full_message(&self) -> String {
+        let mut out = self.message.clone();
+        let mut next = self.source.as_deref().map(as_dyn);
+        while let Some(e) = next {
+            out.push_str(": ");
+            match e.downcast_ref::<Error>() {
+                // Our own error: its message only, its sources follow in the loop.
+                Some(ours) => out.push_str(&ours.message),
+                None => out.push_str(&e.to_string()),
+            }
+            next = e.source();
+        }
+        out
+    }
 }
+
+/// The source as a plain `dyn Error` (what `source()` returns and `downcast_ref` takes).
+fn as_dyn<'a>(
+    e: &'a (dyn std::error::Error + Send + Sync + 'static),
+) -> &'a (dyn std::error::Error + 'static) {
+    e
+}
+
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for Error {}
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -74,11 +145,80 @@ impl fmt::Display for Error {
             ErrorKind::Closed => "closed",
             ErrorKind::Internal => "internal error",
         };
-        write!(f, "{kind}: {}", self.message)
+        write!(f, "{kind}: {}", self.full_message())
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(as_dyn)
+    }
+}
 
 /// The result type of kvtier-core.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use std::error::Error as _;
+    use std::io;
+
+    use super::*;
+
+    /// A lower tier's error over an I/O error, wrapped by the engine: three links.
+    fn chain() -> Error {
+        let disk = io::Error::from_raw_os_error(28);
+        let tier = Error::no_space("write record to `/d/0001.seg`").with_source(disk);
+        Error::new(ErrorKind::Unavailable, "persist block `ab12`").with_source(tier)
+    }
+
+    #[test]
+    fn the_chain_can_be_walked_down_to_the_io_error() {
+        let top = chain();
+        let mut kinds = Vec::new();
+        let mut link: Option<&(dyn std::error::Error + 'static)> = Some(&top);
+        let mut errno = None;
+        while let Some(e) = link {
+            if let Some(ours) = e.downcast_ref::<Error>() {
+                kinds.push(ours.kind());
+            }
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                errno = io.raw_os_error();
+            }
+            link = e.source();
+        }
+        assert_eq!(kinds, [ErrorKind::Unavailable, ErrorKind::NoSpace]);
+        assert_eq!(errno, Some(28));
+    }
+
+    #[test]
+    fn display_prints_every_link_once() {
+        let top = chain();
+        let text = top.to_string();
+        assert!(
+            text.starts_with("unavailable: persist block `ab12`: write record to `/d/0001.seg`: "),
+            "{text}"
+        );
+        // The lower tier's kind is a value to inspect, not text repeated mid-line.
+        assert!(!text.contains("no space:"), "{text}");
+        assert_eq!(text.matches("/d/0001.seg").count(), 1, "{text}");
+        assert!(
+            top.full_message()
+                .ends_with(&io::Error::from_raw_os_error(28).to_string())
+        );
+        assert_eq!(top.message(), "persist block `ab12`");
+    }
+
+    #[test]
+    fn clones_share_the_source_and_equality_ignores_it() {
+        let top = chain();
+        let copy = top.clone();
+        assert_eq!(top, copy);
+        assert!(copy.source().is_some());
+        let bare = Error::new(ErrorKind::Unavailable, "persist block `ab12`");
+        assert_eq!(top, bare);
+        assert_ne!(top, Error::invalid("persist block `ab12`"));
+    }
+}

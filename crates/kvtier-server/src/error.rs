@@ -53,7 +53,8 @@ impl From<kvtier_core::Error> for ApiError {
             }
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
-        Self::new(status, code, e.message().to_string())
+        // The kind is the code; the message keeps every cause (an errno's text).
+        Self::new(status, code, e.full_message())
     }
 }
 

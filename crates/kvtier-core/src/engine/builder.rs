@@ -182,8 +182,9 @@ impl EngineBuilder {
         .map_err(|e| {
             Error::new(
                 crate::ErrorKind::Unavailable,
-                format!("cannot start the prefetch thread: {e}"),
+                "cannot start the prefetch thread",
             )
+            .with_source(e)
         })?;
         Ok(Engine {
             config,
@@ -215,8 +216,9 @@ pub(super) fn attach(
     let writer = WriteBehind::start(tier.clone(), policy.writer).map_err(|e| {
         Error::new(
             crate::ErrorKind::Unavailable,
-            format!("cannot start the {} writer thread: {e}", kind.name()),
+            format!("cannot start the {} writer thread", kind.name()),
         )
+        .with_source(e)
     })?;
     // A queued block whose write fails or is refused leaves the index again (and the
     // observers hear of it; an observer may get this removal for a block the tier never

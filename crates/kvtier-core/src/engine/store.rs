@@ -273,14 +273,16 @@ fn persist(tier: &dyn Tier, items: &[(BlockMeta, Bytes)], ack: Ack) -> Result<()
                 refused.get_or_insert((meta.position, format!("{why:?}"), why));
             }
             Err(e) => {
+                let kind = e.kind();
                 return Err(Error::new(
-                    e.kind(),
+                    kind,
                     format!(
-                        "block {} is in RAM but could not be written to the {} tier: {e}",
+                        "block {} is in RAM but could not be written to the {} tier",
                         meta.position,
                         tier.kind().name()
                     ),
-                ));
+                )
+                .with_source(e));
             }
         }
     }

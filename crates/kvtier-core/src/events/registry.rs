@@ -102,8 +102,9 @@ impl Observers {
                 .map_err(|e| {
                     Error::new(
                         crate::ErrorKind::Unavailable,
-                        format!("cannot start the thread of observer `{name}`: {e}"),
+                        format!("cannot start the thread of observer `{name}`"),
                     )
+                    .with_source(e)
                 })?;
             let mut list: Vec<Arc<Subscription>> = subs.iter().cloned().collect();
             list.push(sub.clone());

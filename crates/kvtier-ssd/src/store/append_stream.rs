@@ -70,10 +70,7 @@ impl Reservation {
         }
         let at = self.offset + self.payload_offset + self.written;
         self.segment.seg.write_all_at(bytes, at).map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("write payload at {at}: {e}"),
-            )
+            Error::new(ErrorKind::Unavailable, format!("write payload at {at}")).with_source(e)
         })?;
         let chunk = 1u64 << self.chunk_log2;
         let mut rest = bytes;
@@ -99,10 +96,7 @@ impl Reservation {
     /// inside [`SegmentStore::commit`] has only the header left to write out.
     pub fn sync_data(&self) -> Result<()> {
         self.segment.seg.sync_data().map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("sync a reserved payload: {e}"),
-            )
+            Error::new(ErrorKind::Unavailable, "sync a reserved payload").with_source(e)
         })
     }
 
@@ -228,7 +222,7 @@ impl SegmentStore {
         res.segment
             .seg
             .write_all_at(&header.encode(), res.offset)
-            .map_err(|e| io_error(&path, "write record to", &e))
+            .map_err(|e| io_error(&path, "write record to", e))
     }
 
     /// Copies a written reservation's payload to a new one at the current tail.
@@ -244,10 +238,7 @@ impl SegmentStore {
                 .seg
                 .read_exact_at(piece, from.offset + from.payload_offset + at)
                 .map_err(|e| {
-                    Error::new(
-                        ErrorKind::Unavailable,
-                        format!("re-read a reserved payload: {e}"),
-                    )
+                    Error::new(ErrorKind::Unavailable, "re-read a reserved payload").with_source(e)
                 })?;
             to.write(piece)?;
             at += n as u64;

@@ -26,7 +26,7 @@ impl DirLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| io_error(&path, "open", &e))?;
+            .map_err(|e| io_error(&path, "open", e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -41,7 +41,7 @@ impl DirLock {
                     ),
                 ));
             }
-            Err(TryLockError::Error(e)) => return Err(io_error(&path, "lock", &e)),
+            Err(TryLockError::Error(e)) => return Err(io_error(&path, "lock", e)),
         }
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let who = format!("pid {} on {}", std::process::id(), host.trim());
@@ -58,12 +58,13 @@ impl DirLock {
     }
 }
 
-/// An I/O error as a kvtier error naming the file and the operation.
-pub fn io_error(path: &Path, op: &str, e: &std::io::Error) -> Error {
+/// An I/O error as a kvtier error naming the file and the operation, with the I/O error
+/// as its source (so a caller can still read the errno).
+pub fn io_error(path: &Path, op: &str, e: std::io::Error) -> Error {
     let kind = if e.raw_os_error() == Some(28) {
         ErrorKind::NoSpace
     } else {
         ErrorKind::Unavailable
     };
-    Error::new(kind, format!("{op} `{}`: {e}", path.display()))
+    Error::new(kind, format!("{op} `{}`", path.display())).with_source(e)
 }

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvtier_core::clock::{Clock, ClockExt, SystemClock};
 use kvtier_core::{Error, ErrorKind, Result};
 use parking_lot::{Mutex, RwLock};
 
@@ -186,13 +187,9 @@ pub struct SegmentStore {
     /// Records written with `O_DIRECT` (see [`SegmentStore::append_to_sync`]).
     direct_appends: AtomicU64,
     read_only: bool,
+    /// Stamps new segments with their creation date.
+    clock: Arc<dyn Clock>,
     _lock: Option<DirLock>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn seg_path(dir: &Path, id: u64) -> PathBuf {
@@ -204,18 +201,27 @@ fn idx_path(dir: &Path, id: u64) -> PathBuf {
 }
 
 impl SegmentStore {
+    /// [`SegmentStore::open_with_clock`] with the system clock (tools and tests).
+    pub fn open(dir: &Path, config: StoreConfig) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
+        Self::open_with_clock(dir, config, Arc::new(SystemClock::new()))
+    }
+
     /// Opens (creating if needed) the store in `dir`, takes its exclusive lock and
     /// recovers every live record, repairing what recovery found (torn tails, damaged
     /// logs, tombstones older copies lack). Writes nothing else: the active segment is
-    /// created by the first append.
-    pub fn open(dir: &Path, config: StoreConfig) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
+    /// created by the first append. New segments are stamped with `clock`'s wall time.
+    pub fn open_with_clock(
+        dir: &Path,
+        config: StoreConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Self, Vec<Recovered>, RecoveryReport)> {
         if !(9..=30).contains(&config.chunk_log2) || config.segment_bytes < 2 * SEGMENT_HEADER_LEN {
             return Err(Error::invalid(format!(
                 "invalid SSD store settings: chunk_log2={} (9..=30), segment_bytes={} (at least 8 KiB)",
                 config.chunk_log2, config.segment_bytes
             )));
         }
-        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", &e))?;
+        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", e))?;
         let lock = DirLock::acquire(dir)?;
         // How the previous run ended; the record is consumed, so a crash in this run
         // leaves none for the next.
@@ -227,11 +233,8 @@ impl SegmentStore {
         let (segments, recovered, mut report, max_seen) =
             recovery::recover(dir, recovery::Mode::Repair)?;
         report.previous_shutdown_clean = previous_clean;
-        Ok((
-            Self::assemble(dir, config, segments, max_seen, false, Some(lock)),
-            recovered,
-            report,
-        ))
+        let store = Self::assemble(dir, config, segments, max_seen, Some(lock), clock);
+        Ok((store, recovered, report))
     }
 
     /// Opens the store in `dir` without changing anything in it: no lock, no repair, every
@@ -251,7 +254,9 @@ impl SegmentStore {
         let (segments, recovered, mut report, max_seen) =
             recovery::recover(dir, recovery::Mode::ReadOnly)?;
         report.previous_shutdown_clean = previous_clean;
-        let store = Self::assemble(dir, StoreConfig::default(), segments, max_seen, true, None);
+        // Read-only: no segment is ever created, so no stamp is ever read.
+        let clock = Arc::new(SystemClock::new());
+        let store = Self::assemble(dir, StoreConfig::default(), segments, max_seen, None, clock);
         Ok((store, recovered, report))
     }
 
@@ -260,9 +265,11 @@ impl SegmentStore {
         config: StoreConfig,
         segments: BTreeMap<u64, Arc<Segment>>,
         max_seen: u64,
-        read_only: bool,
         lock: Option<DirLock>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
+        // Only a store that holds its directory's lock may write.
+        let read_only = lock.is_none();
         Self {
             dir: dir.to_path_buf(),
             config,
@@ -278,6 +285,7 @@ impl SegmentStore {
             sync_gate: group_commit::SyncGate::default(),
             direct_appends: AtomicU64::new(0),
             read_only,
+            clock,
             _lock: lock,
         }
     }
@@ -363,7 +371,7 @@ impl SegmentStore {
                 }
                 None => buffered(),
             })
-            .map_err(|e| io_error(&path, "write record to", &e))?;
+            .map_err(|e| io_error(&path, "write record to", e))?;
         if wrote_direct {
             self.direct_appends.fetch_add(1, Ordering::Relaxed);
         }
@@ -406,7 +414,7 @@ impl SegmentStore {
             let id = *next_id;
             // Ids are never reused, not even one whose creation failed.
             *next_id += 1;
-            let segment = Arc::new(create_segment(&self.dir, id)?);
+            let segment = Arc::new(create_segment(&self.dir, id, self.clock.wall_unix_ms())?);
             self.segments.write().insert(id, segment.clone());
             *current = Some(Active {
                 segment,
@@ -465,12 +473,12 @@ impl SegmentStore {
             let synced_one = if n < data.len() {
                 seg.seg
                     .sync_data()
-                    .map_err(|e| io_error(&seg_path(&self.dir, *id), "sync", &e))
+                    .map_err(|e| io_error(&seg_path(&self.dir, *id), "sync", e))
             } else {
                 match seg.idx.lock().as_ref() {
                     Some(idx) => idx
                         .sync_data()
-                        .map_err(|e| io_error(&idx_path(&self.dir, *id), "sync", &e)),
+                        .map_err(|e| io_error(&idx_path(&self.dir, *id), "sync", e)),
                     None => Ok(()),
                 }
             };
@@ -498,10 +506,10 @@ impl SegmentStore {
             for seg in segments {
                 seg.seg
                     .sync_data()
-                    .map_err(|e| io_error(&seg_path(&self.dir, seg.id), "sync", &e))?;
+                    .map_err(|e| io_error(&seg_path(&self.dir, seg.id), "sync", e))?;
                 if let Some(idx) = seg.idx.lock().as_ref() {
                     idx.sync_data()
-                        .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", &e))?;
+                        .map_err(|e| io_error(&idx_path(&self.dir, seg.id), "sync", e))?;
                 }
             }
             Ok(upto)
@@ -518,7 +526,7 @@ impl SegmentStore {
             .and_then(|()| File::open(&tmp)?.sync_all())
             .and_then(|()| std::fs::rename(&tmp, &path))
             .and_then(|()| File::open(&self.dir)?.sync_all())
-            .map_err(|e| io_error(&path, "write", &e))
+            .map_err(|e| io_error(&path, "write", e))
     }
 
     /// The id of the segment being appended to, once the first append created it.
@@ -554,7 +562,7 @@ impl SegmentStore {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_error(&path, "remove", &e)),
+                Err(e) => return Err(io_error(&path, "remove", e)),
             }
         }
         let _ = sync_dir(&self.dir);
@@ -597,7 +605,7 @@ impl SegmentStore {
             let end = idx.metadata()?.len();
             idx.write_all_at(&bytes, end)
         })
-        .map_err(|e| io_error(&path, "append index entry to", &e))
+        .map_err(|e| io_error(&path, "append index entry to", e))
     }
 
     fn with_retries<T>(&self, mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
@@ -619,7 +627,7 @@ impl SegmentStore {
 
 /// Creates segment `id` (header synced, directory entry synced). On failure nothing is
 /// left behind.
-fn create_segment(dir: &Path, id: u64) -> Result<Segment> {
+fn create_segment(dir: &Path, id: u64, created_ms: u64) -> Result<Segment> {
     let path = seg_path(dir, id);
     let ipath = idx_path(dir, id);
     let created = (|| -> Result<Segment> {
@@ -628,23 +636,19 @@ fn create_segment(dir: &Path, id: u64) -> Result<Segment> {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|e| io_error(&path, "create segment", &e))?;
-        let header = SegmentHeader {
-            id,
-            created_ms: now_ms(),
-        }
-        .encode();
+            .map_err(|e| io_error(&path, "create segment", e))?;
+        let header = SegmentHeader { id, created_ms }.encode();
         seg.write_all_at(&header, 0)
             .and_then(|()| seg.sync_data())
-            .map_err(|e| io_error(&path, "write segment header to", &e))?;
+            .map_err(|e| io_error(&path, "write segment header to", e))?;
         let idx = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(&ipath)
-            .map_err(|e| io_error(&ipath, "create index log", &e))?;
-        sync_dir(dir).map_err(|e| io_error(dir, "sync directory", &e))?;
+            .map_err(|e| io_error(&ipath, "create index log", e))?;
+        sync_dir(dir).map_err(|e| io_error(dir, "sync directory", e))?;
         Ok(Segment {
             id,
             seg,

@@ -117,7 +117,7 @@ impl Reader<'_> {
             self.corrupt("record truncated")
         } else {
             let path = seg_path(&self.store.dir, self.seg.id);
-            ReadFault::Io(super::io_error(&path, "read", &e))
+            ReadFault::Io(super::io_error(&path, "read", e))
         }
     }
 

@@ -146,7 +146,7 @@ pub(super) fn recover(dir: &Path, mode: Mode) -> Result<Recovery> {
         } else {
             Vec::new()
         };
-        let scan = scan_segment(id, &seg, &log).map_err(|e| io_error(&path, "scan", &e))?;
+        let scan = scan_segment(id, &seg, &log).map_err(|e| io_error(&path, "scan", e))?;
         found.push(Found { id, seg, scan });
     }
     bar.finish_and_clear();
@@ -224,7 +224,7 @@ fn list(dir: &Path, mode: Mode, report: &mut RecoveryReport) -> Result<(Vec<u64>
     let mut seg_ids = Vec::new();
     let mut idx_ids = Vec::new();
     let mut max_seen = 0;
-    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, "list", &e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, "list", e))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let parse = |stem: &str| u64::from_str_radix(stem, 16).ok();

@@ -110,7 +110,7 @@ impl SsdTier {
     /// Drops every block whose last access is older than the TTL, then brings every
     /// namespace and the store under budget.
     pub fn enforce(&self) -> Result<Enforced> {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let ttl = u64::try_from(self.config.ttl.as_nanos()).unwrap_or(u64::MAX);
         let expired: Vec<BlockHash> = self
             .blocks

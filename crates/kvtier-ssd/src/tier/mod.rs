@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvtier_core::clock::Clock;
+use kvtier_core::clock::{Clock, ClockExt};
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::stats::{Evictions, TierStats};
@@ -84,7 +84,7 @@ impl SsdConfig {
 struct Held {
     loc: Loc,
     meta: BlockMeta,
-    /// Last store or read, in the injected clock's nanoseconds.
+    /// Last store or read, on the tier's time line ([`SsdTier::now`]).
     last_access: AtomicU64,
 }
 
@@ -119,6 +119,9 @@ pub struct SsdTier {
     misses: AtomicU64,
     config: SsdConfig,
     clock: Arc<dyn Clock>,
+    /// Added to the clock's monotonic reading to give the tier's time line, so that the
+    /// ages of the records recovered at open fit on it (see [`SsdTier::open`]).
+    shift: u64,
     sink: Arc<dyn ResidencySink>,
     recovery: RecoveryReport,
 }
@@ -137,26 +140,48 @@ fn key_of(hash: &BlockHash) -> [u8; 32] {
     k
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// How long ago (nanoseconds) a record stamped `created_ms` was written, at wall time
+/// `wall_now_ms`; 0 for a stamp in the future (the wall clock went back). Ages past the
+/// TTL are cut to just past it: such a record expires at the next pass whatever its age,
+/// and a short cut keeps the tier's time line near the clock's.
+fn recovered_age(wall_now_ms: u64, created_ms: u64, ttl_ns: u64) -> u64 {
+    wall_now_ms
+        .saturating_sub(created_ms)
+        .saturating_mul(1_000_000)
+        .min(ttl_ns.saturating_add(1))
 }
 
 impl SsdTier {
     /// Opens the store, recovers what it holds and reports every recovered block to
-    /// `sink` (the engine's prefix index).
+    /// `sink` (the engine's prefix index). Time comes from `clock`: its monotonic reading
+    /// for TTL, LRU order and quarantine, its wall reading for the records' creation
+    /// stamps.
+    ///
+    /// Across a restart a record's last access is not known; its creation stamp is the
+    /// best lower bound, so it counts as last accessed that long ago. The monotonic clock
+    /// may have started just now, too recently to hold such an age, so the tier runs its
+    /// own time line ahead of the clock by the largest recovered age (capped just past the
+    /// TTL): a block stored six days before a restart with a seven-day TTL expires one day
+    /// after it, not seven.
     pub fn open(
         config: SsdConfig,
         clock: Arc<dyn Clock>,
         sink: Arc<dyn ResidencySink>,
     ) -> Result<Self> {
-        let (store, recovered, recovery) = SegmentStore::open(&config.dir, config.store)?;
+        let (store, recovered, recovery) =
+            SegmentStore::open_with_clock(&config.dir, config.store, clock.clone())?;
         let mut blocks: HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>> =
             HashMap::with_capacity_and_hasher(recovered.len(), BuildHasherDefault::default());
         let mut counters = Counters::default();
-        let now = clock.now_nanos();
-        let wall_now = wall_ms();
+        let ttl_ns = u64::try_from(config.ttl.as_nanos()).unwrap_or(u64::MAX);
+        let wall_now = clock.wall_unix_ms();
+        let age = |created_ms| recovered_age(wall_now, created_ms, ttl_ns);
+        let shift = recovered
+            .iter()
+            .map(|r| age(r.header.created_ms))
+            .max()
+            .unwrap_or(0);
+        let now = clock.now_nanos().saturating_add(shift);
         let mut snapshot_map = HashMap::new();
         for mut r in recovered {
             if r.header.kind == Kind::Object {
@@ -166,15 +191,12 @@ impl SsdTier {
             }
             if r.header.kind == Kind::Snapshot {
                 *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
-                let age_ns = wall_now
-                    .saturating_sub(r.header.created_ms)
-                    .saturating_mul(1_000_000);
                 snapshot_map.insert(
                     r.header.key,
                     Arc::new(snapshots::HeldSnapshot {
                         loc: r.loc,
                         layout: r.header.layout,
-                        last_access: AtomicU64::new(now.saturating_sub(age_ns)),
+                        last_access: AtomicU64::new(now.saturating_sub(age(r.header.created_ms))),
                     }),
                 );
                 continue;
@@ -190,17 +212,13 @@ impl SsdTier {
             counters.resident_bytes += r.loc.payload_len;
             *counters.namespace_bytes.entry(meta.layout).or_default() += r.loc.payload_len;
             *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
-            // Across a restart the last access is not known; the store time is the best
-            // lower bound, mapped into the clock's time line.
-            let age_ns = wall_now
-                .saturating_sub(r.header.created_ms)
-                .saturating_mul(1_000_000);
+            // The creation stamp stands in for the last access (see above).
             blocks.insert(
                 meta.hash,
                 Arc::new(Held {
                     loc: r.loc,
                     meta,
-                    last_access: AtomicU64::new(now.saturating_sub(age_ns)),
+                    last_access: AtomicU64::new(now.saturating_sub(age(r.header.created_ms))),
                 }),
             );
         }
@@ -226,9 +244,17 @@ impl SsdTier {
             misses: AtomicU64::new(0),
             config,
             clock,
+            shift,
             sink,
             recovery,
         })
+    }
+
+    /// Now on the tier's time line: the clock's monotonic reading, shifted so that every
+    /// recovered age fits (see [`SsdTier::open`]). TTL, LRU order and quarantine all read
+    /// it.
+    fn now(&self) -> u64 {
+        self.clock.now_nanos().saturating_add(self.shift)
     }
 
     /// Whether writing `len` more bytes would leave less than the free-space watermark on
@@ -270,7 +296,7 @@ impl SsdTier {
 
     /// Whether `hash` is quarantined now.
     pub fn is_quarantined(&self, hash: &BlockHash) -> bool {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let mut q = self.quarantine.lock();
         match q.get(hash) {
             Some(&until) if until > now => true,
@@ -284,8 +310,7 @@ impl SsdTier {
 
     fn quarantine(&self, hash: BlockHash) {
         let until = self
-            .clock
-            .now_nanos()
+            .now()
             .saturating_add(u64::try_from(self.config.quarantine.as_nanos()).unwrap_or(u64::MAX));
         self.quarantine.lock().insert(hash, until);
     }
@@ -350,8 +375,7 @@ impl SsdTier {
         }
         if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
             if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
-                held.last_access
-                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                held.last_access.store(self.now(), Ordering::Relaxed);
                 self.counters.lock().dedup_skips += 1;
                 return Ok(PutOutcome::Duplicate);
             }
@@ -388,7 +412,7 @@ impl SsdTier {
         let held = Arc::new(Held {
             loc,
             meta: meta.clone(),
-            last_access: AtomicU64::new(self.clock.now_nanos()),
+            last_access: AtomicU64::new(self.now()),
         });
         let mut blocks = self.blocks.write();
         if blocks.contains_key(&meta.hash) {
@@ -422,7 +446,7 @@ impl SsdTier {
             tokens: meta.tokens.to_vec(),
             extra_tag: meta.extra_tag,
             payload_len: payload.len() as u64,
-            created_ms: wall_ms(),
+            created_ms: self.clock.wall_unix_ms(),
             chunk_log2,
             chunk_crcs: chunk_crcs(payload, chunk_log2),
         };
@@ -440,8 +464,7 @@ impl SsdTier {
         };
         match self.store.read(&held.loc, &key_of(hash), range.clone()) {
             Ok(bytes) => {
-                held.last_access
-                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                held.last_access.store(self.now(), Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(bytes))
             }

@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use kvtier_core::Result;
+use kvtier_core::clock::ClockExt;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::snapshot::SnapshotKey;
 use kvtier_core::tier::SnapshotStore;
 
-use super::{SsdTier, wall_ms};
+use super::SsdTier;
 use crate::format::{Kind, RecordHeader, chunk_crcs};
 use crate::store::{Loc, ReadFault};
 
@@ -90,7 +91,7 @@ impl SnapshotStore for SsdTier {
             tokens: Vec::new(),
             extra_tag: None,
             payload_len: blob.len() as u64,
-            created_ms: wall_ms(),
+            created_ms: self.clock.wall_unix_ms(),
             chunk_log2,
             chunk_crcs: chunk_crcs(blob, chunk_log2),
         };
@@ -100,7 +101,7 @@ impl SnapshotStore for SsdTier {
         let held = Arc::new(HeldSnapshot {
             loc,
             layout,
-            last_access: AtomicU64::new(self.clock.now_nanos()),
+            last_access: AtomicU64::new(self.now()),
         });
         let old = self.snapshots.write().insert(key.0, held);
         let mut c = self.counters.lock();
@@ -121,8 +122,7 @@ impl SnapshotStore for SsdTier {
         };
         match self.store.read(&held.loc, &key.0, None) {
             Ok(blob) => {
-                held.last_access
-                    .store(self.clock.now_nanos(), Ordering::Relaxed);
+                held.last_access.store(self.now(), Ordering::Relaxed);
                 Ok(Some(blob))
             }
             Err(ReadFault::Corrupt(why)) => {
