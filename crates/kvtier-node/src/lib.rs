@@ -8,10 +8,14 @@
 //!   `2GB`).
 //! - [`node`]: settings → a running engine with its tiers and background work, and the
 //!   live SSD change.
+//! - [`components`]: what the assembly injects into every part — one clock (monotonic
+//!   and wall time) and one runtime for network I/O.
 
+pub mod components;
 pub mod node;
 pub mod settings;
 pub mod units;
 
+pub use components::Components;
 pub use node::Node;
 pub use settings::{ServeArgs, Settings};

@@ -1,17 +1,19 @@
 //! Settings → a running engine: RAM, the SSD tier when enabled (recovering what its
 //! directory holds, with its maintenance thread), the remote tier when endpoints are set;
-//! and the live SSD change of a running node.
+//! and the live SSD change of a running node. Every part reads time from the node's one
+//! clock, and network tiers run on its one I/O runtime ([`Components`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::clock::SystemClock;
+use kvtier_core::clock::Clock;
 use kvtier_core::tier::writer::WriterConfig;
 use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
 use kvtier_core::{Engine, PersistConfig, Reattached, TierOpener};
 use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
 use parking_lot::{Mutex, RwLock};
 
+use crate::components::Components;
 use crate::settings::{Settings, SsdSettings};
 
 /// How often the SSD tier enforces budgets and TTL in the background.
@@ -29,6 +31,8 @@ pub struct Node {
     /// after a clean shutdown, false after a partial flush or a crash (the store holds
     /// data but no shutdown record), `None` on a first start or without an SSD tier.
     pub previous_shutdown_clean: Option<bool>,
+    /// The clock and runtime every part was given (a reattached SSD tier gets the same).
+    components: Components,
 }
 
 impl std::fmt::Debug for Node {
@@ -40,18 +44,31 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// Builds the engine: RAM, and the SSD tier when enabled (recovering what its
-    /// directory holds).
+    /// [`Node::open_with`] the system clock and an I/O runtime of the node's own.
     pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
+        Self::open_with(settings, Components::default())
+    }
+
+    /// Builds the engine: RAM, the SSD tier when enabled (recovering what its directory
+    /// holds), the remote tier when endpoints are set — all reading `components.clock`,
+    /// the remote tier running on `components.runtime` (started here, once, if none is
+    /// given and a remote tier needs one).
+    pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, String> {
         let recovery = Arc::new(Mutex::new(None));
         let mut builder = Engine::builder()
             .ram(RamConfig {
                 capacity_bytes: settings.ram.0,
             })
-            .max_tokens(settings.max_tokens);
+            .max_tokens(settings.max_tokens)
+            .clock(components.clock.clone());
         if settings.ssd.enabled {
             let dir = settings.ssd_dir();
-            let (persist, open) = ssd_opener(&settings.ssd, dir, recovery.clone());
+            let (persist, open) = ssd_opener(
+                &settings.ssd,
+                dir,
+                components.clock.clone(),
+                recovery.clone(),
+            );
             builder = builder.persistent_tier(persist, open);
         }
         if !settings.remote.endpoints.is_empty() {
@@ -74,8 +91,13 @@ impl Node {
                 promote_to_ssd: r.promote_to_ssd,
                 ..kvtier_core::engine::RemoteAttach::default()
             };
+            let runtime = components.runtime().map_err(|e| e.to_string())?;
             builder = builder.remote_tier(attach, move |sink| {
-                Ok(Arc::new(kvtier_remote::RemoteTier::open(config, sink)?))
+                // Objects learned by listing the bucket at open, as before the catalog seam.
+                let catalog = Arc::new(kvtier_remote::ListCatalog);
+                Ok(Arc::new(kvtier_remote::RemoteTier::open_on(
+                    config, runtime, sink, catalog,
+                )?))
             });
         }
         let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
@@ -94,7 +116,13 @@ impl Node {
             engine,
             settings: RwLock::new(settings),
             recovery,
+            components,
         }))
+    }
+
+    /// The clock every part of this node reads.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.components.clock
     }
 
     /// Quiesce, drain, close and reopen the SSD tier with `ssd` (or leave it detached
@@ -109,9 +137,10 @@ impl Node {
                 s.ssd_dir(),
             )
         };
+        let clock = &self.components.clock;
         let new = ssd
             .enabled
-            .then(|| ssd_opener(&ssd, dir, self.recovery.clone()));
+            .then(|| ssd_opener(&ssd, dir, clock.clone(), self.recovery.clone()));
         if new.is_none() {
             *self.recovery.lock() = None;
         }
@@ -120,7 +149,7 @@ impl Node {
         // silently without its SSD.
         let restore = old
             .enabled
-            .then(|| ssd_opener(&old, old_dir, self.recovery.clone()));
+            .then(|| ssd_opener(&old, old_dir, clock.clone(), self.recovery.clone()));
         let result = self
             .engine
             .reattach_persistent_or_restore(new, restore, drain)
@@ -141,6 +170,7 @@ impl Node {
 fn ssd_opener(
     ssd: &SsdSettings,
     dir: std::path::PathBuf,
+    clock: Arc<dyn Clock>,
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
 ) -> (PersistConfig, TierOpener) {
     let persist = PersistConfig {
@@ -165,7 +195,7 @@ fn ssd_opener(
         retries: ssd.retries,
     };
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
-        let tier = Arc::new(SsdTier::open(config, Arc::new(SystemClock::new()), sink)?);
+        let tier = Arc::new(SsdTier::open(config, clock, sink)?);
         *recovery.lock() = Some(tier.recovery_report().clone());
         if let Err(e) = SsdTier::spawn_maintenance(&tier, MAINTENANCE_EVERY) {
             tracing::warn!(error = %e, "cannot start the SSD maintenance thread; budgets are enforced on writes only");

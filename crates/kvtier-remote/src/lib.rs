@@ -7,13 +7,16 @@
 //! - [`RemoteTier`]: the tier, behind kvtier-core's `Tier` trait.
 //! - [`catalog`]: how the tier learns of objects written elsewhere ([`Catalog`]; listing
 //!   the bucket at open is [`ListCatalog`]) and whom it tells of its own.
+//! - [`IoRuntime`]: the runtime its requests run on, lent by the assembly.
 
 pub mod catalog;
 mod config;
 pub mod object;
 pub mod placement;
+mod runtime;
 mod tier;
 
 pub use catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
 pub use config::{Endpoint, RemoteConfig};
+pub use runtime::IoRuntime;
 pub use tier::RemoteTier;

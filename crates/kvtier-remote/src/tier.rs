@@ -17,6 +17,8 @@
 //!   adopts each after checking its manifest against the object's name
 //!   ([`RemoteTier::adopt`]); [`RemoteTier::forget`] and [`RemoteTier::delete`] take
 //!   objects back. The catalog hears of every object the tier writes or deletes.
+//! - **Runtime**: requests run on an [`IoRuntime`] lent by the assembly (one per node),
+//!   never on the caller's; the tier holds a clone, so the runtime outlives it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,6 +44,7 @@ use crate::catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
 use crate::config::RemoteConfig;
 use crate::object::{Manifest, RunObject, crc, data_of, names};
 use crate::placement::{Placement, Target};
+use crate::runtime::IoRuntime;
 
 /// Where a block is: an object and its slot in it.
 #[derive(Debug, Clone)]
@@ -68,9 +71,8 @@ pub struct RemoteTier {
     config: RemoteConfig,
     stores: Vec<Arc<dyn ObjectStore>>,
     placement: Placement,
-    /// Taken and shut down in the background on drop: the tier may be dropped inside
-    /// another runtime (the server's), where a blocking shutdown would panic.
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Lent by the assembly; this clone keeps it running as long as the tier exists.
+    runtime: IoRuntime,
     blocks: RwLock<HashMap<BlockHash, Slot>>,
     sink: Arc<dyn ResidencySink>,
     catalog: Arc<dyn Catalog>,
@@ -92,14 +94,40 @@ enum Fetch<T> {
     /// 404: the object is gone.
     Gone,
     /// Failed after retries, or the deadline passed.
-    Failed(String),
+    Failed(CallError),
+}
+
+/// Why a remote call failed.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    /// The object store answered with an error (after its retries).
+    #[error(transparent)]
+    Store(object_store::Error),
+    /// No answer within the deadline.
+    #[error("no answer within {0:?}")]
+    Deadline(Duration),
+}
+
+/// Why writing a run failed.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    #[error("empty run")]
+    EmptyRun,
+    #[error("cannot encode the manifest")]
+    Manifest(#[source] serde_json::Error),
+    #[error("the bucket does not exist")]
+    NoBucket,
+    #[error(transparent)]
+    Call(CallError),
 }
 
 impl RemoteTier {
     /// Connects to the endpoints (no request is made for that), then lists the manifests
-    /// under the prefix and reports the blocks they hold to `sink` ([`ListCatalog`]). An
-    /// endpoint that does not answer within the deadline is logged and skipped: the tier
-    /// starts with what it could list.
+    /// under the prefix and reports the blocks they hold to `sink` ([`ListCatalog`]), on a
+    /// runtime of the tier's own (two threads): for tests and tools that build one tier by
+    /// hand. A node lends its runtime instead ([`RemoteTier::open_on`]). An endpoint that
+    /// does not answer within the deadline is logged and skipped: the tier starts with
+    /// what it could list.
     pub fn open(config: RemoteConfig, sink: Arc<dyn ResidencySink>) -> Result<Self> {
         Self::open_with_catalog(config, sink, Arc::new(ListCatalog))
     }
@@ -109,6 +137,17 @@ impl RemoteTier {
     /// it of every object it writes or deletes.
     pub fn open_with_catalog(
         config: RemoteConfig,
+        sink: Arc<dyn ResidencySink>,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<Self> {
+        Self::open_on(config, IoRuntime::new("kvtier-remote", 2)?, sink, catalog)
+    }
+
+    /// [`RemoteTier::open_with_catalog`] with requests running on `runtime`, lent by the
+    /// assembly; the tier keeps it alive while it exists.
+    pub fn open_on(
+        config: RemoteConfig,
+        runtime: IoRuntime,
         sink: Arc<dyn ResidencySink>,
         catalog: Arc<dyn Catalog>,
     ) -> Result<Self> {
@@ -127,22 +166,11 @@ impl RemoteTier {
             stores.push(Arc::new(build_store(e, &config)?));
         }
         let placement = Placement::new(config.endpoints.iter().map(|e| Target::new(e.id())));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("kvtier-remote")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Internal,
-                    format!("cannot start the remote tier's runtime: {e}"),
-                )
-            })?;
         let tier = Self {
             config,
             stores,
             placement,
-            runtime: Some(runtime),
+            runtime,
             blocks: RwLock::new(HashMap::new()),
             sink,
             catalog,
@@ -160,20 +188,17 @@ impl RemoteTier {
     ) -> Fetch<T> {
         let deadline = self.config.deadline;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let Some(runtime) = &self.runtime else {
-            return Fetch::Failed("the remote tier is shut down".into());
-        };
-        runtime.spawn(async move {
+        self.runtime.handle().spawn(async move {
             let out = match tokio::time::timeout(deadline, fut).await {
                 Ok(Ok(v)) => Fetch::Got(v),
                 Ok(Err(object_store::Error::NotFound { .. })) => Fetch::Gone,
-                Ok(Err(e)) => Fetch::Failed(e.to_string()),
-                Err(_) => Fetch::Failed(format!("no answer within {deadline:?}")),
+                Ok(Err(e)) => Fetch::Failed(CallError::Store(e)),
+                Err(_) => Fetch::Failed(CallError::Deadline(deadline)),
             };
             let _ = tx.send(out);
         });
         rx.recv_timeout(deadline + Duration::from_millis(250))
-            .unwrap_or_else(|_| Fetch::Failed(format!("no answer within {deadline:?}")))
+            .unwrap_or_else(|_| Fetch::Failed(CallError::Deadline(deadline)))
     }
 
     fn target_of(&self, data_name: &str) -> usize {
@@ -261,7 +286,8 @@ impl RemoteTier {
             Fetch::Gone => return Adopted::Unreachable("the manifest is gone".into()),
             Fetch::Failed(e) => {
                 self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                return Adopted::Unreachable(e);
+                // A value for the catalog to log or retry, not an error: its text.
+                return Adopted::Unreachable(e.to_string());
             }
         };
         let object = match checked_manifest(&bytes, name, &self.config.prefix) {
@@ -346,9 +372,10 @@ impl RemoteTier {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
                         format!(
-                            "cannot delete remote object `{object}` ({forgotten} blocks forgotten): {e}"
+                            "cannot delete remote object `{object}` ({forgotten} blocks forgotten)"
                         ),
-                    ));
+                    )
+                    .with_source(e));
                 }
             }
         }
@@ -436,8 +463,8 @@ impl RemoteTier {
 
     /// Writes one run (consecutive blocks of one chain) as one object, its ancestors first
     /// when they can be had.
-    fn write_run(&self, run: &[(BlockMeta, Bytes)]) -> std::result::Result<(), String> {
-        let (first, _) = run.first().ok_or("empty run")?;
+    fn write_run(&self, run: &[(BlockMeta, Bytes)]) -> std::result::Result<(), WriteError> {
+        let (first, _) = run.first().ok_or(WriteError::EmptyRun)?;
         let block_bytes = run[0].1.len() as u64;
         let (mut metas, mut crcs, mut payloads) = if first.position > 0 {
             self.ancestors(&first.parent).unwrap_or_default()
@@ -452,9 +479,10 @@ impl RemoteTier {
             crcs.push(crc(p));
             payloads.push(p.clone());
         }
-        let (data_name, manifest_name) = names(&self.config.prefix, &metas).ok_or("empty run")?;
-        let manifest = Manifest::of(&metas, &crcs, block_bytes).ok_or("empty run")?;
-        let manifest = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+        let (data_name, manifest_name) =
+            names(&self.config.prefix, &metas).ok_or(WriteError::EmptyRun)?;
+        let manifest = Manifest::of(&metas, &crcs, block_bytes).ok_or(WriteError::EmptyRun)?;
+        let manifest = serde_json::to_vec(&manifest).map_err(WriteError::Manifest)?;
         let mut data = BytesMut::with_capacity(payloads.len() * block_bytes as usize);
         for p in &payloads {
             data.extend_from_slice(p);
@@ -474,8 +502,8 @@ impl RemoteTier {
             Ok(())
         }) {
             Fetch::Got(()) => {}
-            Fetch::Gone => return Err("the bucket does not exist".into()),
-            Fetch::Failed(e) => return Err(e),
+            Fetch::Gone => return Err(WriteError::NoBucket),
+            Fetch::Failed(e) => return Err(WriteError::Call(e)),
         }
         let object = Arc::new(RunObject {
             target,
@@ -519,14 +547,6 @@ impl RemoteTier {
     }
 }
 
-impl Drop for RemoteTier {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 fn build_store(
     e: &crate::config::Endpoint,
     config: &RemoteConfig,
@@ -560,7 +580,7 @@ fn build_store(
         b = b.with_secret_access_key(s);
     }
     b.build()
-        .map_err(|err| Error::invalid(format!("remote endpoint {}: {err}", e.id())))
+        .map_err(|err| Error::invalid(format!("remote endpoint {}", e.id())).with_source(err))
 }
 
 /// The object `bytes` (the manifest read from `name`) describes, if it is exactly the
@@ -654,11 +674,13 @@ impl Tier for RemoteTier {
                 }
                 Err(e) => {
                     self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                    let msg = format!("remote write failed: {e}");
-                    out.extend(
-                        rest.iter()
-                            .map(|_| Err(Error::new(ErrorKind::Unavailable, msg.clone()))),
-                    );
+                    // One cause, shared by the error of every block the run carried.
+                    let err = Error::new(
+                        ErrorKind::Unavailable,
+                        format!("remote write of {} blocks failed", rest.len()),
+                    )
+                    .with_source(e);
+                    out.extend(rest.iter().map(|_| Err(err.clone())));
                 }
             }
         }
