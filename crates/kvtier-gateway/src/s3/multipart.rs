@@ -46,6 +46,7 @@ pub(super) async fn create(
             input.content_type.map(|c| c.to_string()),
             input.metadata,
             headers,
+            gw.store.now_ms(),
         )
     };
     let store = gw.store.clone();

@@ -19,17 +19,13 @@ use super::input::{
 use super::{Gateway, blocking, etag, s3_err, timestamp};
 use crate::store::{Object, ObjectInfo, Precondition, ReadVerdict, StoreError};
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Content type, metadata and kept headers of an upload.
+/// Content type, metadata and kept headers of an upload, modified at `now_ms` (the
+/// store's clock).
 pub(super) fn info_from(
     content_type: Option<String>,
     metadata: Option<s3s::dto::Metadata>,
     headers: crate::store::Headers,
+    now_ms: u64,
 ) -> ObjectInfo {
     let mut metadata: Vec<(String, String)> = metadata.unwrap_or_default().into_iter().collect();
     metadata.sort();
@@ -37,7 +33,7 @@ pub(super) fn info_from(
         content_type,
         metadata,
         headers,
-        modified_ms: now_ms(),
+        modified_ms: now_ms,
         ..ObjectInfo::default()
     }
 }
@@ -239,6 +235,7 @@ pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Resul
             input.content_type.map(|c| c.to_string()),
             input.metadata,
             headers,
+            gw.store.now_ms(),
         )
     };
     let store = gw.store.clone();

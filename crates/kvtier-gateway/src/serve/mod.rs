@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
+use kvtier_core::clock::{Clock, SystemClock};
 use kvtier_ssd::{Durability, StoreConfig};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::service::S3ServiceBuilder;
@@ -74,6 +75,9 @@ pub struct GatewayConfig {
     pub max_connections: usize,
     /// Refused requests are logged at most once per this interval (default 10 s).
     pub refusal_log_interval: Duration,
+    /// Time for record stamps and `Last-Modified` (default: the system's clock); a
+    /// component, not a setting — tests pass a mock clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl GatewayConfig {
@@ -93,6 +97,7 @@ impl GatewayConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             refusal_log_interval: Duration::from_secs(10),
+            clock: Arc::new(SystemClock::new()),
         }
     }
 }
@@ -175,12 +180,14 @@ impl RunningGateway {
             durability: config.durability,
             ..StoreConfig::default()
         };
-        let (store, opened) = GatewayStore::open(&config.dir, store_config).map_err(|e| {
-            format!(
-                "cannot open the gateway store in `{}`: {e}",
-                config.dir.display()
-            )
-        })?;
+        let (store, opened) =
+            GatewayStore::open_with_clock(&config.dir, store_config, config.clock.clone())
+                .map_err(|e| {
+                    format!(
+                        "cannot open the gateway store in `{}`: {e}",
+                        config.dir.display()
+                    )
+                })?;
         for bucket in &config.create_buckets {
             if !store.has_bucket(bucket) {
                 store

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use kvtier_core::clock::{Clock, ClockExt, SystemClock};
 use kvtier_core::hash::{BlockHash, hex};
 use kvtier_core::layout::LayoutDigest;
 use kvtier_ssd::format::{Kind, RecordHeader, chunk_crcs};
@@ -205,12 +206,8 @@ pub struct GatewayStore {
     publish: Mutex<()>,
     dead_bytes: AtomicU64,
     upload_seq: AtomicU64,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    /// Wall time for records' stamps and objects' `Last-Modified`.
+    clock: Arc<dyn Clock>,
 }
 
 fn fault(e: ReadFault) -> StoreError {
@@ -221,10 +218,20 @@ fn fault(e: ReadFault) -> StoreError {
 }
 
 impl GatewayStore {
-    /// Opens (creating if needed) the store in `dir`, taking its directory lock, and
-    /// rebuilds the index from the records that recovery keeps.
+    /// [`GatewayStore::open_with_clock`] with the system clock.
     pub fn open(dir: &Path, config: StoreConfig) -> StoreResult<(Self, Opened)> {
-        let (segs, recovered, _report) = SegmentStore::open(dir, config)?;
+        Self::open_with_clock(dir, config, Arc::new(SystemClock::new()))
+    }
+
+    /// Opens (creating if needed) the store in `dir`, taking its directory lock, and
+    /// rebuilds the index from the records that recovery keeps. Records and objects are
+    /// stamped with `clock`'s wall time.
+    pub fn open_with_clock(
+        dir: &Path,
+        config: StoreConfig,
+        clock: Arc<dyn Clock>,
+    ) -> StoreResult<(Self, Opened)> {
+        let (segs, recovered, _report) = SegmentStore::open_with_clock(dir, config, clock.clone())?;
         // One record must fit in a segment (with its header and padding).
         let max_object = config.segment_bytes.saturating_sub(1 << 20).min(1 << 31);
         let store = Self {
@@ -235,6 +242,7 @@ impl GatewayStore {
             publish: Mutex::new(()),
             dead_bytes: AtomicU64::new(0),
             upload_seq: AtomicU64::new(0),
+            clock,
         };
         let opened = rebuild::rebuild(&store, recovered);
         Ok((store, opened))
@@ -258,6 +266,12 @@ impl GatewayStore {
                 Err(_) => return None,
             }
         }
+    }
+
+    /// Now, in milliseconds since the Unix epoch, on the store's clock: the stamp of
+    /// what is written now.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.wall_unix_ms()
     }
 
     /// The largest object (or part) accepted.
@@ -284,7 +298,7 @@ impl GatewayStore {
             tokens: Vec::new(),
             extra_tag: None,
             payload_len: payload.len() as u64,
-            created_ms: now_ms(),
+            created_ms: self.now_ms(),
             chunk_log2: self.chunk_log2,
             chunk_crcs: chunk_crcs(&payload, self.chunk_log2),
         };

@@ -11,7 +11,7 @@ use kvtier_core::hash::hex;
 use super::write::{Precondition, RecordWriter, placeholder};
 use super::{
     Entry, GatewayStore, Index, MIN_PART_BYTES, Object, ObjectInfo, Part, PartView, StoreError,
-    StoreResult, Upload, fault, md5_hex, now_ms,
+    StoreResult, Upload, fault, md5_hex,
 };
 
 /// Bytes of a part read (and verified) per step while completing.
@@ -77,6 +77,8 @@ impl GatewayStore {
                 .fetch_add(1, Ordering::Relaxed)
                 .to_le_bytes(),
         );
+        // Entropy, not a time stamp: the system's clock, so that ids stay unique across
+        // restarts even under a mock clock that starts at the same time every run.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -298,7 +300,7 @@ impl GatewayStore {
         let etag = format!("{}-{}", md5_hex(&md5s), parts.len());
         let info = ObjectInfo {
             etag: etag.clone(),
-            modified_ms: now_ms(),
+            modified_ms: self.now_ms(),
             upload_id: Some(upload_id.to_owned()),
             part_sizes: parts.iter().map(|(_, v)| v.size).collect(),
             ..info

@@ -20,7 +20,7 @@ use kvtier_ssd::store::Reservation;
 use md5::Digest;
 
 use super::rebuild::place;
-use super::{Entry, GatewayStore, Object, ObjectInfo, Rec, StoreError, StoreResult, now_ms};
+use super::{Entry, GatewayStore, Object, ObjectInfo, Rec, StoreError, StoreResult};
 
 /// An `If-Match` / `If-None-Match` value: `*` or a list of ETags (without quotes).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,7 +219,7 @@ impl GatewayStore {
             tokens: Vec::new(),
             extra_tag: None,
             payload_len: 0,
-            created_ms: now_ms(),
+            created_ms: self.now_ms(),
             chunk_log2: self.chunk_log2,
             chunk_crcs: Vec::new(),
         };
