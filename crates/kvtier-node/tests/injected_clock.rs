@@ -18,8 +18,10 @@ const LONG_AGO: Duration = Duration::from_secs(1_000_000_000);
 #[test]
 fn ssd_records_carry_the_injected_wall_time() {
     let dir = tempfile::tempdir().unwrap();
-    let mut settings = Settings::default();
-    settings.data_dir = dir.path().to_path_buf();
+    let mut settings = Settings {
+        data_dir: dir.path().to_path_buf(),
+        ..Settings::default()
+    };
     settings.ssd.enabled = true;
     settings.ssd.min_free = ByteSize(0);
     let clock = MockClock::at_wall(LONG_AGO);
