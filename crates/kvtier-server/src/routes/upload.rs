@@ -191,9 +191,10 @@ pub async fn read_blocks(
                 blocks.push(std::mem::take(&mut filling).freeze());
             }
         }
-        // Let other requests run between pieces: a large store arrives in chunks that are
-        // always ready, and tokio's cooperative budget would let one store copy tens of
-        // megabytes before a lookup on the same thread got a turn.
+        // Let other requests run between pieces: a large store's chunks are always ready,
+        // and tokio's cooperative budget lets a task run through many of them in one turn.
+        // Measured (ADR 0007): with two request threads and 16 clients looking up, a
+        // store ran at 0.08x raw TCP without this yield and 0.65x with it.
         since_yield += piece.len();
         if since_yield >= YIELD_EVERY {
             since_yield = 0;
