@@ -12,4 +12,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --doc 2>&1 | tee "$log"
 cargo test --workspace --all-targets "$@" 2>&1 | tee -a "$log"
+# The model tests through `kvtier serve` need the `models` feature of the kvtier crate
+# (kvtier-candle does not depend on the server, so they cannot live there).
+cargo test -p kvtier --features models --test models_served 2>&1 | tee -a "$log"
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"

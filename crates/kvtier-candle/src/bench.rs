@@ -9,7 +9,7 @@ use crate::demo::median;
 use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
 use crate::prompts::{system_prompt, user_turn};
-use crate::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, MambaRunner};
+use crate::reuse::{Backend, GemmaRunner, LoadMode, MambaRunner, ServeLauncher};
 use crate::{Error, Result};
 
 /// Tokens of the cached prefix.
@@ -50,12 +50,15 @@ fn row(
 
 /// Runs the model rows: `cold_samples` cold prefills (about 20 s each for Gemma here) and
 /// `hit_samples` hits per model; `memcpy_gbps` measures the copy baseline for a size.
+/// The `*.served.*` rows need `serve` to start `kvtier serve` on loopback; without it
+/// they are left out (with a note on stdout).
 pub fn rows(
     cold_samples: usize,
     hit_samples: usize,
     memcpy_gbps: &dyn Fn(usize) -> f64,
+    serve: Option<&dyn ServeLauncher>,
 ) -> Result<Vec<ModelRow>> {
-    let mut out = gemma_rows(cold_samples, hit_samples, memcpy_gbps)?;
+    let mut out = gemma_rows(cold_samples, hit_samples, memcpy_gbps, serve)?;
     out.extend(mamba_rows(cold_samples, hit_samples)?);
     Ok(out)
 }
@@ -85,6 +88,7 @@ fn gemma_rows(
     cold_samples: usize,
     hit_samples: usize,
     memcpy_gbps: &dyn Fn(usize) -> f64,
+    serve: Option<&dyn ServeLauncher>,
 ) -> Result<Vec<ModelRow>> {
     let weights = GemmaWeights::load(&locate_gguf(true)?, PREFIX_TOKENS + 256)?;
     let prompt = gemma_prompt(&weights);
@@ -103,28 +107,21 @@ fn gemma_rows(
     runner.run_turn(&prompt, 1)?;
     let embedded = hit_figures(&mut runner, &prompt, hit_samples)?;
 
-    // The same through `kvtier serve` on loopback, where the load is a network stream.
-    let dir = std::env::temp_dir().join(format!("kvtier-bench-served-{}", std::process::id()));
-    let settings = kvtier_node::Settings {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.clone(),
-        ram: kvtier_node::units::ByteSize(1 << 30),
-        ..Default::default()
+    let served = match serve {
+        Some(launcher) => Some(served_hit_figures(
+            launcher,
+            &weights,
+            &prompt,
+            hit_samples,
+        )?),
+        None => {
+            println!("model.gemma.*.served.* rows skipped: no way to start kvtier serve was given");
+            None
+        }
     };
-    let served = LocalServer::start(settings).and_then(|server| {
-        let backend = Arc::new(Backend::served(&server.url(), None)?);
-        let mut runner = GemmaRunner::new(weights.clone(), backend)?;
-        runner.store = true;
-        runner.run_turn(&prompt, 1)?;
-        let figures = hit_figures(&mut runner, &prompt, hit_samples);
-        server.stop();
-        figures
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    let served = served?;
     let cold = median(&mut cold);
     let load_gbps = embedded.bytes as f64 / embedded.load_s / 1e9;
-    Ok(vec![
+    let mut rows = vec![
         row(
             "model.gemma.ttft.cold.ms",
             cold,
@@ -167,6 +164,11 @@ fn gemma_rows(
             100.0,
             "all of the load hidden",
         ),
+    ];
+    let Some(served) = served else {
+        return Ok(rows);
+    };
+    rows.extend([
         row(
             "model.gemma.ttft.hit.served.ms",
             served.whole_ms,
@@ -188,7 +190,35 @@ fn gemma_rows(
             100.0,
             "all of the load hidden",
         ),
-    ])
+    ]);
+    Ok(rows)
+}
+
+/// The hit figures through `kvtier serve` on loopback, where the load is a network stream.
+fn served_hit_figures(
+    launcher: &dyn ServeLauncher,
+    weights: &Arc<GemmaWeights>,
+    prompt: &[u32],
+    hit_samples: usize,
+) -> Result<HitFigures> {
+    let dir = std::env::temp_dir().join(format!("kvtier-bench-served-{}", std::process::id()));
+    let settings = kvtier_node::Settings {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.clone(),
+        ram: kvtier_node::units::ByteSize(1 << 30),
+        ..Default::default()
+    };
+    let served = launcher.launch(settings).and_then(|server| {
+        let backend = Arc::new(Backend::served(&server.url(), None)?);
+        let mut runner = GemmaRunner::new(weights.clone(), backend)?;
+        runner.store = true;
+        runner.run_turn(prompt, 1)?;
+        let figures = hit_figures(&mut runner, prompt, hit_samples);
+        server.stop();
+        figures
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    served
 }
 
 /// Medians of hits loaded whole and layer by layer.

@@ -30,6 +30,10 @@ pub enum Error {
     /// A request the model cannot run (empty prompt, token id out of the vocabulary).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A `kvtier serve` to run turns through could not be started
+    /// ([`crate::reuse::ServeLauncher`]).
+    #[error("kvtier serve: {0}")]
+    Serve(String),
 }
 
 impl Error {

@@ -1,7 +1,8 @@
 //! Gemma 3 270M with its KV in kvtier: a restored prefix decodes exactly like a cold
-//! prefill (same tokens, bit-identical logits) from RAM, from the SSD after a process
-//! restart, and through `kvtier serve`; blocks of another layout or other weights are
-//! never loaded into the model.
+//! prefill (same tokens, bit-identical logits) from RAM and from the SSD after a process
+//! restart; blocks of another layout or other weights are never loaded into the model.
+//! The same turns through `kvtier serve` are tested in `crates/kvtier/tests/models_served`
+//! (this crate does not depend on the server).
 
 #![allow(
     clippy::panic,
@@ -10,57 +11,41 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 
-use kvtier_candle::gemma::{GemmaWeights, locate_gguf};
-use kvtier_candle::prompts::{system_prompt, user_turn};
-use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, LocalServer, TurnReport};
+use kvtier_candle::conversation::{
+    DECODE, gemma_cold_turn_two, gemma_turn_one, gemma_turn_two, gemma_weights, logits_difference,
+    ssd_settings,
+};
+use kvtier_candle::gemma::GemmaWeights;
+use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, TurnReport};
 use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, KvDtype};
 use kvtier_node::Settings;
 
-/// Tokens decoded after each restore.
-const DECODE: usize = 32;
-
 fn weights() -> Arc<GemmaWeights> {
     static W: OnceLock<Arc<GemmaWeights>> = OnceLock::new();
-    W.get_or_init(|| {
-        let path = locate_gguf(true).expect("the Gemma weights (scripts/setup.sh installs them)");
-        GemmaWeights::load(&path, 2048).unwrap()
-    })
-    .clone()
+    W.get_or_init(|| gemma_weights().expect("the Gemma weights (scripts/setup.sh installs them)"))
+        .clone()
 }
 
-/// Turn 1's prompt: a shared system prompt longer than the 512-token sliding window, so
-/// the local layers' windows are exercised across the restore point.
+/// Turn 1's prompt, longer than the 512-token sliding window.
 fn turn_one() -> Vec<u32> {
-    let w = weights();
-    let mut p = vec![w.config().bos];
-    p.extend(w.vocab().encode(&system_prompt(420)));
-    p.extend(w.vocab().encode(&user_turn(0, 0)));
+    let p = gemma_turn_one(&weights());
     assert!(p.len() > 560, "turn one is {} tokens", p.len());
     p
 }
 
 /// Turn 2's prompt: turn 1, an answer and a new question.
 fn turn_two() -> Vec<u32> {
-    let w = weights();
-    let mut p = turn_one();
-    p.extend(w.vocab().encode(" The warm tier is local flash."));
-    p.extend(w.vocab().encode(&user_turn(0, 1)));
-    p
+    gemma_turn_two(&weights())
 }
 
 /// Turn 2 computed from nothing, with no cache at all: the reference.
 fn cold_turn_two() -> &'static TurnReport {
     static COLD: OnceLock<TurnReport> = OnceLock::new();
     COLD.get_or_init(|| {
-        let engine = Arc::new(Engine::builder().build().unwrap());
-        let mut runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine))).unwrap();
-        runner.store = false;
-        let r = runner.run_turn(&turn_two(), DECODE).unwrap();
+        let r = gemma_cold_turn_two(&weights()).unwrap();
         assert_eq!(r.reused_tokens, 0);
         r
     })
@@ -69,7 +54,9 @@ fn cold_turn_two() -> &'static TurnReport {
 fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
     assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
     assert_eq!(warm.logits.len(), DECODE);
-    common::assert_logits_bit_identical(&warm.logits, &cold.logits);
+    if let Some(difference) = logits_difference(&warm.logits, &cold.logits) {
+        panic!("{difference}");
+    }
 }
 
 fn embedded_runner() -> (Arc<Engine>, GemmaRunner) {
@@ -105,10 +92,10 @@ fn restore_from_ram_decodes_bit_identically_and_turn_two_hits() {
     assert!(engine.stats().index.lookup_hits >= hits_before + 2);
 }
 
-/// Server (and embedded SSD) settings on `dir`: the SSD tier on, a small RAM, no
-/// free-space watermark (the test machine's disk may be nearly full).
+/// Embedded SSD settings on `dir`: the SSD tier on, a small RAM, no free-space
+/// watermark (the test machine's disk may be nearly full).
 fn settings(dir: &std::path::Path) -> Settings {
-    common::ssd_settings(dir, 256 << 20)
+    ssd_settings(dir, 256 << 20)
 }
 
 /// An engine with RAM and the SSD tier on `dir`, as `kvtier serve` builds it.
@@ -170,40 +157,6 @@ fn restore_from_ssd_after_a_process_restart() {
             > 0
     );
     assert_same_decode(&two, cold_turn_two());
-}
-
-#[test]
-fn restore_through_the_server_and_after_its_restart_from_ssd() {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = || settings(dir.path());
-    let server = LocalServer::start(settings()).unwrap();
-    let runner = GemmaRunner::new(
-        weights(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
-    )
-    .unwrap();
-    runner.run_turn(&turn_one(), DECODE).unwrap();
-    let two = runner.run_turn(&turn_two(), DECODE).unwrap();
-    assert!(two.reused_tokens >= turn_one().len() / 16 * 16);
-    assert_same_decode(&two, cold_turn_two());
-    let stopped = server.stop().unwrap();
-    assert!(stopped.writer_clean);
-
-    // A new server on the same directory: RAM is empty, the blocks come from the SSD.
-    let server = LocalServer::start(settings()).unwrap();
-    let mut runner = GemmaRunner::new(
-        weights(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
-    )
-    .unwrap();
-    runner.store = false;
-    let counters = runner.backend().counters().unwrap();
-    assert_eq!(counters.get("ram_resident_blocks").copied().unwrap_or(0), 0);
-    let again = runner.run_turn(&turn_two(), DECODE).unwrap();
-    assert!(again.reused_tokens >= turn_one().len() / 16 * 16);
-    assert_same_decode(&again, cold_turn_two());
-    let counters = runner.backend().counters().unwrap();
-    assert!(counters["ssd_hits"] > 0, "{counters:?}");
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! Mamba with its recurrent state in kvtier's snapshot bucket: a turn whose prompt starts
 //! with exactly an earlier turn's tokens restores that state and decodes exactly like a
-//! cold run (same tokens, bit-identical logits), from RAM, through `kvtier serve`, after
-//! the server restarts, and from the SSD in a new process. A snapshot is never used for any other
-//! prefix, model or weights.
+//! cold run (same tokens, bit-identical logits), from RAM and from the SSD in a new
+//! process. A snapshot is never used for any other prefix, model or weights. The same
+//! turns through `kvtier serve` (and after it restarts) are tested in
+//! `crates/kvtier/tests/models_served` (this crate does not depend on the server).
 
 #![allow(
     clippy::panic,
@@ -11,65 +12,46 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 
-use kvtier_candle::mamba::{MambaModel, synthetic_config, write_synthetic};
-use kvtier_candle::prompts::{system_prompt, user_turn};
-use kvtier_candle::reuse::{Backend, LocalServer, MambaRunner, MambaTurn};
+use kvtier_candle::conversation::{
+    DECODE, MAMBA_SEED, logits_difference, mamba_cold, mamba_model, mamba_turn_one, mamba_turn_two,
+};
+use kvtier_candle::mamba::MambaModel;
+use kvtier_candle::reuse::{Backend, MambaRunner, MambaTurn};
 use kvtier_core::Engine;
 use kvtier_node::Settings;
 
-const DECODE: usize = 32;
-
 fn model_with_seed(seed: u64) -> Arc<MambaModel> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("mamba.safetensors");
-    write_synthetic(&synthetic_config(), seed, &path).unwrap();
-    MambaModel::load(&path, synthetic_config()).unwrap()
+    mamba_model(seed).unwrap()
 }
 
 fn model() -> Arc<MambaModel> {
     static M: OnceLock<Arc<MambaModel>> = OnceLock::new();
-    M.get_or_init(|| model_with_seed(7)).clone()
-}
-
-fn bytes(text: &str) -> Vec<u32> {
-    text.bytes().map(u32::from).collect()
+    M.get_or_init(|| model_with_seed(MAMBA_SEED)).clone()
 }
 
 fn turn_one() -> Vec<u32> {
-    let mut p = bytes(&system_prompt(120));
-    p.extend(bytes(&user_turn(1, 0)));
-    p
+    mamba_turn_one()
 }
 
 /// Turn 2: turn 1, every token turn 1 decoded, and a new question.
 fn turn_two(one: &MambaTurn) -> Vec<u32> {
-    let mut p = turn_one();
-    p.extend(&one.tokens);
-    p.extend(bytes(&user_turn(1, 1)));
-    p
+    mamba_turn_two(&one.tokens)
 }
 
 /// Turn 1 and turn 2 computed from nothing, with no cache: the reference.
 fn cold() -> &'static (MambaTurn, MambaTurn) {
     static COLD: OnceLock<(MambaTurn, MambaTurn)> = OnceLock::new();
-    COLD.get_or_init(|| {
-        let engine = Arc::new(Engine::builder().build().unwrap());
-        let mut runner = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine))).unwrap();
-        runner.store = false;
-        let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
-        let two = runner.run_turn(&turn_two(&one), DECODE, &[]).unwrap();
-        (one, two)
-    })
+    COLD.get_or_init(|| mamba_cold(&model()).unwrap())
 }
 
 fn assert_same_decode(warm: &MambaTurn, cold: &MambaTurn) {
     assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
     assert_eq!(warm.logits.len(), DECODE);
-    common::assert_logits_bit_identical(&warm.logits, &cold.logits);
+    if let Some(difference) = logits_difference(&warm.logits, &cold.logits) {
+        panic!("{difference}");
+    }
 }
 
 /// Runs turn 1 then turn 2 (with turn 1's end as the hint) on `runner`.
@@ -109,7 +91,7 @@ fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
 const CHILD_DIR: &str = "KVTIER_TEST_MAMBA_TURN_ONE_DIR";
 
 fn ssd_settings(dir: &std::path::Path) -> Settings {
-    common::ssd_settings(dir, 64 << 20)
+    kvtier_candle::conversation::ssd_settings(dir, 64 << 20)
 }
 
 /// Not a test: the first process of `turn_two_restores_from_ssd_after_a_process_restart`.
@@ -154,40 +136,6 @@ fn turn_two_restores_from_ssd_after_a_process_restart() {
         .unwrap();
     assert_eq!(two.reused_tokens, hint);
     assert_same_decode(&two, &cold().1);
-}
-
-#[test]
-fn turn_two_restores_through_the_server_and_after_its_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = || ssd_settings(dir.path());
-    let server = LocalServer::start(settings()).unwrap();
-    let runner = MambaRunner::new(
-        model(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
-    )
-    .unwrap();
-    let (one, two) = two_turns(&runner);
-    assert_eq!(two.reused_tokens, one.snapshot_tokens);
-    assert_same_decode(&two, &cold().1);
-    assert!(server.stop().unwrap().writer_clean);
-
-    let server = LocalServer::start(settings()).unwrap();
-    let mut runner = MambaRunner::new(
-        model(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
-    )
-    .unwrap();
-    runner.store = false;
-    let again = runner
-        .run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens])
-        .unwrap();
-    assert_eq!(again.reused_tokens, one.snapshot_tokens);
-    assert_same_decode(&again, &cold().1);
-    let counters = runner.backend().counters().unwrap();
-    assert_eq!(
-        counters["snapshot_hits"], 0,
-        "RAM was empty after the restart: {counters:?}"
-    );
 }
 
 #[test]

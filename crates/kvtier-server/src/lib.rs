@@ -7,9 +7,12 @@
 //! - [`state`]: the node (`kvtier-node`) and the metrics every handler shares.
 //! - [`listen`]: connections, with timeouts and a cap.
 //! - [`serve`]: start, graceful shutdown.
+//! - [`local`]: a server on a thread of this process, for in-process callers (the model
+//!   demo, bench rows and tests).
 
 pub mod error;
 pub mod listen;
+pub mod local;
 pub mod metrics;
 mod routes;
 pub mod serve;
@@ -18,4 +21,5 @@ pub mod state;
 pub use kvtier_node::settings as config;
 pub use kvtier_node::units;
 pub use kvtier_node::{ServeArgs, Settings};
+pub use local::LocalServer;
 pub use serve::{Running, Stopped, run};

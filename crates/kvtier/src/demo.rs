@@ -67,6 +67,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         workload,
         chart: Some(args.chart.clone()),
         restart_command: Some((exe, vec!["__demo-restarted".to_owned()])),
+        serve: Some(std::sync::Arc::new(crate::loopback::InProcess)),
     };
     kvtier_candle::demo::run(&opts)?;
     Ok(())

@@ -6,6 +6,8 @@ mod crash_writer;
 mod demo;
 mod inspect;
 mod logging;
+#[cfg(feature = "models")]
+mod loopback;
 
 use std::process::ExitCode;
 

@@ -1,6 +1,7 @@
 //! `kvtier demo`: a multi-turn chat workload on real models, cold and with kvtier
 //! underneath — from RAM, after a process restart (the SSD tier), and through
-//! `kvtier serve` — printed as a table and drawn as a PNG.
+//! `kvtier serve` — printed as a table and drawn as a PNG. The restarted phase needs a
+//! program to re-run and the served phase a [`ServeLauncher`]; the caller supplies both.
 
 mod chart;
 mod phase;
@@ -15,7 +16,7 @@ pub use workload::Workload;
 
 use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
-use crate::reuse::{Backend, LocalServer};
+use crate::reuse::{Backend, ServeLauncher};
 use crate::{Error, Result};
 
 /// Longest context the demo's Gemma is loaded for.
@@ -37,6 +38,9 @@ pub struct DemoOptions {
     /// The program to run the restarted phase in (normally this executable) and the
     /// arguments that make it run [`run_restarted_phase`].
     pub restart_command: Option<(PathBuf, Vec<String>)>,
+    /// How to start `kvtier serve` on loopback for the served phase (none: the phase is
+    /// skipped). The `kvtier` binary passes one built on `kvtier_server::LocalServer`.
+    pub serve: Option<Arc<dyn ServeLauncher>>,
 }
 
 /// Everything the demo measured.
@@ -138,13 +142,17 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
             rows.push(summarize(name, "SSD after restart", &restarted, &cold));
         }
 
-        println!("[{name}] served: the same turns through kvtier serve on loopback");
-        let served_dir = opts.dir.join(format!("{name}-served"));
-        let server = LocalServer::start(settings_for(&served_dir))?;
-        let backend = Arc::new(Backend::served(&server.url(), None)?);
-        let served = run_phase(model, backend, true, &w)?;
-        server.stop();
-        rows.push(summarize(name, "kvtier serve", &served, &cold));
+        if let Some(launcher) = &opts.serve {
+            println!("[{name}] served: the same turns through kvtier serve on loopback");
+            let served_dir = opts.dir.join(format!("{name}-served"));
+            let server = launcher.launch(settings_for(&served_dir))?;
+            let backend = Arc::new(Backend::served(&server.url(), None)?);
+            let served = run_phase(model, backend, true, &w)?;
+            server.stop();
+            rows.push(summarize(name, "kvtier serve", &served, &cold));
+        } else {
+            println!("[{name}] served: skipped (no way to start kvtier serve was given)");
+        }
     }
     print_table(&rows);
     if let Some(path) = &opts.chart {

@@ -1,12 +1,12 @@
 //! Models talking to kvtier: the backend calls, a Gemma turn over KV blocks, a Mamba turn
-//! over state snapshots.
+//! over state snapshots, and the seam to a `kvtier serve` on loopback.
 
 mod backend;
 mod gemma;
-mod local_server;
+mod loopback;
 mod mamba;
 
 pub use backend::{Backend, BoundLayout, Hit, Served};
 pub use gemma::{GEMMA_TOKENS_PER_BLOCK, GemmaRunner, LoadMode, TurnReport};
-pub use local_server::LocalServer;
+pub use loopback::{LoopbackServer, ServeLauncher};
 pub use mamba::{MambaRunner, MambaTurn};

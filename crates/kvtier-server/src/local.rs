@@ -1,14 +1,14 @@
 //! A `kvtier serve` inside this process, on a thread of its own: the same server code,
-//! reached over loopback TCP like any other. The demo and the tests use it to run turns
-//! "through the server" without a second binary.
+//! reached over loopback TCP like any other. The model demo, the model bench rows and the
+//! server-mode model tests use it to run turns "through the server" without a second
+//! binary; it lives here, not in `kvtier-candle`, so the model crate never depends on the
+//! HTTP server (the `kvtier` binary hands the demo a launcher built on it).
 
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
 
-use kvtier_node::Settings;
-use kvtier_server::serve::{Running, Stopped};
-
-use crate::{Error, Result};
+use crate::config::Settings;
+use crate::serve::{Running, Stopped};
 
 /// A server running until [`LocalServer::stop`] (or drop).
 #[derive(Debug)]
@@ -20,10 +20,10 @@ pub struct LocalServer {
 
 impl LocalServer {
     /// Starts a server with `settings` (use `127.0.0.1:0` to get a free port) and waits
-    /// until it listens.
-    pub fn start(settings: Settings) -> Result<Self> {
-        let (ready_tx, ready_rx) =
-            std::sync::mpsc::channel::<std::result::Result<SocketAddr, String>>();
+    /// until it listens. The error says why it did not start (bad settings, the engine
+    /// failed to open, the address was taken).
+    pub fn start(settings: Settings) -> Result<Self, String> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let workers = settings.worker_threads();
         let thread = std::thread::Builder::new()
@@ -58,7 +58,7 @@ impl LocalServer {
                     )
                 })
             })
-            .map_err(|e| Error::io("cannot start the server thread", e))?;
+            .map_err(|e| format!("cannot start the server thread: {e}"))?;
         match ready_rx.recv() {
             Ok(Ok(addr)) => Ok(Self {
                 addr,
@@ -67,15 +67,18 @@ impl LocalServer {
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
-                Err(Error::Invalid(format!("the server did not start: {e}")))
+                Err(format!("the server did not start: {e}"))
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(Error::Invalid(
-                    "the server thread ended before listening".into(),
-                ))
+                Err("the server thread ended before listening".into())
             }
         }
+    }
+
+    /// The bound address (port 0 resolved).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -84,7 +87,7 @@ impl LocalServer {
     }
 
     /// Shuts the server down in order (requests finish, the SSD writer drains) and
-    /// reports how it went.
+    /// reports how it went; `None` if the server thread panicked.
     pub fn stop(mut self) -> Option<Stopped> {
         self.shutdown()
     }

@@ -1,14 +1,12 @@
-//! `kvtier demo`'s engine on a tiny workload: every phase runs, every phase decodes what
-//! the cold phase decoded, warm phases reuse, and the chart is a PNG.
+//! `kvtier demo`'s engine on a tiny workload: every phase runs (the served one through the
+//! binary's own launcher), every phase decodes what the cold phase decoded, warm phases
+//! reuse, and the chart is a PNG.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "test code: a failed expectation is a failed test"
-)]
+use std::sync::Arc;
 
 use kvtier_candle::demo::{DemoOptions, Workload, run};
+
+use crate::loopback::InProcess;
 
 #[test]
 fn a_small_demo_runs_every_phase_with_identical_decodes() {
@@ -23,9 +21,10 @@ fn a_small_demo_runs_every_phase_with_identical_decodes() {
             decode: 4,
         },
         chart: Some(chart.clone()),
-        // The restarted phase needs the `kvtier` binary; its own test is
+        // The restarted phase has its own test in kvtier-candle:
         // gemma_reuse::restore_from_ssd_after_a_process_restart.
         restart_command: None,
+        serve: Some(Arc::new(InProcess)),
     };
     let report = run(&opts).unwrap();
     let phases: Vec<(&str, &str)> = report
