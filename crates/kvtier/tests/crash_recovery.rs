@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use kvtier_core::hash::BlockHash;
 use kvtier_core::tier::conformance::{Event, RecordingSink};
 use kvtier_core::tier::{ResidencySink, Tier, TierKind};
 use kvtier_ssd::{SsdConfig, SsdTier};
+use kvtier_testkit::{Process, Ready};
 
 /// Must match `crash_writer::crash_payload`: the contract between writer and checker.
 fn payload(hash: &BlockHash, len: usize) -> Vec<u8> {
@@ -33,7 +34,7 @@ fn payload(hash: &BlockHash, len: usize) -> Vec<u8> {
 const BLOCK_BYTES: usize = 16 * 2 * 64 * 2 * 2 * 2; // tokens × heads × dim × f16 × K,V × layers
 
 fn run_rounds(rounds: u32, fsync: bool) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvtier_testkit::test_dir("crash-recovery").unwrap();
     let store = dir.path().join("store");
     let ack_log = dir.path().join("acks");
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
@@ -47,16 +48,14 @@ fn run_rounds(rounds: u32, fsync: bool) {
             .arg("--dir")
             .arg(&store)
             .arg("--ack-log")
-            .arg(&ack_log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .arg(&ack_log);
         if fsync {
             cmd.arg("--fsync");
         }
-        let mut child = cmd.spawn().unwrap();
+        let mut child =
+            Process::start("kvtier __crash-writer", cmd, Ready::Spawned, Duration::ZERO).unwrap();
         std::thread::sleep(Duration::from_millis(40 + seed % 200));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.kill_hard().unwrap(); // SIGKILL
         total_recovered = check(&store, &ack_log, fsync);
     }
     assert!(total_recovered > 0, "the child never stored anything");

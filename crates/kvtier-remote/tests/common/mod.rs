@@ -1,18 +1,20 @@
 //! Real S3 servers for the remote tier's tests: `kvtier gateway` in this process (its
-//! request counters tell how many GETs a load made) and moto's server in a child process,
-//! each on an ephemeral loopback port and stopped by its handle's drop.
+//! request counters tell how many GETs a load made) and moto's server in a child process
+//! (a `kvtier_testkit::Process`), each on an ephemeral loopback port and stopped by its
+//! handle's drop.
 
 #![allow(dead_code, reason = "each test file uses part of this")]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_gateway::{Auth, GatewayConfig, RunningGateway};
 use kvtier_remote::{Endpoint, RemoteConfig};
+use kvtier_testkit::{Process, Ready};
 
 pub const ACCESS: &str = "kvtier-test";
 pub const SECRET: &str = "kvtier-test-secret";
@@ -21,12 +23,12 @@ pub const BUCKET: &str = "kvcache";
 /// A gateway with SigV4 and bucket [`BUCKET`], on a fresh directory.
 pub struct Gateway {
     pub running: Option<RunningGateway>,
-    pub dir: tempfile::TempDir,
+    pub dir: kvtier_testkit::TestDir,
 }
 
 impl Gateway {
     pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = kvtier_testkit::test_dir("remote-gateway").expect("tempdir");
         let mut g = Self { running: None, dir };
         g.restart();
         g
@@ -82,36 +84,29 @@ impl Gateway {
     }
 }
 
-/// moto's S3 server in a child process, with bucket [`BUCKET`].
+/// moto's S3 server in a child process (killed when dropped), with bucket [`BUCKET`].
 pub struct Moto {
     pub addr: String,
-    child: std::process::Child,
+    _process: Process,
 }
 
 impl Moto {
     pub fn start() -> Self {
-        let mut child = Command::new("python3")
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("python3 -m moto.server (scripts/setup.sh installs moto[server])");
-        let err = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if !sent && let Some((_, rest)) = line.split_once("Running on http://") {
-                    let _ = tx.send(rest.trim().to_owned());
-                    sent = true;
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("moto did not say where it listens within 60 s");
-        let moto = Self { addr, child };
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"]);
+        // moto says where it listens on stderr.
+        let process = Process::start(
+            "moto (python3 -m moto.server; scripts/setup.sh installs moto[server])",
+            cmd,
+            Ready::StderrLine("Running on http://".into()),
+            Duration::from_secs(60),
+        )
+        .expect("moto did not say where it listens within 60 s");
+        let addr = process.announced().to_owned();
+        let moto = Self {
+            addr,
+            _process: process,
+        };
         let status = raw_request(
             &moto.addr,
             &format!(
@@ -125,13 +120,6 @@ impl Moto {
 
     pub fn endpoint(&self) -> Endpoint {
         Endpoint::new(format!("http://{}", self.addr), BUCKET).with_credentials(ACCESS, SECRET)
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

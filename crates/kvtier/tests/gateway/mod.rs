@@ -1,5 +1,5 @@
 //! A real `kvtier gateway` process on an ephemeral loopback port with SigV4, for the tests
-//! that drive it; killed when dropped.
+//! that drive it (a `kvtier_testkit::Process`: killed when dropped).
 
 #![allow(
     clippy::panic,
@@ -9,16 +9,21 @@
     reason = "test code: a failed expectation is a failed test; not every test uses every helper"
 )]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use kvtier_testkit::{Process, Ready};
 
 /// The key pair every test gateway accepts.
 pub const ACCESS: &str = "gateway-test";
 pub const SECRET: &str = "gateway-test-secret";
 
+/// How long a gateway may take to listen, and to exit after a signal.
+const WITHIN: Duration = Duration::from_secs(60);
+
 pub struct Gateway {
-    child: Child,
+    process: Process,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
 }
@@ -26,44 +31,33 @@ pub struct Gateway {
 impl Gateway {
     /// Starts it on the store in `dir` with `extra` arguments and waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-            .args(["gateway", "--listen", "127.0.0.1:0"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        cmd.args(["gateway", "--listen", "127.0.0.1:0"])
             .args(["--access-key", ACCESS, "--secret-key", SECRET])
             .arg("--dir")
             .arg(dir)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kvtier gateway");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line
-            .split_once("listening on ")
-            .map(|(_, a)| a.trim().to_owned())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Self { child, endpoint }
+            .args(extra);
+        let process = Process::start(
+            "kvtier gateway",
+            cmd,
+            Ready::StdoutLine("listening on ".into()),
+            WITHIN,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let endpoint = process.announced().to_owned();
+        Self { process, endpoint }
     }
 
     /// The process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Sends `sig` and waits for the process to end.
-    pub fn signal(&mut self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        let _ = rustix::process::kill_process(pid, sig);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn signal(&mut self, sig: kvtier_testkit::Signal) {
+        self.process
+            .signal_and_wait(sig, WITHIN)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

@@ -8,21 +8,24 @@
     reason = "test code: a failed expectation is a failed test; not every test uses every helper"
 )]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use bytes::Bytes;
 use kvtier_client::Client;
 use kvtier_client::wire::{LayoutInfo, LayoutSpec, PromptSpec};
+use kvtier_testkit::{Process, Ready};
 
 /// The admin token the helpers start servers with.
 pub const ADMIN: &str = "admin-token-for-tests-0001";
 
+/// How long a server may take to listen, and to stop after SIGTERM.
+const WITHIN: Duration = Duration::from_secs(60);
+
 /// A running server; killed (SIGKILL) when dropped unless stopped before.
 pub struct Server {
-    child: Option<Child>,
+    process: Process,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
 }
@@ -40,38 +43,20 @@ impl Server {
                 cmd.args([flag, value]);
             }
         }
-        let mut child = cmd
-            .arg("--data-dir")
+        cmd.arg("--data-dir")
             .arg(data_dir)
             .args(["--admin-token", ADMIN])
             .args(extra)
-            .env_remove("KVTIER_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn kvtier serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Some(Ok(line)) = lines.next() {
-                if let Some(url) = line.strip_prefix("kvtier serve: listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
-        });
-        let url = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(url) => url,
-            Err(e) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("kvtier serve did not start listening ({e}; exit: {status:?})");
-            }
-        };
-        Server {
-            child: Some(child),
-            url,
-        }
+            .env_remove("KVTIER_CONFIG");
+        let process = Process::start(
+            "kvtier serve",
+            cmd,
+            Ready::StdoutLine("kvtier serve: listening on ".into()),
+            WITHIN,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let url = process.announced().to_owned();
+        Server { process, url }
     }
 
     /// A client without tokens.
@@ -86,36 +71,14 @@ impl Server {
 
     /// Sends SIGTERM and waits (at most 60 s) for a clean exit.
     pub fn stop(mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().unwrap();
-        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child has a pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("kvtier serve did not stop within 60 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.process
+            .terminate(WITHIN)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// SIGKILL, now.
     pub fn kill9(mut self) {
-        let mut child = self.child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill_hard().unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

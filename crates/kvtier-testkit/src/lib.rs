@@ -1,0 +1,30 @@
+//! kvtier-testkit: what kvtier's tests need to run real things, written once.
+//!
+//! The tests use real processes where users would (`kvtier serve`, `kvtier gateway`,
+//! moto's S3 server, a writer killed mid-write), and each used to carry its own copy of
+//! "start it, wait until it listens, kill it at the end". This crate is that copy, shared
+//! by every crate's tests and used only as a dev-dependency.
+//!
+//! - [`Process`]: a child process started with a [`Ready`] condition (a line it prints,
+//!   a port that accepts, or nothing), its stdout and stderr captured to files so a
+//!   failure can show them, stopped by PID with [`Process::kill_hard`] (SIGKILL) or
+//!   [`Process::terminate`] (SIGTERM, waited for within a bound), and killed when dropped.
+//! - [`free_port`], [`wait_for_port`]: for programs that must be told a port rather than
+//!   announcing the one they bound.
+//! - [`TestDir`]: a temporary directory that is kept, and its path printed, when the test
+//!   using it fails.
+//!
+//! Errors are values ([`Error`]); a test turns them into a failure with `unwrap` and
+//! gets the process's name, what was waited for and its captured output in the message.
+
+mod dir;
+mod error;
+mod net;
+mod output;
+mod process;
+
+pub use dir::{KEEP_ENV, TestDir, test_dir};
+pub use error::{Error, Result};
+pub use net::{free_port, wait_for_port};
+pub use process::{Process, Ready};
+pub use rustix::process::Signal;
