@@ -45,7 +45,8 @@ fn a_line_on_stdout_makes_it_ready_and_announces_the_rest() {
 fn a_line_on_stderr_works_the_same() {
     let mut p = Process::start(
         "stderr announcer",
-        sh("echo 'Running on http://127.0.0.1:9' >&2; echo out; exec sleep 30"),
+        // `out` comes first: readiness must not race with what is checked after it.
+        sh("echo out; echo 'Running on http://127.0.0.1:9' >&2; exec sleep 30"),
         Ready::StderrLine("Running on http://".into()),
         WITHIN,
     )
