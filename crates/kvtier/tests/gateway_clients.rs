@@ -13,10 +13,11 @@
 mod gateway;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use gateway::{ACCESS, Gateway, SECRET, assert_ok};
+use kvtier_testkit::{Process, Ready};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/s3_clients.py")
@@ -55,27 +56,20 @@ fn a_kill_9_during_puts_loses_no_acknowledged_object_and_leaves_no_partial_one()
     let acks = dir.path().join("acks.txt");
     let store = dir.path().join("store");
     let mut g = Gateway::start(&store, &[]);
-    let mut writer = Command::new("python3")
-        .arg(script())
-        .args([g.endpoint.as_str(), ACCESS, SECRET, "crashw"])
-        .stdout(std::fs::File::create(&acks).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(script())
+        .args([g.endpoint.as_str(), ACCESS, SECRET, "crashw"]);
+    // It prints one line per acknowledged PUT on stdout (the kit keeps it in a file).
+    let mut writer = Process::start("the boto3 writer", cmd, Ready::Spawned, Duration::ZERO)
+        .expect("python3 (scripts/setup.sh installs boto3)");
     // Let it write for a while, then kill the gateway mid-stream.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::fs::read_to_string(&acks)
-        .unwrap_or_default()
-        .lines()
-        .count()
-        < 30
-        && std::time::Instant::now() < deadline
-    {
+    while writer.stdout().lines().count() < 30 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     g.signal(rustix::process::Signal::KILL);
-    let _ = writer.kill();
-    let _ = writer.wait();
+    let _ = writer.kill_hard();
+    std::fs::write(&acks, writer.stdout()).unwrap();
     let g = Gateway::start(&store, &[]);
     let out = python(&g.endpoint, SECRET, "crashc", &[acks.to_str().unwrap()]);
     assert_ok(&out, "the check after kill -9");
