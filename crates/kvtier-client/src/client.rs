@@ -346,8 +346,6 @@ impl Client {
     }
 }
 
-/// An upload body: the framing head, the JSON head, then the payloads, as a list of
-/// buffers (sent without concatenating them).
 /// An upload's frame and JSON head: what precedes its payload.
 fn upload_head<H: Serialize>(head: &H) -> Result<Vec<u8>> {
     let json = serde_json::to_vec(head).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -359,6 +357,8 @@ fn upload_head<H: Serialize>(head: &H) -> Result<Vec<u8>> {
     Ok(first)
 }
 
+/// An upload body: the framing head, the JSON head, then the payloads, as a list of
+/// buffers (sent without concatenating them).
 fn upload_body<H: Serialize>(head: &H, payloads: Vec<Bytes>) -> Result<reqwest::Body> {
     let mut parts = Vec::with_capacity(payloads.len() + 1);
     parts.push(Bytes::from(upload_head(head)?));
