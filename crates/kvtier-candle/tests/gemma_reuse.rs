@@ -11,53 +11,17 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
-use std::sync::{Arc, OnceLock};
+mod fixtures;
 
-use kvtier_candle::conversation::{
-    DECODE, gemma_cold_turn_two, gemma_turn_one, gemma_turn_two, gemma_weights, logits_difference,
-    ssd_settings,
-};
-use kvtier_candle::gemma::GemmaWeights;
-use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode, TurnReport};
+use std::sync::Arc;
+
+use kvtier_candle::conversation::{DECODE, ssd_settings};
+use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode};
 use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, KvDtype};
 use kvtier_node::Settings;
 
-fn weights() -> Arc<GemmaWeights> {
-    static W: OnceLock<Arc<GemmaWeights>> = OnceLock::new();
-    W.get_or_init(|| gemma_weights().expect("the Gemma weights (scripts/setup.sh installs them)"))
-        .clone()
-}
-
-/// Turn 1's prompt, longer than the 512-token sliding window.
-fn turn_one() -> Vec<u32> {
-    let p = gemma_turn_one(&weights());
-    assert!(p.len() > 560, "turn one is {} tokens", p.len());
-    p
-}
-
-/// Turn 2's prompt: turn 1, an answer and a new question.
-fn turn_two() -> Vec<u32> {
-    gemma_turn_two(&weights())
-}
-
-/// Turn 2 computed from nothing, with no cache at all: the reference.
-fn cold_turn_two() -> &'static TurnReport {
-    static COLD: OnceLock<TurnReport> = OnceLock::new();
-    COLD.get_or_init(|| {
-        let r = gemma_cold_turn_two(&weights()).unwrap();
-        assert_eq!(r.reused_tokens, 0);
-        r
-    })
-}
-
-fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
-    assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
-    assert_eq!(warm.logits.len(), DECODE);
-    if let Some(difference) = logits_difference(&warm.logits, &cold.logits) {
-        panic!("{difference}");
-    }
-}
+use fixtures::gemma::{assert_same_decode, cold_turn_two, turn_one, turn_two, weights};
 
 fn embedded_runner() -> (Arc<Engine>, GemmaRunner) {
     let engine = Arc::new(Engine::builder().build().unwrap());

@@ -12,57 +12,20 @@
     reason = "test code: a failed expectation is a failed test"
 )]
 
-use std::sync::{Arc, OnceLock};
+mod fixtures;
 
-use kvtier_candle::conversation::{
-    DECODE, MAMBA_SEED, logits_difference, mamba_cold, mamba_model, mamba_turn_one, mamba_turn_two,
-};
+use std::sync::Arc;
+
+use kvtier_candle::conversation::{DECODE, mamba_model};
 use kvtier_candle::mamba::MambaModel;
-use kvtier_candle::reuse::{Backend, MambaRunner, MambaTurn};
+use kvtier_candle::reuse::{Backend, MambaRunner};
 use kvtier_core::Engine;
 use kvtier_node::Settings;
 
+use fixtures::mamba::{assert_same_decode, cold, model, turn_one, turn_two, two_turns};
+
 fn model_with_seed(seed: u64) -> Arc<MambaModel> {
     mamba_model(seed).unwrap()
-}
-
-fn model() -> Arc<MambaModel> {
-    static M: OnceLock<Arc<MambaModel>> = OnceLock::new();
-    M.get_or_init(|| model_with_seed(MAMBA_SEED)).clone()
-}
-
-fn turn_one() -> Vec<u32> {
-    mamba_turn_one()
-}
-
-/// Turn 2: turn 1, every token turn 1 decoded, and a new question.
-fn turn_two(one: &MambaTurn) -> Vec<u32> {
-    mamba_turn_two(&one.tokens)
-}
-
-/// Turn 1 and turn 2 computed from nothing, with no cache: the reference.
-fn cold() -> &'static (MambaTurn, MambaTurn) {
-    static COLD: OnceLock<(MambaTurn, MambaTurn)> = OnceLock::new();
-    COLD.get_or_init(|| mamba_cold(&model()).unwrap())
-}
-
-fn assert_same_decode(warm: &MambaTurn, cold: &MambaTurn) {
-    assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
-    assert_eq!(warm.logits.len(), DECODE);
-    if let Some(difference) = logits_difference(&warm.logits, &cold.logits) {
-        panic!("{difference}");
-    }
-}
-
-/// Runs turn 1 then turn 2 (with turn 1's end as the hint) on `runner`.
-fn two_turns(runner: &MambaRunner) -> (MambaTurn, MambaTurn) {
-    let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
-    assert_eq!(one.reused_tokens, 0);
-    assert_eq!(one.snapshot_tokens, turn_one().len() + DECODE - 1);
-    let two = runner
-        .run_turn(&turn_two(&one), DECODE, &[one.snapshot_tokens])
-        .unwrap();
-    (one, two)
 }
 
 #[test]

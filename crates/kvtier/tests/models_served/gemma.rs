@@ -1,55 +1,15 @@
 //! Gemma 3 270M through `kvtier serve`: turn 2 restores turn 1's KV blocks over HTTP and,
 //! after the server restarts on the same directory, from its SSD tier.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use kvtier_candle::conversation::{
-    DECODE, gemma_cold_turn_two, gemma_turn_one, gemma_turn_two, gemma_weights, logits_difference,
-    ssd_settings,
-};
-use kvtier_candle::gemma::GemmaWeights;
-use kvtier_candle::reuse::{Backend, GemmaRunner, TurnReport};
+use kvtier_candle::conversation::{DECODE, ssd_settings};
+use kvtier_candle::reuse::{Backend, GemmaRunner};
 use kvtier_node::Settings;
 use kvtier_server::LocalServer;
 
-fn weights() -> Arc<GemmaWeights> {
-    static W: OnceLock<Arc<GemmaWeights>> = OnceLock::new();
-    W.get_or_init(|| gemma_weights().expect("the Gemma weights (scripts/setup.sh installs them)"))
-        .clone()
-}
+use crate::fixtures::gemma::{assert_same_decode, cold_turn_two, turn_one, turn_two, weights};
 
-/// Turn 1's prompt, longer than the 512-token sliding window.
-fn turn_one() -> Vec<u32> {
-    let p = gemma_turn_one(&weights());
-    assert!(p.len() > 560, "turn one is {} tokens", p.len());
-    p
-}
-
-/// Turn 2's prompt: turn 1, an answer and a new question.
-fn turn_two() -> Vec<u32> {
-    gemma_turn_two(&weights())
-}
-
-/// Turn 2 computed from nothing, with no cache at all: the reference.
-fn cold_turn_two() -> &'static TurnReport {
-    static COLD: OnceLock<TurnReport> = OnceLock::new();
-    COLD.get_or_init(|| {
-        let r = gemma_cold_turn_two(&weights()).unwrap();
-        assert_eq!(r.reused_tokens, 0);
-        r
-    })
-}
-
-fn assert_same_decode(warm: &TurnReport, cold: &TurnReport) {
-    assert_eq!(warm.tokens, cold.tokens, "decoded tokens differ");
-    assert_eq!(warm.logits.len(), DECODE);
-    if let Some(difference) = logits_difference(&warm.logits, &cold.logits) {
-        panic!("{difference}");
-    }
-}
-
-/// Server settings on `dir`: the SSD tier on, a small RAM, no free-space watermark (the
-/// test machine's disk may be nearly full).
 fn settings(dir: &std::path::Path) -> Settings {
     ssd_settings(dir, 256 << 20)
 }

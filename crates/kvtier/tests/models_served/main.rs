@@ -14,6 +14,9 @@
 )]
 
 mod demo;
+// The model fixtures the embedded tests use, one copy for both crates.
+#[path = "../../../kvtier-candle/tests/fixtures/mod.rs"]
+mod fixtures;
 mod gemma;
 // The binary's own launcher, so the demo runs its served phase exactly as `kvtier demo`.
 #[path = "../../src/loopback.rs"]
