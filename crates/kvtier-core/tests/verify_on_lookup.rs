@@ -86,3 +86,47 @@ fn long_walks_verify_too() -> Result<(), kvtier_core::Error> {
     assert_eq!(engine.lookup(&prompt).blocks.len(), i);
     Ok(())
 }
+
+/// A block learned from a cluster record is known by its place in the chain only: the
+/// index matches it by hash, parent and position, learns its tokens when the remote tier
+/// has checked its manifest (or another tier holds it), and still refuses another place.
+#[test]
+fn a_block_known_by_its_place_matches_by_hash_and_learns_its_tokens()
+-> Result<(), kvtier_core::Error> {
+    let engine = Engine::builder().build()?;
+    let layout = engine.register_layout(common::small_key())?;
+    let tokens: Vec<u32> = (200..216).collect();
+    let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
+    let full = BlockMeta {
+        layout: layout.digest(),
+        hash: prompt.hashes()[0],
+        parent: prompt.parent_of(0),
+        position: 0,
+        tokens: Arc::from(prompt.block_tokens(0)),
+        extra_tag: None,
+    };
+    let described = BlockMeta::described(full.layout, full.hash, full.parent, 0);
+    assert!(!described.tokens_known() && described.same_place(&full));
+    engine.index().inserted(TierKind::Remote, &described);
+    assert_eq!(
+        engine.lookup(&prompt).blocks.len(),
+        1,
+        "matched by its hash chain"
+    );
+    // The checked manifest (or a store into RAM) brings the tokens: one entry, two tiers.
+    engine.index().inserted(TierKind::Ram, &full);
+    assert_eq!(engine.index().meta_of(&full.hash), Some(full.clone()));
+    assert_eq!(
+        engine.index().tiers_of(&full.hash),
+        TierKind::Ram.bit() | TierKind::Remote.bit()
+    );
+    // Known by place again later: the tokens stay.
+    engine.index().inserted(TierKind::Remote, &described);
+    assert_eq!(engine.index().meta_of(&full.hash), Some(full.clone()));
+    // A description of another place under the same hash is a collision: dropped.
+    let mut elsewhere = described.clone();
+    elsewhere.position = 4;
+    engine.index().inserted(TierKind::Remote, &elsewhere);
+    assert_eq!(engine.lookup(&prompt).blocks.len(), 0);
+    Ok(())
+}

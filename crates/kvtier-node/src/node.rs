@@ -16,6 +16,46 @@ use parking_lot::{Mutex, RwLock};
 use crate::components::Components;
 use crate::settings::{Settings, SsdSettings};
 
+/// The cluster catalog `settings` ask for, running on `runtime`.
+fn cluster_catalog(
+    settings: &Settings,
+    runtime: &kvtier_remote::IoRuntime,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<kvtier_meta::ClusterCatalog>, String> {
+    let c = &settings.cluster;
+    let endpoints = kvtier_meta::parse_endpoints(&c.etcd)?;
+    let replica = c
+        .replica
+        .clone()
+        .unwrap_or_else(|| default_replica(settings.listen.port()));
+    let mut config = kvtier_meta::ClusterConfig::new(endpoints, &c.name, &replica);
+    config.lease_ttl = c.lease_ttl.0;
+    kvtier_meta::ClusterCatalog::new(config, runtime.handle().clone(), clock)
+        .map_err(|e| format!("cluster settings: {e}"))
+}
+
+/// The host name (lower-cased, other characters as `-`) and the listen port.
+fn default_replica(port: u16) -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "kvtier".into());
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    format!("{host}-{port}")
+}
+
 /// How often the SSD tier enforces budgets and TTL in the background.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
 
@@ -31,6 +71,8 @@ pub struct Node {
     /// after a clean shutdown, false after a partial flush or a crash (the store holds
     /// data but no shutdown record), `None` on a first start or without an SSD tier.
     pub previous_shutdown_clean: Option<bool>,
+    /// The cluster catalog, in cluster mode.
+    pub cluster: Option<Arc<kvtier_meta::ClusterCatalog>>,
     /// The clock and runtime every part was given (a reattached SSD tier gets the same).
     components: Components,
 }
@@ -55,6 +97,7 @@ impl Node {
     /// given and a remote tier needs one).
     pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, String> {
         let recovery = Arc::new(Mutex::new(None));
+        let mut cluster = None;
         let mut builder = Engine::builder()
             .ram(RamConfig {
                 capacity_bytes: settings.ram.0,
@@ -92,13 +135,34 @@ impl Node {
                 ..kvtier_core::engine::RemoteAttach::default()
             };
             let runtime = components.runtime().map_err(|e| e.to_string())?;
-            builder = builder.remote_tier(attach, move |sink| {
-                // Objects learned by listing the bucket at open, as before the catalog seam.
-                let catalog = Arc::new(kvtier_remote::ListCatalog);
-                Ok(Arc::new(kvtier_remote::RemoteTier::open_on(
-                    config, runtime, sink, catalog,
-                )?))
-            });
+            if settings.cluster.enabled() {
+                let c = cluster_catalog(&settings, &runtime, components.clock.clone())?;
+                cluster = Some(c.clone());
+                builder = builder.remote_tier(attach, move |sink| {
+                    // Objects learned from etcd: replayed and watched once the tier exists.
+                    let tier = Arc::new(kvtier_remote::RemoteTier::open_on(
+                        config,
+                        runtime,
+                        sink,
+                        c.clone(),
+                    )?);
+                    c.start(&tier);
+                    Ok(tier)
+                });
+            } else {
+                builder = builder.remote_tier(attach, move |sink| {
+                    // One replica on its own: objects learned by listing the bucket at open.
+                    let catalog = Arc::new(kvtier_remote::ListCatalog);
+                    Ok(Arc::new(kvtier_remote::RemoteTier::open_on(
+                        config, runtime, sink, catalog,
+                    )?))
+                });
+            }
+        } else if settings.cluster.enabled() {
+            return Err(
+                "cluster mode shares the remote tier: it needs remote endpoints (--remote-endpoints)"
+                    .into(),
+            );
         }
         let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
         // No shutdown record: a first start if the store held nothing, a crash otherwise.
@@ -116,6 +180,7 @@ impl Node {
             engine,
             settings: RwLock::new(settings),
             recovery,
+            cluster,
             components,
         }))
     }

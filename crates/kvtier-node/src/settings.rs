@@ -136,6 +136,41 @@ impl Default for RemoteSettings {
     }
 }
 
+/// Cluster mode: the remote tier's objects shared with every replica through etcd
+/// (docs/cluster.md). Off unless `etcd` is set; needs a remote tier.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// etcd endpoints: `etcd://host:port,host:port`. Empty: one replica on its own.
+    pub etcd: String,
+    /// The cluster's name (every key lives under `kvtier/<name>/`).
+    pub name: String,
+    /// This replica's id, stable across its restarts (ownership of objects follows it);
+    /// default: the host name and the listen port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// How long after its last lease renewal a silent replica counts as gone.
+    pub lease_ttl: HumanDuration,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            etcd: String::new(),
+            name: "default".into(),
+            replica: None,
+            lease_ttl: HumanDuration(Duration::from_secs(10)),
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// Whether cluster mode is on.
+    pub fn enabled(&self) -> bool {
+        !self.etcd.trim().is_empty()
+    }
+}
+
 /// Bearer tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -182,6 +217,8 @@ pub struct Settings {
     pub ssd: SsdSettings,
     /// The remote tier.
     pub remote: RemoteSettings,
+    /// Cluster mode.
+    pub cluster: ClusterSettings,
     /// Tokens.
     pub auth: AuthSettings,
 }
@@ -202,6 +239,7 @@ impl Default for Settings {
             idle_timeout: HumanDuration(Duration::from_secs(60)),
             ssd: SsdSettings::default(),
             remote: RemoteSettings::default(),
+            cluster: ClusterSettings::default(),
             auth: AuthSettings::default(),
         }
     }
@@ -404,6 +442,19 @@ pub struct ServeArgs {
     /// Also queue remote hits for the SSD tier [default: true].
     #[arg(long, env = "KVTIER_REMOTE_PROMOTE_TO_SSD", value_name = "BOOL")]
     pub remote_promote_to_ssd: Option<bool>,
+    /// Cluster mode: etcd endpoints, `etcd://host:port,host:port` (needs a remote tier)
+    /// [default: none, one replica on its own].
+    #[arg(long, env = "KVTIER_CLUSTER", value_name = "ETCD_URL")]
+    pub cluster: Option<String>,
+    /// The cluster's name [default: default].
+    #[arg(long, env = "KVTIER_CLUSTER_NAME", value_name = "NAME")]
+    pub cluster_name: Option<String>,
+    /// This replica's id, stable across restarts [default: host name and listen port].
+    #[arg(long, env = "KVTIER_CLUSTER_REPLICA", value_name = "ID")]
+    pub cluster_replica: Option<String>,
+    /// How long after its last renewal a silent replica counts as gone [default: 10s].
+    #[arg(long, env = "KVTIER_CLUSTER_LEASE_TTL", value_name = "DURATION")]
+    pub cluster_lease_ttl: Option<HumanDuration>,
     /// Bearer token for the admin endpoints; without one they are disabled.
     #[arg(
         long,
@@ -454,6 +505,12 @@ impl ServeArgs {
         if self.remote_secret_key.is_some() {
             s.remote.secret_key = self.remote_secret_key.clone();
         }
+        set(&mut s.cluster.etcd, &self.cluster);
+        set(&mut s.cluster.name, &self.cluster_name);
+        if self.cluster_replica.is_some() {
+            s.cluster.replica = self.cluster_replica.clone();
+        }
+        set(&mut s.cluster.lease_ttl, &self.cluster_lease_ttl);
         set(&mut s.data_dir, &self.data_dir);
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);

@@ -13,6 +13,7 @@
 use std::fmt::Debug;
 
 use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
 
 use crate::RemoteTier;
 
@@ -27,16 +28,26 @@ pub struct ObjectName {
     pub manifest: String,
 }
 
-/// An object the tier wrote or deleted, as a catalog needs to describe it to others.
+/// An object as a catalog describes it to others: enough to index its blocks without
+/// reading anything (the tier wrote it, or a cluster record names it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
     /// Where it is.
     pub name: ObjectName,
-    /// Its blocks' hashes, from the root of the chain: a reader may use any leading part.
+    /// The layout its blocks were computed under.
+    pub layout: LayoutDigest,
+    /// The chain position of its first block.
+    pub first_position: u32,
+    /// The parent of its first block (the layout's chain root at position 0).
+    pub first_parent: BlockHash,
+    /// Its blocks' hashes in chain order: a reader may use any leading part.
     pub blocks: Vec<BlockHash>,
     /// Bytes per block: block `i` is bytes `i·block_bytes .. (i+1)·block_bytes` of the
     /// data object.
     pub block_bytes: u64,
+    /// SHA-256 of its manifest: a reader that learned of the object from a record checks
+    /// the manifest it reads against this before serving any byte.
+    pub manifest_digest: [u8; 32],
 }
 
 /// What [`crate::RemoteTier::adopt`] came to.
@@ -60,6 +71,14 @@ pub trait Catalog: Send + Sync + Debug + 'static {
     /// [`crate::RemoteTier::adopt`], so a wrong name costs a refused adoption, not a
     /// wrong block.
     fn at_open(&self, tier: &RemoteTier) -> Vec<ObjectName>;
+
+    /// The writer's tag for the object about to be written, part of its name (`[a-z0-9._-]`,
+    /// see [`crate::object::valid_writer_tag`]); `None` names objects by content alone.
+    /// A cluster catalog names the replica, its generation and a sequence number, so
+    /// objects of two replicas never share a name.
+    fn writer_tag(&self) -> Option<String> {
+        None
+    }
 
     /// The tier wrote `object` (data, then manifest: it is complete).
     fn wrote(&self, object: &ObjectInfo) {

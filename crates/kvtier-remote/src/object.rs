@@ -12,8 +12,11 @@
 //! without a manifest is invisible (a crashed writer's leftover), and a reader verifies
 //! every block it serves against the manifest's checksum.
 //!
-//! Names: `PREFIX/LAYOUT/FIRST-LAST.kvo` and `.kvm`, hashes in hex. Objects are immutable:
-//! growing a run writes a new, longer object under a new name.
+//! Names: `PREFIX/LAYOUT/FIRST-LAST.kvo` and `.kvm`, hashes in hex; in cluster mode the
+//! writer is part of the name, `PREFIX/LAYOUT/FIRST-LAST.w.REPLICA.GENERATION.SEQ.kvo`, so
+//! two replicas storing the same run never write the same key (one's garbage collection
+//! cannot remove the other's fresh object). Objects are immutable: growing a run writes a
+//! new, longer object under a new name.
 
 use std::sync::Arc;
 
@@ -54,6 +57,9 @@ pub struct Manifest {
     pub first_position: u32,
     /// The blocks, in chain order.
     pub blocks: Vec<ManifestBlock>,
+    /// The writer's tag in the object's name (cluster mode), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
 }
 
 /// A run object as the tier keeps it in memory.
@@ -69,6 +75,10 @@ pub struct RunObject {
     pub crcs: Vec<u32>,
     /// Bytes per block.
     pub block_bytes: u64,
+    /// `Some(SHA-256 of the manifest)` while the object is known from a cluster record
+    /// only: `metas` then have no tokens and `crcs` is empty until the manifest is read
+    /// and checked against the record (before any byte of the object is served).
+    pub pending: Option<[u8; 32]>,
 }
 
 fn hex16(s: &str) -> Option<[u8; 16]> {
@@ -86,15 +96,45 @@ fn to_hex(bytes: &[u8]) -> String {
     kvtier_core::hash::hex(bytes)
 }
 
-/// Object names for a run of `metas` under `prefix`: `(data, manifest)`.
-pub fn names(prefix: &str, metas: &[BlockMeta]) -> Option<(String, String)> {
-    let (first, last) = (metas.first()?, metas.last()?);
-    let stem = format!(
+/// Whether `tag` may stand in an object name as a writer's tag: 1 to 120 characters of
+/// `[a-z0-9._-]`, not starting or ending with a dot.
+pub fn valid_writer_tag(tag: &str) -> bool {
+    !tag.is_empty()
+        && tag.len() <= 120
+        && !tag.starts_with('.')
+        && !tag.ends_with('.')
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+/// The name stem of a run from `first` to `last` of `layout` under `prefix`, with its
+/// writer's tag.
+pub fn stem(
+    prefix: &str,
+    layout: &LayoutDigest,
+    first: &BlockHash,
+    last: &BlockHash,
+    writer: Option<&str>,
+) -> String {
+    let mut stem = format!(
         "{prefix}/{}/{}-{}",
-        first.layout.to_hex(),
-        first.hash.to_hex(),
-        last.hash.to_hex()
+        layout.to_hex(),
+        first.to_hex(),
+        last.to_hex()
     );
+    if let Some(w) = writer {
+        stem.push_str(".w.");
+        stem.push_str(w);
+    }
+    stem
+}
+
+/// Object names for a run of `metas` under `prefix`, written by `writer` (cluster mode) or
+/// named by content alone: `(data, manifest)`.
+pub fn names(prefix: &str, metas: &[BlockMeta], writer: Option<&str>) -> Option<(String, String)> {
+    let (first, last) = (metas.first()?, metas.last()?);
+    let stem = stem(prefix, &first.layout, &first.hash, &last.hash, writer);
     Some((format!("{stem}.kvo"), format!("{stem}.kvm")))
 }
 
@@ -112,9 +152,15 @@ pub fn data_of(manifest_name: &str) -> Option<String> {
 
 impl Manifest {
     /// The manifest of `metas` (consecutive, one chain) with their checksums.
-    pub fn of(metas: &[BlockMeta], crcs: &[u32], block_bytes: u64) -> Option<Self> {
+    pub fn of(
+        metas: &[BlockMeta],
+        crcs: &[u32],
+        block_bytes: u64,
+        writer: Option<String>,
+    ) -> Option<Self> {
         let first = metas.first()?;
         Some(Self {
+            writer,
             version: MANIFEST_VERSION,
             layout: first.layout.to_hex(),
             block_bytes,

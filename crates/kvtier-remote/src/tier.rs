@@ -39,10 +39,11 @@ use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
 };
 use parking_lot::RwLock;
+use sha2::{Digest, Sha256};
 
 use crate::catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
 use crate::config::RemoteConfig;
-use crate::object::{Manifest, RunObject, crc, data_of, names};
+use crate::object::{Manifest, RunObject, crc, data_of, manifest_of, names};
 use crate::placement::{Placement, Target};
 use crate::runtime::IoRuntime;
 
@@ -64,6 +65,10 @@ struct Counters {
     removed_corrupt: AtomicU64,
     gets: AtomicU64,
     puts: AtomicU64,
+    /// Objects known from a record whose manifest did not match it (or was not a chain).
+    record_mismatches: AtomicU64,
+    /// Manifests read to check an object known from a record.
+    manifest_checks: AtomicU64,
 }
 
 /// See the module docs.
@@ -74,6 +79,9 @@ pub struct RemoteTier {
     /// Lent by the assembly; this clone keeps it running as long as the tier exists.
     runtime: IoRuntime,
     blocks: RwLock<HashMap<BlockHash, Slot>>,
+    /// Every object adopted or written, by data name: what `forget` and `check` find
+    /// objects by (blocks may have moved on to longer objects since).
+    objects: RwLock<HashMap<String, Arc<RunObject>>>,
     sink: Arc<dyn ResidencySink>,
     catalog: Arc<dyn Catalog>,
     counters: Counters,
@@ -172,6 +180,7 @@ impl RemoteTier {
             placement,
             runtime,
             blocks: RwLock::new(HashMap::new()),
+            objects: RwLock::new(HashMap::new()),
             sink,
             catalog,
             counters: Counters::default(),
@@ -294,6 +303,24 @@ impl RemoteTier {
             Ok(o) => o,
             Err(why) => return Adopted::Refused(why),
         };
+        Adopted::Blocks(self.index_object(object))
+    }
+
+    /// Makes `object`'s blocks servable (a block already held in a shorter object moves
+    /// to this one) and registers it by name; returns how many blocks were new.
+    fn index_object(&self, object: Arc<RunObject>) -> usize {
+        let known = self.objects.read().get(&object.data_name).cloned();
+        if let Some(known) = known.filter(|k| k.target == object.target) {
+            // Known already: adopting it again changes nothing, except that a checked
+            // manifest completes an object known from a record only.
+            if known.pending.is_some() && object.pending.is_none() {
+                self.replace_object(&known, &object);
+            }
+            return 0;
+        }
+        self.objects
+            .write()
+            .insert(object.data_name.clone(), object.clone());
         let mut blocks = self.blocks.write();
         let mut new: Vec<&BlockMeta> = Vec::new();
         for (i, m) in object.metas.iter().enumerate() {
@@ -313,7 +340,225 @@ impl RemoteTier {
             }
         }
         self.sink.inserted_many(TierKind::Remote, &new);
-        Adopted::Blocks(new.len())
+        new.len()
+    }
+
+    /// Adopts an object a cluster record describes, without reading anything: the record
+    /// must name an object under this tier's prefix whose name matches its layout and its
+    /// first and last hashes, and a chain that hangs off the layout's root when it starts
+    /// at position 0. Its blocks are indexed by hash (their tokens are not known yet);
+    /// the manifest is read and checked against the record — digest, chain, hashes —
+    /// before any byte of the object is served ([`RemoteTier::check`], or the first load).
+    pub fn adopt_described(&self, info: &ObjectInfo) -> Adopted {
+        let name = &info.name;
+        if name.endpoint >= self.stores.len() {
+            return Adopted::Refused(format!(
+                "endpoint {} is not one of the tier's {}",
+                name.endpoint,
+                self.stores.len()
+            ));
+        }
+        let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
+            return Adopted::Refused("the record names no blocks".into());
+        };
+        if info.block_bytes == 0 {
+            return Adopted::Refused("the record's blocks are empty".into());
+        }
+        if info
+            .first_position
+            .checked_add(info.blocks.len() as u32)
+            .is_none()
+        {
+            return Adopted::Refused("the record's chain positions overflow".into());
+        }
+        if info.first_position == 0 && info.first_parent != BlockHash::from(info.layout) {
+            return Adopted::Refused(
+                "a chain from position 0 must hang off the layout's root".into(),
+            );
+        }
+        let stem = crate::object::stem(&self.config.prefix, &info.layout, first, last, None);
+        let writer = name
+            .manifest
+            .strip_prefix(stem.as_str())
+            .and_then(|rest| rest.strip_suffix(".kvm"));
+        let named_right = match writer {
+            Some("") => true,
+            Some(rest) => rest
+                .strip_prefix(".w.")
+                .is_some_and(crate::object::valid_writer_tag),
+            None => false,
+        };
+        if !named_right {
+            return Adopted::Refused(format!(
+                "`{}` is not the name of this run under prefix `{}`",
+                name.manifest, self.config.prefix
+            ));
+        }
+        let Some(data_name) = data_of(&name.manifest) else {
+            return Adopted::Refused("not a manifest name".into());
+        };
+        if let Some(known) = self.objects.read().get(&data_name)
+            && known.target == name.endpoint
+        {
+            return Adopted::Blocks(0);
+        }
+        let mut parent = info.first_parent;
+        let metas = info
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let m =
+                    BlockMeta::described(info.layout, *h, parent, info.first_position + i as u32);
+                parent = *h;
+                m
+            })
+            .collect();
+        let object = Arc::new(RunObject {
+            target: name.endpoint,
+            data_name,
+            metas,
+            crcs: Vec::new(),
+            block_bytes: info.block_bytes,
+            pending: Some(info.manifest_digest),
+        });
+        Adopted::Blocks(self.index_object(object))
+    }
+
+    /// Reads and checks the manifest of `name` if it is known from a record only, so its
+    /// first load is one GET; true when the object is (now) servable. A manifest that
+    /// does not match its record drops the object (counted); one that cannot be read in
+    /// time leaves it for the next try.
+    pub fn check(&self, name: &ObjectName) -> bool {
+        let Some(data_name) = data_of(&name.manifest) else {
+            return false;
+        };
+        let Some(object) = self.objects.read().get(&data_name).cloned() else {
+            return false;
+        };
+        self.checked(&object).is_some()
+    }
+
+    /// `object` itself when its manifest was checked, else the checked object that now
+    /// stands for it (its blocks re-indexed with their tokens), or `None`.
+    fn checked(&self, object: &Arc<RunObject>) -> Option<Arc<RunObject>> {
+        let Some(digest) = object.pending else {
+            return Some(object.clone());
+        };
+        // Another caller may have checked it meanwhile.
+        if let Some(now) = self.objects.read().get(&object.data_name)
+            && now.pending.is_none()
+        {
+            return Some(now.clone());
+        }
+        let store = self.stores[object.target].clone();
+        let manifest_name = manifest_of(&object.data_name)?;
+        let path = Path::from(manifest_name.as_str());
+        self.counters
+            .manifest_checks
+            .fetch_add(1, Ordering::Relaxed);
+        let bytes = match self.call(async move { store.get(&path).await?.bytes().await }) {
+            Fetch::Got(b) => b,
+            Fetch::Gone => {
+                tracing::info!(object = %object.data_name, "an advertised object's manifest is gone; forgetting it");
+                self.forget_object(object, RemovalCause::Explicit);
+                return None;
+            }
+            Fetch::Failed(e) => {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = %object.data_name, error = %e, "cannot read an advertised object's manifest; a miss");
+                return None;
+            }
+        };
+        let name = ObjectName {
+            endpoint: object.target,
+            manifest: manifest_name,
+        };
+        let verdict = if <[u8; 32]>::from(Sha256::digest(&bytes)) != digest {
+            Err("its manifest is not the one the record names (digest)".to_string())
+        } else {
+            checked_manifest(&bytes, &name, &self.config.prefix).and_then(|full| {
+                let same = full.block_bytes == object.block_bytes
+                    && full.metas.len() == object.metas.len()
+                    && full
+                        .metas
+                        .iter()
+                        .zip(&object.metas)
+                        .all(|(a, b)| a.same_place(b));
+                if same {
+                    Ok(full)
+                } else {
+                    Err("its manifest describes other blocks than the record".to_string())
+                }
+            })
+        };
+        match verdict {
+            Ok(full) => {
+                self.replace_object(object, &full);
+                Some(full)
+            }
+            Err(why) => {
+                self.counters
+                    .record_mismatches
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(object = %object.data_name, reason = %why, "an advertised object does not match its record; never serving it");
+                self.forget_object(object, RemovalCause::Corrupt);
+                self.objects.write().remove(&object.data_name);
+                None
+            }
+        }
+    }
+
+    /// Puts `full` (the checked object) wherever `known` (the same object, known from a
+    /// record only) stands, and tells the index the blocks' tokens.
+    fn replace_object(&self, known: &Arc<RunObject>, full: &Arc<RunObject>) {
+        let mut blocks = self.blocks.write();
+        for m in &full.metas {
+            if let Some(slot) = blocks.get_mut(&m.hash)
+                && Arc::ptr_eq(&slot.object, known)
+            {
+                slot.object = full.clone();
+            }
+        }
+        drop(blocks);
+        self.objects
+            .write()
+            .insert(full.data_name.clone(), full.clone());
+        let metas: Vec<&BlockMeta> = full.metas.iter().collect();
+        self.sink.inserted_many(TierKind::Remote, &metas);
+    }
+
+    /// Objects known from records whose manifest did not match (see
+    /// [`RemoteTier::adopt_described`]), and manifests read to check such objects.
+    pub fn record_checks(&self) -> (u64, u64) {
+        (
+            self.counters.record_mismatches.load(Ordering::Relaxed),
+            self.counters.manifest_checks.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The id of endpoint `index` (`url/bucket`), as records name endpoints.
+    pub fn endpoint_id(&self, index: usize) -> Option<String> {
+        self.config.endpoints.get(index).map(|e| e.id())
+    }
+
+    /// The index of the endpoint with id `id` (`url/bucket`) — or, when no endpoint has
+    /// that id, of the one endpoint with the same bucket: replicas may reach one bucket
+    /// through different addresses (a proxy, another host name).
+    pub fn endpoint_index(&self, id: &str) -> Option<usize> {
+        let endpoints = &self.config.endpoints;
+        if let Some(i) = endpoints.iter().position(|e| e.id() == id) {
+            return Some(i);
+        }
+        let bucket = id.rsplit('/').next()?;
+        let mut same = endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.bucket == bucket);
+        match (same.next(), same.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        }
     }
 
     /// Stops serving from `name` (a catalog learned it is withdrawn): every block held in
@@ -323,26 +568,14 @@ impl RemoteTier {
         let Some(data_name) = data_of(&name.manifest) else {
             return 0;
         };
-        // A scan: forgetting is rare (a withdrawal), and a name index would have to follow
-        // every block that moves to a longer object.
-        let objects: Vec<Arc<RunObject>> = {
-            let blocks = self.blocks.read();
-            let mut seen: Vec<Arc<RunObject>> = Vec::new();
-            for slot in blocks.values() {
-                let o = &slot.object;
-                if o.target == name.endpoint
-                    && o.data_name == data_name
-                    && !seen.iter().any(|s| Arc::ptr_eq(s, o))
-                {
-                    seen.push(o.clone());
-                }
-            }
-            seen
+        let Some(object) = self.objects.write().remove(&data_name) else {
+            return 0;
         };
-        objects
-            .iter()
-            .map(|o| self.forget_object(o, RemovalCause::Explicit))
-            .sum()
+        if object.target != name.endpoint {
+            self.objects.write().insert(data_name, object);
+            return 0;
+        }
+        self.forget_object(&object, RemovalCause::Explicit)
     }
 
     /// Deletes `name` from the store — the manifest first, so no reader adopts an object
@@ -409,6 +642,8 @@ impl RemoteTier {
 
     /// One ranged GET of slots `range` of `object`, each block verified.
     fn fetch(&self, object: &Arc<RunObject>, range: Range<usize>) -> Option<Vec<Bytes>> {
+        // An object known from a record is served only once its manifest checked out.
+        let object = &self.checked(object)?;
         let b = object.block_bytes;
         let bytes_range = range.start as u64 * b..range.end as u64 * b;
         let store = self.stores[object.target].clone();
@@ -479,10 +714,16 @@ impl RemoteTier {
             crcs.push(crc(p));
             payloads.push(p.clone());
         }
+        let writer = self
+            .catalog
+            .writer_tag()
+            .filter(|t| crate::object::valid_writer_tag(t));
         let (data_name, manifest_name) =
-            names(&self.config.prefix, &metas).ok_or(WriteError::EmptyRun)?;
-        let manifest = Manifest::of(&metas, &crcs, block_bytes).ok_or(WriteError::EmptyRun)?;
+            names(&self.config.prefix, &metas, writer.as_deref()).ok_or(WriteError::EmptyRun)?;
+        let manifest =
+            Manifest::of(&metas, &crcs, block_bytes, writer).ok_or(WriteError::EmptyRun)?;
         let manifest = serde_json::to_vec(&manifest).map_err(WriteError::Manifest)?;
+        let manifest_digest: [u8; 32] = Sha256::digest(&manifest).into();
         let mut data = BytesMut::with_capacity(payloads.len() * block_bytes as usize);
         for p in &payloads {
             data.extend_from_slice(p);
@@ -511,7 +752,11 @@ impl RemoteTier {
             metas,
             crcs,
             block_bytes,
+            pending: None,
         });
+        self.objects
+            .write()
+            .insert(object.data_name.clone(), object.clone());
         let mut blocks = self.blocks.write();
         for (i, m) in object.metas.iter().enumerate() {
             let new = !blocks.contains_key(&m.hash);
@@ -527,13 +772,18 @@ impl RemoteTier {
             }
         }
         drop(blocks);
+        let first = &object.metas[0];
         self.catalog.wrote(&ObjectInfo {
             name: ObjectName {
                 endpoint: object.target,
                 manifest: manifest_name,
             },
+            layout: first.layout,
+            first_position: first.position,
+            first_parent: first.parent,
             blocks: object.metas.iter().map(|m| m.hash).collect(),
             block_bytes: object.block_bytes,
+            manifest_digest,
         });
         Ok(())
     }
@@ -600,7 +850,13 @@ fn checked_manifest(
     if manifest.block_bytes == 0 {
         return Err("the manifest's blocks are empty".into());
     }
-    let (data_name, manifest_name) = names(prefix, &metas).ok_or("the manifest has no blocks")?;
+    if let Some(w) = &manifest.writer
+        && !crate::object::valid_writer_tag(w)
+    {
+        return Err("the manifest's writer tag is not a plain name".into());
+    }
+    let (data_name, manifest_name) =
+        names(prefix, &metas, manifest.writer.as_deref()).ok_or("the manifest has no blocks")?;
     if manifest_name != name.manifest {
         return Err(format!(
             "the manifest describes `{manifest_name}`, not the object it is stored as"
@@ -612,6 +868,7 @@ fn checked_manifest(
         crcs: manifest.blocks.iter().map(|b| b.crc32c).collect(),
         metas,
         block_bytes: manifest.block_bytes,
+        pending: None,
     }))
 }
 

@@ -206,3 +206,107 @@ fn objects_enter_only_through_a_checked_manifest_and_leave_by_forget_or_delete()
     // Deleting what is gone is not an error.
     assert_eq!(writer.delete(&object).unwrap(), 0);
 }
+
+/// A catalog that tags every object with a writer, as cluster mode does.
+#[derive(Debug, Default)]
+struct Tagging {
+    wrote: Mutex<Vec<ObjectInfo>>,
+}
+
+impl Catalog for Tagging {
+    fn at_open(&self, _: &RemoteTier) -> Vec<ObjectName> {
+        Vec::new()
+    }
+    fn writer_tag(&self) -> Option<String> {
+        Some("replica-a.3.17".into())
+    }
+    fn wrote(&self, object: &ObjectInfo) {
+        self.wrote.lock().push(object.clone());
+    }
+}
+
+#[test]
+fn a_described_object_is_indexed_at_once_and_served_only_after_its_manifest_matches() {
+    let g = common::Gateway::start();
+    let config = || common::config(g.endpoint(), "described");
+    let layout = test_layout().unwrap();
+    let chain = test_chain(&layout, 3, 4);
+    let hashes: Vec<_> = chain.iter().map(|(m, _)| m.hash).collect();
+    let heard = Arc::new(Tagging::default());
+    let writer = RemoteTier::open_with_catalog(config(), Arc::new(NoSink), heard.clone()).unwrap();
+    writer.put_many(&chain);
+    let info = heard.wrote.lock()[0].clone();
+    // The writer is part of the name, and of the manifest that the name is checked against.
+    assert!(
+        info.name.manifest.ends_with(".w.replica-a.3.17.kvm"),
+        "{info:?}"
+    );
+    assert_eq!(info.first_position, 0);
+    assert_eq!(info.first_parent, chain[0].0.parent);
+
+    // Indexed from the description alone: no request, blocks known by hash only.
+    let sink = Arc::new(RecordingSink::default());
+    let reader =
+        RemoteTier::open_with_catalog(config(), sink.clone(), Arc::new(Tagging::default()))
+            .unwrap();
+    assert_eq!(reader.adopt_described(&info), Adopted::Blocks(3));
+    assert_eq!(
+        reader.adopt_described(&info),
+        Adopted::Blocks(0),
+        "idempotent"
+    );
+    assert!(hashes.iter().all(|h| reader.contains(h)));
+    assert_eq!(reader.record_checks(), (0, 0), "nothing read yet");
+    // The first read checks the manifest (one GET), then serves verified bytes.
+    let got = reader.get_run(&hashes).unwrap();
+    assert_eq!(
+        got,
+        chain.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>()
+    );
+    assert_eq!(reader.record_checks(), (0, 1));
+    assert_eq!(reader.get_run(&hashes).unwrap().len(), 3);
+    assert_eq!(reader.record_checks(), (0, 1), "checked once");
+    assert_eq!(reader.requests().0, 2, "one ranged GET per load");
+
+    // A record whose digest is not the manifest's: indexed, never served, counted.
+    let wrong = ObjectInfo {
+        manifest_digest: [0; 32],
+        ..info.clone()
+    };
+    let doubter =
+        RemoteTier::open_with_catalog(config(), Arc::new(NoSink), Arc::new(Tagging::default()))
+            .unwrap();
+    assert_eq!(doubter.adopt_described(&wrong), Adopted::Blocks(3));
+    assert!(doubter.get_run(&hashes).unwrap().is_empty());
+    assert_eq!(doubter.record_checks(), (1, 1));
+    assert!(!doubter.contains(&hashes[0]), "dropped after the mismatch");
+    // Records that cannot describe this object are refused before anything is indexed.
+    let mut other_run = info.clone();
+    other_run.blocks.reverse();
+    let mut off_root = info.clone();
+    off_root.first_parent = hashes[1];
+    let mut foreign = info.clone();
+    foreign.name.manifest = foreign.name.manifest.replace("replica-a", "Bad/Name");
+    for (what, bad) in [
+        ("another run's name", other_run),
+        ("a chain off the root", off_root),
+        ("a bad writer tag", foreign),
+    ] {
+        assert!(
+            matches!(doubter.adopt_described(&bad), Adopted::Refused(_)),
+            "{what}"
+        );
+    }
+    // `check` reads the manifest ahead of the first load.
+    let eager =
+        RemoteTier::open_with_catalog(config(), Arc::new(NoSink), Arc::new(Tagging::default()))
+            .unwrap();
+    eager.adopt_described(&info);
+    assert!(eager.check(&info.name));
+    eager.get_run(&hashes).unwrap();
+    assert_eq!(
+        eager.requests().0,
+        1,
+        "the load was one GET after the check"
+    );
+}

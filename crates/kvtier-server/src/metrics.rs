@@ -49,7 +49,12 @@ impl Metrics {
     }
 
     /// Builds the registry over `engine` and the SSD recovery report slot.
-    pub fn attach(&self, engine: &Arc<Engine>, recovery: Arc<Mutex<Option<RecoveryReport>>>) {
+    pub fn attach(
+        &self,
+        engine: &Arc<Engine>,
+        recovery: Arc<Mutex<Option<RecoveryReport>>>,
+        cluster: Option<Arc<kvtier_meta::ClusterStats>>,
+    ) {
         let mut registry = Registry::with_prefix("kvtier");
         registry.register(
             "request_duration_seconds",
@@ -59,6 +64,7 @@ impl Metrics {
         registry.register_collector(Box::new(EngineCollector {
             engine: Arc::downgrade(engine),
             recovery,
+            cluster,
         }));
         *self.registry.lock() = Some(registry);
     }
@@ -86,6 +92,7 @@ impl Metrics {
 struct EngineCollector {
     engine: Weak<Engine>,
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
+    cluster: Option<Arc<kvtier_meta::ClusterStats>>,
 }
 
 /// Metric families collected from the counter tables, in first-seen order, then written
@@ -225,6 +232,19 @@ impl Collector for EngineCollector {
         };
         let mut w = Families::default();
         engine_families(&engine.stats(), &mut w);
+        if let Some(c) = &self.cluster {
+            // One family, the counter's name as a label (docs/metrics.md).
+            let series = c
+                .snapshot()
+                .into_iter()
+                .map(|(what, v)| (l(&[("what", what)]), v))
+                .collect();
+            w.gauges(
+                "cluster",
+                "The cluster metadata plane: replay, watch, publishing, fencing (docs/cluster.md)",
+                series,
+            );
+        }
         // Recovery of the SSD tier last opened.
         if let Some(r) = self.recovery.lock().clone() {
             let series: Vec<(Labels, u64)> = [

@@ -24,7 +24,11 @@ impl AppState {
     pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
         let node = Node::open(settings)?;
         let metrics = Metrics::new();
-        metrics.attach(&node.engine, node.recovery.clone());
+        metrics.attach(
+            &node.engine,
+            node.recovery.clone(),
+            node.cluster.as_ref().map(|c| c.stats().clone()),
+        );
         Ok(Arc::new(Self {
             engine: node.engine.clone(),
             node,

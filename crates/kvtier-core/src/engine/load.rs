@@ -13,7 +13,7 @@ use crate::events::ResidencyEvent;
 use crate::hash::BlockHash;
 use crate::index::{BlockRef, Lookup};
 use crate::tier::writer::Enqueued;
-use crate::tier::{PutOutcome, Tier, TierKind};
+use crate::tier::{BlockMeta, PutOutcome, Tier, TierKind};
 
 impl Engine {
     /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
@@ -88,7 +88,9 @@ impl Engine {
         if !to_ram && !fill {
             return;
         }
-        let Some(meta) = self.index.meta_of(hash) else {
+        // A block whose tokens are not known (not yet checked against its manifest) is
+        // never copied into another tier: those write the tokens into their records.
+        let Some(meta) = self.index.meta_of(hash).filter(BlockMeta::tokens_known) else {
             return;
         };
         if to_ram && matches!(self.ram.put(&meta, bytes.clone()), Ok(PutOutcome::Stored)) {

@@ -106,10 +106,16 @@ impl Entry {
         self.parent == *parent && self.position as usize == position && self.tiers != 0
     }
 
-    /// The contents: exactly the prompt's tokens and extra keys for block `i`.
+    /// The contents: exactly the prompt's tokens and extra keys for block `i`. A block
+    /// learned from a cluster advertisement has no tokens yet: its hash (computed from the
+    /// prompt's tokens by the walk) is all the index can match, and the remote tier checks
+    /// its manifest's tokens against that hash before serving a byte of it (ADR 0013).
     fn contents(&self, prompt: &Prompt, i: usize) -> bool {
         let tokens = prompt.block_tokens(i);
         let c = &self.cold;
+        if !c.meta.tokens_known() {
+            return true;
+        }
         let same_tokens = if tokens.len() <= INLINE_TOKENS {
             c.meta.tokens.len() == tokens.len() && c.inline_tokens[..tokens.len()] == *tokens
         } else {
@@ -309,6 +315,19 @@ impl PrefixIndex {
     fn insert_locked(shard: &mut crate::shard::ShardMap<Entry>, tier: TierKind, meta: &BlockMeta) {
         match shard.get_mut(&meta.hash) {
             Some(e) if e.cold.meta == *meta => e.tiers |= tier.bit(),
+            // A block known by its place only, and the same block with its tokens: one
+            // block; the entry keeps (or now learns) the tokens.
+            Some(e)
+                if e.cold.meta.same_place(meta)
+                    && (!e.cold.meta.tokens_known() || !meta.tokens_known()) =>
+            {
+                let tiers = e.tiers | tier.bit();
+                if meta.tokens_known() {
+                    *e = Entry::new(meta, tiers);
+                } else {
+                    e.tiers = tiers;
+                }
+            }
             Some(_) => {
                 // Same hash, different content: a collision. Index neither; a miss is safe.
                 tracing::warn!(block = %meta.hash, "two different blocks share one hash; dropping the index entry");

@@ -78,10 +78,47 @@ pub struct BlockMeta {
     pub parent: BlockHash,
     /// The block's position in its chain (0 for the first block).
     pub position: u32,
-    /// The block's own tokens (exactly `tokens_per_block` of them).
+    /// The block's own tokens (exactly `tokens_per_block` of them) — or none when they are
+    /// not known yet: a block learned from a cluster advertisement, which names blocks by
+    /// hash only ([`BlockMeta::described`]). Such a block is indexed by its hash chain and
+    /// its tokens are checked against the object's manifest before any byte of it is
+    /// served; until then no tier but the remote one holds it.
     pub tokens: Arc<[u32]>,
-    /// The block's extra-key tag, if it has extra keys.
+    /// The block's extra-key tag, if it has extra keys (not known when the tokens are not).
     pub extra_tag: Option<[u8; 16]>,
+}
+
+impl BlockMeta {
+    /// A block known by its place in a chain only (layout, hash, parent, position): its
+    /// tokens and extra keys are still to be checked against its object's manifest.
+    pub fn described(
+        layout: LayoutDigest,
+        hash: BlockHash,
+        parent: BlockHash,
+        position: u32,
+    ) -> Self {
+        Self {
+            layout,
+            hash,
+            parent,
+            position,
+            tokens: Arc::from(&[][..]),
+            extra_tag: None,
+        }
+    }
+
+    /// Whether the block's tokens are known (always, except for [`BlockMeta::described`]).
+    pub fn tokens_known(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Same layout, hash, parent and position: the same place in the same chain.
+    pub fn same_place(&self, other: &BlockMeta) -> bool {
+        self.layout == other.layout
+            && self.hash == other.hash
+            && self.parent == other.parent
+            && self.position == other.position
+    }
 }
 
 /// How a [`Tier::put`] ended. Refusals are outcomes, not errors: the block is simply not kept.

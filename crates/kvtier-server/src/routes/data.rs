@@ -379,5 +379,14 @@ pub async fn delete_layout(
 
 /// `GET /v1/stats`: every engine counter.
 pub async fn stats(State(app): App) -> Json<BTreeMap<String, u64>> {
-    Json(app.engine.stats().counters().into_iter().collect())
+    let mut all: BTreeMap<String, u64> = app.engine.stats().counters().into_iter().collect();
+    if let Some(c) = &app.node.cluster {
+        all.extend(
+            c.stats()
+                .snapshot()
+                .into_iter()
+                .map(|(name, v)| (format!("cluster_{name}"), v)),
+        );
+    }
+    Json(all)
 }

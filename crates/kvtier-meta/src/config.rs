@@ -1,0 +1,109 @@
+//! Cluster settings.
+
+use std::time::Duration;
+
+/// How a replica joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// etcd endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The cluster's name: every key lives under `kvtier/<name>/`.
+    pub name: String,
+    /// This replica's id (`[a-z0-9_-]`, stable across restarts: ownership follows it).
+    pub replica: String,
+    /// TTL of the member lease: how long after its last renewal a silent replica counts as
+    /// gone (and can no longer publish or delete under its generation).
+    pub lease_ttl: Duration,
+    /// Advertisements waiting to be published; a full queue drops (counted) and
+    /// `kvtier cluster reconcile` re-advertises what was dropped.
+    pub queue: usize,
+    /// Namespace written into advertisements.
+    pub namespace: String,
+}
+
+impl ClusterConfig {
+    /// A cluster `name` on `endpoints`, this replica being `replica`, with defaults.
+    pub fn new(endpoints: Vec<String>, name: &str, replica: &str) -> Self {
+        Self {
+            endpoints,
+            name: name.to_string(),
+            replica: replica.to_string(),
+            lease_ttl: Duration::from_secs(10),
+            queue: 16_384,
+            namespace: "default".into(),
+        }
+    }
+
+    /// Why the settings cannot work, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.endpoints.is_empty() {
+            return Err("cluster mode needs at least one etcd endpoint".into());
+        }
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        };
+        if !plain(&self.replica) {
+            return Err(format!(
+                "replica id `{}` must be 1 to 64 characters of [a-z0-9_-]",
+                self.replica
+            ));
+        }
+        if !plain(&self.name) {
+            return Err(format!(
+                "cluster name `{}` must be 1 to 64 characters of [a-z0-9_-]",
+                self.name
+            ));
+        }
+        if self.lease_ttl < Duration::from_secs(2) {
+            return Err("the member lease must be at least 2 s".into());
+        }
+        Ok(())
+    }
+}
+
+/// `etcd://host:port,host:port` (or a plain comma-separated list of `host:port` or
+/// `http://host:port`) → etcd endpoint URLs.
+pub fn parse_endpoints(spec: &str) -> Result<Vec<String>, String> {
+    let list = spec.strip_prefix("etcd://").unwrap_or(spec);
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let hostport = part
+            .strip_prefix("http://")
+            .unwrap_or(part)
+            .trim_end_matches('/');
+        if hostport.starts_with("https://") || !hostport.contains(':') || hostport.contains('/') {
+            return Err(format!("`{part}` is not host:port"));
+        }
+        out.push(format!("http://{hostport}"));
+    }
+    if out.is_empty() {
+        return Err(format!("no etcd endpoint in `{spec}`"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_from_an_etcd_url_list() {
+        assert_eq!(
+            parse_endpoints("etcd://a:1,b:2"),
+            Ok(vec!["http://a:1".to_string(), "http://b:2".to_string()])
+        );
+        assert!(parse_endpoints("etcd://").is_err());
+        assert!(parse_endpoints("etcd://a").is_err());
+    }
+
+    #[test]
+    fn replica_ids_are_plain_names() {
+        let mut c = ClusterConfig::new(vec!["http://a:1".into()], "c", "r-1");
+        assert!(c.check().is_ok());
+        c.replica = "R.1".into();
+        assert!(c.check().is_err());
+    }
+}

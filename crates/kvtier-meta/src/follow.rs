@@ -1,0 +1,256 @@
+//! Following the advertisements: a full read of the prefix at one revision R (paginated),
+//! then a watch from R+1 with progress notifications. A watch cancelled because its start
+//! revision was compacted triggers a full resync that diffs what this replica serves
+//! against a fresh read — objects that vanished are forgotten, new ones adopted — never a
+//! silent skip. A broken stream resumes from the last revision applied.
+//!
+//! Local tiers serve while this runs: it starts after the engine is up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+use kvtier_remote::{Adopted, ObjectName, RemoteTier};
+
+use crate::keys::prefix_end;
+use crate::record::Advert;
+use crate::stats::{ClusterStats, bump};
+
+/// Records per page of a full read.
+const PAGE: i64 = 2_000;
+
+/// What the follower applied, by advertisement key.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    known: HashMap<Vec<u8>, ObjectName>,
+}
+
+/// The follower's state.
+pub(crate) struct Follower {
+    pub(crate) tier: Weak<RemoteTier>,
+    pub(crate) prefix: String,
+    pub(crate) stats: Arc<ClusterStats>,
+    pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// A test hook: each watch response is applied this much later (a slow consumer).
+    pub(crate) slow_consumer: Duration,
+    pub(crate) applied: Applied,
+    /// Set once the first full read was applied.
+    pub(crate) replayed: Arc<tokio::sync::Notify>,
+}
+
+enum WatchEnd {
+    /// The start revision was compacted away: resync.
+    Compacted,
+    /// The stream broke after applying up to this revision: resume after it.
+    Broken(i64),
+    /// The tier is gone: stop.
+    Stopped,
+}
+
+impl Follower {
+    /// Runs until the tier is dropped.
+    pub(crate) async fn run(mut self, mut client: Client) {
+        let mut first = true;
+        loop {
+            let started = Instant::now();
+            let revision = match self.full_read(&mut client, !first).await {
+                Some(r) => r,
+                None => {
+                    if self.tier.upgrade().is_none() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if first {
+                self.stats
+                    .replay_ms
+                    .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                self.replayed.notify_waiters();
+                first = false;
+            }
+            let mut from = revision + 1;
+            loop {
+                match self.watch(&mut client, from).await {
+                    WatchEnd::Stopped => return,
+                    WatchEnd::Compacted => {
+                        bump(&self.stats.resyncs_compacted);
+                        tracing::warn!(
+                            "cluster watch fell behind a compaction; resyncing from a full read"
+                        );
+                        break;
+                    }
+                    WatchEnd::Broken(last) => {
+                        bump(&self.stats.watch_resumes);
+                        from = last + 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads every advertisement at one revision and makes the tier serve exactly those
+    /// (with `diff`, forgetting what it served that is gone). Returns the revision, or
+    /// `None` if etcd could not be read.
+    async fn full_read(&mut self, client: &mut Client, diff: bool) -> Option<i64> {
+        let end = prefix_end(&self.prefix);
+        let mut start = self.prefix.as_bytes().to_vec();
+        let mut revision = 0i64;
+        let mut seen: HashMap<Vec<u8>, ()> = HashMap::new();
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(PAGE)
+                .with_sort(SortTarget::Key, SortOrder::Ascend);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let page = match client.get(start.clone(), Some(options)).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the cluster's advertisements; retrying");
+                    return None;
+                }
+            };
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            let tier = self.tier.upgrade()?;
+            for kv in page.kvs() {
+                bump(&self.stats.replay_records);
+                seen.insert(kv.key().to_vec(), ());
+                self.apply_put(&tier, kv.key(), kv.value(), false);
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => break,
+            }
+        }
+        if diff {
+            let tier = self.tier.upgrade()?;
+            let gone: Vec<Vec<u8>> = self
+                .applied
+                .known
+                .keys()
+                .filter(|k| !seen.contains_key(*k))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.apply_delete(&tier, &key);
+            }
+        }
+        Some(revision)
+    }
+
+    async fn watch(&mut self, client: &mut Client, from: i64) -> WatchEnd {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from)
+            .with_progress_notify();
+        let mut stream = match client.watch(self.prefix.as_str(), Some(options)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot open the cluster watch; retrying");
+                return WatchEnd::Broken(from - 1);
+            }
+        };
+        let mut last = from - 1;
+        loop {
+            let message = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) | Err(_) => return WatchEnd::Broken(last),
+            };
+            if message.canceled() {
+                if message.compact_revision() > 0 {
+                    return WatchEnd::Compacted;
+                }
+                return WatchEnd::Broken(last);
+            }
+            if !self.slow_consumer.is_zero() && !message.events().is_empty() {
+                tokio::time::sleep(self.slow_consumer).await;
+            }
+            let Some(tier) = self.tier.upgrade() else {
+                return WatchEnd::Stopped;
+            };
+            for event in message.events() {
+                let Some(kv) = event.kv() else { continue };
+                match event.event_type() {
+                    EventType::Put => {
+                        if self.apply_put(&tier, kv.key(), kv.value(), true) {
+                            bump(&self.stats.adverts_applied);
+                        }
+                    }
+                    EventType::Delete => {
+                        bump(&self.stats.withdrawals_applied);
+                        self.apply_delete(&tier, kv.key());
+                    }
+                }
+                last = last.max(kv.mod_revision());
+            }
+            if let Some(h) = message.header() {
+                // Progress notifications move the revision on without events.
+                last = last.max(h.revision());
+            }
+        }
+    }
+
+    /// Adopts the object an advertisement names; with `check_now`, its manifest is
+    /// checked right away on a blocking thread, so the first load is one GET.
+    fn apply_put(
+        &mut self,
+        tier: &Arc<RemoteTier>,
+        key: &[u8],
+        value: &[u8],
+        check_now: bool,
+    ) -> bool {
+        let advert: Advert = match serde_json::from_slice(value) {
+            Ok(a) => a,
+            Err(e) => {
+                bump(&self.stats.records_refused);
+                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "an advertisement is not a record this build reads");
+                return false;
+            }
+        };
+        let info = match advert.describe(tier) {
+            Ok(i) => i,
+            Err(why) => {
+                bump(&self.stats.records_refused);
+                tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "not adopting an advertisement");
+                return false;
+            }
+        };
+        let lag = (self.wall_ms)().saturating_sub(advert.ts_ms);
+        match tier.adopt_described(&info) {
+            Adopted::Blocks(_) => {
+                if check_now {
+                    self.stats.advertise_lag_ms.store(lag, Ordering::Relaxed);
+                    let t = tier.clone();
+                    let name = info.name.clone();
+                    tokio::task::spawn_blocking(move || t.check(&name));
+                }
+                self.applied.known.insert(key.to_vec(), info.name);
+                true
+            }
+            Adopted::Refused(why) | Adopted::Unreachable(why) => {
+                bump(&self.stats.records_refused);
+                tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "the remote tier refused an advertisement");
+                false
+            }
+        }
+    }
+
+    fn apply_delete(&mut self, tier: &Arc<RemoteTier>, key: &[u8]) {
+        // An unknown key is a no-op: records are idempotent.
+        if let Some(name) = self.applied.known.remove(key) {
+            tier.forget(&name);
+        }
+    }
+}

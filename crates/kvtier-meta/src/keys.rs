@@ -1,0 +1,113 @@
+//! Where each record lives in etcd, under one cluster root (`kvtier/<cluster>/`).
+//!
+//! | key | value | leased |
+//! | --- | --- | --- |
+//! | `ROOT/objects/LAYOUT/FIRST-LAST` | an [`crate::record::Advert`] | no: an object outlives its writer |
+//! | `ROOT/tombstones/LAYOUT/FIRST-LAST` | a [`crate::record::Tombstone`] | no |
+//! | `ROOT/members/REPLICA` | a [`crate::record::Member`] | yes: liveness only |
+//! | `ROOT/generations/REPLICA` | the replica's generation, decimal | no |
+//!
+//! A run (layout, first and last block) has at most one record: the object key names the
+//! run, not the object, so the publish transaction can require that no other replica
+//! advertised the same run first.
+
+use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
+
+/// The keys of one cluster.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    root: String,
+}
+
+impl Keys {
+    /// The keys under `kvtier/<cluster>/`.
+    pub fn new(cluster: &str) -> Self {
+        Self {
+            root: format!("kvtier/{cluster}/"),
+        }
+    }
+
+    /// Prefix of every advertisement.
+    pub fn objects(&self) -> String {
+        format!("{}objects/", self.root)
+    }
+
+    /// Prefix of every tombstone.
+    pub fn tombstones(&self) -> String {
+        format!("{}tombstones/", self.root)
+    }
+
+    /// Prefix of every member key.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.root)
+    }
+
+    /// Prefix of every generation counter.
+    pub fn generations(&self) -> String {
+        format!("{}generations/", self.root)
+    }
+
+    fn run(layout: &LayoutDigest, first: &BlockHash, last: &BlockHash) -> String {
+        format!("{}/{}-{}", layout.to_hex(), first.to_hex(), last.to_hex())
+    }
+
+    /// The advertisement of a run.
+    pub fn object(&self, layout: &LayoutDigest, first: &BlockHash, last: &BlockHash) -> String {
+        format!("{}{}", self.objects(), Self::run(layout, first, last))
+    }
+
+    /// The tombstone of a run.
+    pub fn tombstone(&self, layout: &LayoutDigest, first: &BlockHash, last: &BlockHash) -> String {
+        format!("{}{}", self.tombstones(), Self::run(layout, first, last))
+    }
+
+    /// The tombstone key that goes with an advertisement key.
+    pub fn tombstone_of(&self, object_key: &str) -> Option<String> {
+        object_key
+            .strip_prefix(&self.objects())
+            .map(|run| format!("{}{run}", self.tombstones()))
+    }
+
+    /// A replica's member key.
+    pub fn member(&self, replica: &str) -> String {
+        format!("{}{replica}", self.members())
+    }
+
+    /// A replica's generation counter.
+    pub fn generation(&self, replica: &str) -> String {
+        format!("{}{replica}", self.generations())
+    }
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_has_one_object_key_and_one_tombstone_key() {
+        let k = Keys::new("c1");
+        let (l, f, t) = (
+            LayoutDigest([1; 16]),
+            BlockHash([2; 16]),
+            BlockHash([3; 16]),
+        );
+        let object = k.object(&l, &f, &t);
+        assert!(object.starts_with("kvtier/c1/objects/01010101"));
+        assert_eq!(k.tombstone_of(&object), Some(k.tombstone(&l, &f, &t)));
+        assert_eq!(k.tombstone_of("kvtier/c2/objects/x"), None);
+        assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
+    }
+}

@@ -1,0 +1,31 @@
+//! kvtier's cluster metadata plane over etcd (docs/cluster.md, ADR 0013).
+//!
+//! Every replica answers hit or miss from memory; through etcd it learns of every other
+//! replica's run objects in the shared S3 store, and tells them of its own:
+//!
+//! - **Records** ([`record`]): one advertisement per run object (not per block), keyed by
+//!   the run, never leased — an object stays valid when its writer dies — and tombstones
+//!   for deletion. Applying a record twice changes nothing.
+//! - **The catalog** ([`ClusterCatalog`]) plugs into the remote tier's catalog seam
+//!   ([`kvtier_remote::Catalog`]): the tier does not know etcd, and a single-machine
+//!   build does not link this crate.
+//! - **Replay and watch** ([`follow`]): a paginated read at one revision, a watch from the
+//!   next, a full resync when the watch's revision was compacted.
+//! - **Membership and fencing** ([`member`]): a leased member key and a generation
+//!   counter; every publish is a transaction that compares both.
+//! - **Write-behind publishing** ([`publish`]): a store never waits on etcd.
+
+pub mod catalog;
+pub mod config;
+pub mod follow;
+pub mod keys;
+pub mod member;
+pub mod publish;
+pub mod record;
+pub mod stats;
+
+pub use catalog::ClusterCatalog;
+pub use config::{ClusterConfig, parse_endpoints};
+pub use keys::Keys;
+pub use record::{Advert, Member, Priority, Tombstone};
+pub use stats::ClusterStats;

@@ -1,0 +1,165 @@
+//! Write-behind advertisement: the remote tier reports each object it wrote
+//! ([`kvtier_remote::Catalog::wrote`]) into a bounded queue; a task publishes them, one
+//! fenced transaction each, retrying while etcd is away. A store never waits on etcd.
+//!
+//! The transaction requires that no advertisement and no tombstone exist for the run.
+//! If another replica advertised the same run first, this replica's object (never
+//! advertised, named after its writer) is deleted and the winner's adopted instead.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use kvtier_remote::{ObjectInfo, RemoteTier};
+use tokio::sync::mpsc;
+
+use crate::member::{Identity, Membership};
+use crate::record::Advert;
+use crate::stats::{ClusterStats, bump};
+
+/// How one publish ended.
+#[derive(Debug)]
+pub(crate) enum Published {
+    /// The advertisement is in etcd (now, or it already was).
+    Done,
+    /// Another replica's advertisement, or a tombstone, holds the run.
+    Lost(Option<Box<Advert>>),
+    /// This replica's generation or lease is not current any more.
+    Fenced,
+}
+
+/// One advertisement attempt under `id`.
+pub(crate) async fn publish_once(
+    client: &mut Client,
+    member: &Membership,
+    id: Identity,
+    key: &str,
+    tombstone_key: &str,
+    advert: &Advert,
+) -> Result<Published, etcd_client::Error> {
+    let value = serde_json::to_string(advert).unwrap_or_default();
+    let mut when = member.fence(id);
+    when.push(Compare::version(key, CompareOp::Equal, 0));
+    when.push(Compare::version(tombstone_key, CompareOp::Equal, 0));
+    let txn = Txn::new()
+        .when(when)
+        .and_then(vec![TxnOp::put(key, value, None)])
+        .or_else(vec![
+            TxnOp::get(member.keys.generation(&member.replica), None),
+            TxnOp::get(member.keys.member(&member.replica), None),
+            TxnOp::get(key, None),
+            TxnOp::get(tombstone_key, None),
+        ]);
+    let response = client.txn(txn).await?;
+    if response.succeeded() {
+        return Ok(Published::Done);
+    }
+    let reads = response.op_responses();
+    if Membership::was_fenced(id, &reads) {
+        return Ok(Published::Fenced);
+    }
+    let existing = match reads.get(2) {
+        Some(TxnOpResponse::Get(g)) => g
+            .kvs()
+            .first()
+            .and_then(|kv| serde_json::from_slice::<Advert>(kv.value()).ok()),
+        _ => None,
+    };
+    match existing {
+        // Ours already (a retry after a lost answer): nothing to do.
+        Some(a) if a.object == advert.object && a.endpoint == advert.endpoint => {
+            Ok(Published::Done)
+        }
+        other => Ok(Published::Lost(other.map(Box::new))),
+    }
+}
+
+/// The publishing task's side of the queue.
+pub(crate) struct Publisher {
+    pub(crate) rx: mpsc::Receiver<(ObjectInfo, u64)>,
+    pub(crate) tier: Weak<RemoteTier>,
+    pub(crate) member: Arc<Membership>,
+    pub(crate) stats: Arc<ClusterStats>,
+    pub(crate) namespace: String,
+}
+
+impl Publisher {
+    /// Publishes queued objects until the queue closes (the catalog is dropped).
+    pub(crate) async fn run(mut self, mut client: Client) {
+        while let Some((info, ts_ms)) = self.rx.recv().await {
+            let Some(tier) = self.tier.upgrade() else {
+                return;
+            };
+            let Some(endpoint) = tier.endpoint_id(info.name.endpoint) else {
+                continue;
+            };
+            let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
+                continue;
+            };
+            let key = self.member.keys.object(&info.layout, first, last);
+            let tombstone_key = self.member.keys.tombstone(&info.layout, first, last);
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let Some(id) = self.member.identity() else {
+                    // Not registered (etcd away at start, or the lease was lost): wait.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                };
+                let advert = Advert::of(
+                    &info,
+                    endpoint.clone(),
+                    &self.member.replica,
+                    id.generation,
+                    &self.namespace,
+                    ts_ms,
+                );
+                match publish_once(&mut client, &self.member, id, &key, &tombstone_key, &advert)
+                    .await
+                {
+                    Ok(Published::Done) => {
+                        bump(&self.stats.published);
+                        break;
+                    }
+                    Ok(Published::Lost(winner)) => {
+                        bump(&self.stats.publish_lost);
+                        self.lost(&tier, &info, winner).await;
+                        break;
+                    }
+                    Ok(Published::Fenced) => {
+                        // Counted; the object is still ours and valid: it is advertised
+                        // again under the next registration.
+                        bump(&self.stats.fenced);
+                        self.member.lost(id);
+                    }
+                    Err(e) => {
+                        bump(&self.stats.publish_retries);
+                        tracing::debug!(error = %e, "advertisement not published yet; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Another replica holds the run: delete this replica's copy (never advertised, so
+    /// nobody else reads it) and serve the winner's.
+    async fn lost(&self, tier: &Arc<RemoteTier>, ours: &ObjectInfo, winner: Option<Box<Advert>>) {
+        let t = tier.clone();
+        let name = ours.name.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(e) = t.delete(&name) {
+                tracing::warn!(object = %name.manifest, error = %e, "cannot delete an object that lost its run to another replica");
+            }
+        })
+        .await;
+        if let Some(w) = winner
+            && let Ok(info) = w.describe(tier)
+        {
+            tier.adopt_described(&info);
+            let t = tier.clone();
+            let _ = tokio::task::spawn_blocking(move || t.check(&info.name)).await;
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The records kept in etcd (docs/cluster.md, "Records"), JSON with a version field.
+//!
+//! Applying a record twice changes nothing (an advertisement of an object already known
+//! adopts nothing new; a withdrawal of an unknown object forgets nothing), so replay after
+//! a restart, a resync after compaction and a watch that resumes over events already seen
+//! are all safe.
+
+use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
+use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier};
+use serde::{Deserialize, Serialize};
+
+/// Record format version.
+pub const RECORD_VERSION: u32 = 1;
+
+/// How a budget treats an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Deleted oldest first when its namespace is over budget.
+    #[default]
+    Normal,
+    /// Never deleted by a budget (system prompts and other shared prefixes); its owner may
+    /// still delete it.
+    Pinned,
+}
+
+/// One run object, advertised: what a replica needs to index it without reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advert {
+    /// [`RECORD_VERSION`].
+    pub v: u32,
+    /// The object's manifest name (the data object is the same name with `.kvo`).
+    pub object: String,
+    /// The endpoint holding it, by id (`url/bucket`).
+    pub endpoint: String,
+    /// Layout digest, hex.
+    pub layout: String,
+    /// Chain position of the first block.
+    pub first_position: u32,
+    /// Parent of the first block, hex (the layout's root at position 0).
+    pub first_parent: String,
+    /// The blocks' hashes in chain order, hex.
+    pub blocks: Vec<String>,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// SHA-256 of the manifest, hex: readers check the manifest against it before serving.
+    pub manifest_sha256: String,
+    /// The replica that wrote the object (the only one that may delete it while alive).
+    pub owner: String,
+    /// The owner's generation when it advertised.
+    pub generation: u64,
+    /// Budget class.
+    #[serde(default)]
+    pub priority: Priority,
+    /// Budget namespace.
+    pub namespace: String,
+    /// When it was advertised, Unix milliseconds (advertise lag, age for budgets).
+    pub ts_ms: u64,
+}
+
+/// A run being deleted: written in the same transaction that withdraws its advertisement;
+/// the object is deleted after the grace window, then the tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// [`RECORD_VERSION`].
+    pub v: u32,
+    /// The withdrawn advertisement.
+    pub advert: Advert,
+    /// Who withdrew it (the owner, or the GC leader for an absent owner).
+    pub by: String,
+    /// Their generation.
+    pub generation: u64,
+    /// When, Unix milliseconds: the delete is due after the grace window.
+    pub at_ms: u64,
+    /// Why: `owner`, `orphan`, `budget`.
+    pub reason: String,
+}
+
+/// A live replica (the member key is leased: it vanishes when the replica stops renewing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// [`RECORD_VERSION`].
+    pub v: u32,
+    /// The replica's id.
+    pub replica: String,
+    /// Its generation (bumped on every registration).
+    pub generation: u64,
+    /// When it registered, Unix milliseconds.
+    pub since_ms: u64,
+}
+
+fn hex16(s: &str) -> Option<[u8; 16]> {
+    let bytes = hex_bytes(s)?;
+    bytes.try_into().ok()
+}
+
+fn hex_bytes(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Advert {
+    /// The advertisement of an object the tier wrote.
+    pub fn of(
+        info: &ObjectInfo,
+        endpoint: String,
+        owner: &str,
+        generation: u64,
+        namespace: &str,
+        ts_ms: u64,
+    ) -> Self {
+        Self {
+            v: RECORD_VERSION,
+            object: info.name.manifest.clone(),
+            endpoint,
+            layout: info.layout.to_hex(),
+            first_position: info.first_position,
+            first_parent: info.first_parent.to_hex(),
+            blocks: info.blocks.iter().map(BlockHash::to_hex).collect(),
+            block_bytes: info.block_bytes,
+            manifest_sha256: kvtier_core::hash::hex(&info.manifest_digest),
+            owner: owner.to_string(),
+            generation,
+            priority: Priority::Normal,
+            namespace: namespace.to_string(),
+            ts_ms,
+        }
+    }
+
+    /// The object it describes, for `tier` (whose endpoint list decides the index), or why
+    /// it cannot be one: a malformed field, an unknown version or endpoint.
+    pub fn describe(&self, tier: &RemoteTier) -> Result<ObjectInfo, String> {
+        if self.v != RECORD_VERSION {
+            return Err(format!(
+                "record version {} (this build reads {RECORD_VERSION})",
+                self.v
+            ));
+        }
+        let endpoint = tier
+            .endpoint_index(&self.endpoint)
+            .ok_or_else(|| format!("endpoint `{}` is not one of this replica's", self.endpoint))?;
+        let layout = LayoutDigest(hex16(&self.layout).ok_or("bad layout digest")?);
+        let first_parent = BlockHash(hex16(&self.first_parent).ok_or("bad parent hash")?);
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|h| hex16(h).map(BlockHash))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("bad block hash")?;
+        let manifest_digest: [u8; 32] = hex_bytes(&self.manifest_sha256)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("bad manifest digest")?;
+        Ok(ObjectInfo {
+            name: ObjectName {
+                endpoint,
+                manifest: self.object.clone(),
+            },
+            layout,
+            first_position: self.first_position,
+            first_parent,
+            blocks,
+            block_bytes: self.block_bytes,
+            manifest_digest,
+        })
+    }
+
+    /// The run's first and last block and its layout, if the hex fields parse.
+    pub fn run(&self) -> Option<(LayoutDigest, BlockHash, BlockHash)> {
+        Some((
+            LayoutDigest(hex16(&self.layout)?),
+            BlockHash(hex16(self.blocks.first()?)?),
+            BlockHash(hex16(self.blocks.last()?)?),
+        ))
+    }
+
+    /// Bytes of data the object holds.
+    pub fn bytes(&self) -> u64 {
+        self.block_bytes.saturating_mul(self.blocks.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> ObjectInfo {
+        ObjectInfo {
+            name: ObjectName {
+                endpoint: 0,
+                manifest: "kv/x.kvm".into(),
+            },
+            layout: LayoutDigest([7; 16]),
+            first_position: 0,
+            first_parent: BlockHash([7; 16]),
+            blocks: vec![BlockHash([1; 16]), BlockHash([2; 16])],
+            block_bytes: 4096,
+            manifest_digest: [9; 32],
+        }
+    }
+
+    #[test]
+    fn an_advert_round_trips_through_json_and_names_its_run() {
+        let a = Advert::of(&info(), "http://h/b".into(), "a", 3, "default", 5);
+        let text = serde_json::to_string(&a).unwrap_or_default();
+        let back: Advert = serde_json::from_str(&text).unwrap_or_else(|_| a.clone());
+        assert_eq!(back, a);
+        assert!(text.contains("\"priority\":\"normal\""));
+        let (l, f, t) = back.run().unwrap_or_default();
+        assert_eq!((l.0, f.0, t.0), ([7; 16], [1; 16], [2; 16]));
+        assert_eq!(back.bytes(), 8192);
+    }
+
+    #[test]
+    fn malformed_hex_is_refused() {
+        assert_eq!(hex16("zz"), None);
+        assert_eq!(hex16(&"0".repeat(31)), None);
+        assert_eq!(hex_bytes("0a0b"), Some(vec![10, 11]));
+    }
+}

@@ -1,0 +1,66 @@
+//! What the metadata plane counts (docs/metrics.md, `kvtier_cluster_*`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one replica's metadata plane.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    /// Records read by full reads (start and resyncs).
+    pub replay_records: AtomicU64,
+    /// Milliseconds the first full read and its adoption took.
+    pub replay_ms: AtomicU64,
+    /// Resyncs after a watch was cancelled because its revision was compacted.
+    pub resyncs_compacted: AtomicU64,
+    /// Watches resumed after a broken stream.
+    pub watch_resumes: AtomicU64,
+    /// Advertisements adopted from the watch.
+    pub adverts_applied: AtomicU64,
+    /// Withdrawals applied from the watch.
+    pub withdrawals_applied: AtomicU64,
+    /// Records that could not be used (malformed, unknown endpoint, refused by the tier).
+    pub records_refused: AtomicU64,
+    /// Advertisements published by this replica.
+    pub published: AtomicU64,
+    /// Publishes that found another replica's advertisement (or a tombstone) for the run:
+    /// this replica's object was deleted.
+    pub publish_lost: AtomicU64,
+    /// Publishes and deletes refused because this replica's lease or generation was no
+    /// longer current.
+    pub fenced: AtomicU64,
+    /// Advertisements dropped because the queue was full.
+    pub publish_dropped: AtomicU64,
+    /// Publish attempts that failed (etcd unreachable) and were retried.
+    pub publish_retries: AtomicU64,
+    /// Last advertise lag seen on this replica (record written → applied), milliseconds.
+    pub advertise_lag_ms: AtomicU64,
+    /// Registrations (each a new generation).
+    pub registrations: AtomicU64,
+}
+
+impl ClusterStats {
+    /// `(name, value)` of every counter, in declaration order.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("replay_records", g(&self.replay_records)),
+            ("replay_ms", g(&self.replay_ms)),
+            ("resyncs_compacted", g(&self.resyncs_compacted)),
+            ("watch_resumes", g(&self.watch_resumes)),
+            ("adverts_applied", g(&self.adverts_applied)),
+            ("withdrawals_applied", g(&self.withdrawals_applied)),
+            ("records_refused", g(&self.records_refused)),
+            ("published", g(&self.published)),
+            ("publish_lost", g(&self.publish_lost)),
+            ("fenced", g(&self.fenced)),
+            ("publish_dropped", g(&self.publish_dropped)),
+            ("publish_retries", g(&self.publish_retries)),
+            ("advertise_lag_ms", g(&self.advertise_lag_ms)),
+            ("registrations", g(&self.registrations)),
+        ]
+    }
+}
+
+/// Adds one.
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}

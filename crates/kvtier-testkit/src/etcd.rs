@@ -1,0 +1,147 @@
+//! A real etcd cluster for tests: members of Debian's `etcd` binary on free loopback
+//! ports, each with its own data directory, started and stopped by the test (never the
+//! system's etcd, which the package may have started on 2379).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{Error, Process, Ready, Result, free_port};
+
+/// How long a member may take to accept client connections.
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// One member's ports and name.
+#[derive(Debug, Clone)]
+struct Spec {
+    name: String,
+    client: u16,
+    peer: u16,
+}
+
+/// A running etcd cluster; every member is SIGKILLed when dropped.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    specs: Vec<Spec>,
+    members: Vec<Option<Process>>,
+    initial: String,
+    dir: std::path::PathBuf,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members with data under `dir` and waits until each accepts clients.
+    pub fn start(dir: &Path, n: usize) -> Result<Self> {
+        let mut specs = Vec::new();
+        for i in 0..n {
+            specs.push(Spec {
+                name: format!("m{i}"),
+                client: free_port()?,
+                peer: free_port()?,
+            });
+        }
+        let initial = specs
+            .iter()
+            .map(|s| format!("{}=http://127.0.0.1:{}", s.name, s.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            members: (0..n).map(|_| None).collect(),
+            specs,
+            initial,
+            dir: dir.to_path_buf(),
+        };
+        // All at once: each waits for the others to form a quorum.
+        let mut commands = Vec::new();
+        for i in 0..n {
+            commands.push(cluster.command(i, "new"));
+        }
+        for (i, cmd) in commands.into_iter().enumerate() {
+            let name = format!("etcd {}", cluster.specs[i].name);
+            cluster.members[i] = Some(Process::start(name, cmd, Ready::Spawned, WITHIN)?);
+        }
+        for i in 0..n {
+            cluster.await_member(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn command(&self, i: usize, state: &str) -> Command {
+        let s = &self.specs[i];
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
+            .arg(&s.name)
+            .arg("--data-dir")
+            .arg(self.dir.join(&s.name))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{}", s.client))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://127.0.0.1:{}", s.client))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", s.peer))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", s.peer))
+            .arg("--initial-cluster")
+            .arg(&self.initial)
+            .arg("--initial-cluster-state")
+            .arg(state)
+            .arg("--initial-cluster-token")
+            .arg("kvtier-test")
+            // Quick elections on loopback.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .env("ETCD_UNSUPPORTED_ARCH", "amd64");
+        cmd
+    }
+
+    fn await_member(&self, i: usize) -> Result<()> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.specs[i].client));
+        if crate::wait_for_port(addr, WITHIN) {
+            Ok(())
+        } else {
+            Err(Error::NotReady {
+                name: format!("etcd {}", self.specs[i].name),
+                waited_for: format!("{addr} accepting connections"),
+                within: WITHIN,
+                ended: "still running".into(),
+                output: self.members[i]
+                    .as_ref()
+                    .map(|p| format!("\n{}", p.stderr()))
+                    .unwrap_or_default(),
+            })
+        }
+    }
+
+    /// `etcd://127.0.0.1:A,127.0.0.1:B,…`, as `kvtier serve --cluster` takes it.
+    pub fn url(&self) -> String {
+        let list: Vec<String> = self
+            .specs
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.client))
+            .collect();
+        format!("etcd://{}", list.join(","))
+    }
+
+    /// The client endpoints, `http://127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.specs
+            .iter()
+            .map(|s| format!("http://127.0.0.1:{}", s.client))
+            .collect()
+    }
+
+    /// SIGKILLs member `i` (its data stays).
+    pub fn kill(&mut self, i: usize) -> Result<()> {
+        if let Some(mut p) = self.members[i].take() {
+            p.kill_hard()?;
+        }
+        Ok(())
+    }
+
+    /// Starts member `i` again on its data, after [`EtcdCluster::kill`].
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        let cmd = self.command(i, "existing");
+        let name = format!("etcd {}", self.specs[i].name);
+        self.members[i] = Some(Process::start(name, cmd, Ready::Spawned, WITHIN)?);
+        self.await_member(i)
+    }
+}

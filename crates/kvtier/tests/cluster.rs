@@ -1,0 +1,277 @@
+//! Cluster mode with real parts: three etcd members, `kvtier gateway` as the shared S3
+//! store, and `kvtier serve` replicas as child processes, killed by PID.
+//!
+//! - Propagation: a prompt stored on A is a hit on B within a second, and B's load is
+//!   one ranged GET at the gateway (counted by a proxy in front of it), byte-identical.
+//! - Replay: B is killed with SIGKILL, A stores 1,000 prompts, B restarts and hits them all.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod gateway;
+mod server;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gateway::{ACCESS, Gateway, SECRET};
+use kvtier_client::wire::frame::EndStatus;
+use kvtier_testkit::EtcdCluster;
+use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
+
+/// Counts the HTTP requests a replica sends to the gateway: a TCP proxy that reads each
+/// request head on the way through.
+struct CountingProxy {
+    url: String,
+    gets: Arc<AtomicU64>,
+    ranged_gets: Arc<AtomicU64>,
+}
+
+impl CountingProxy {
+    fn start(target: &str) -> Self {
+        let target = target.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let gets = Arc::new(AtomicU64::new(0));
+        let ranged_gets = Arc::new(AtomicU64::new(0));
+        let (g, r) = (gets.clone(), ranged_gets.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(upstream) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let (g, r) = (g.clone(), r.clone());
+                let (mut c_read, mut u_write) =
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                // Requests: counted by their heads (a replica that only reads sends no bodies).
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let n = match c_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let text = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                        for head in text.split("\r\n\r\n").filter(|h| h.starts_with("get ")) {
+                            g.fetch_add(1, Ordering::SeqCst);
+                            if head.contains("\r\nrange: bytes=") {
+                                r.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        if u_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = u_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut u_read, mut c_write) = (upstream, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut u_read, &mut c_write);
+                    let _ = c_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Self {
+            url,
+            gets,
+            ranged_gets,
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.gets.load(Ordering::SeqCst),
+            self.ranged_gets.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// A config file for a replica of the cluster at `etcd` using the bucket at `endpoint`.
+fn config(dir: &std::path::Path, name: &str, endpoint: &str, etcd: &str) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[remote]\nendpoints = [\"{endpoint}\"]\nbucket = \"shared\"\naccess_key = \"{ACCESS}\"\nsecret_key = \"{SECRET}\"\n\n[cluster]\netcd = \"{etcd}\"\nname = \"test\"\nreplica = \"{name}\"\n"
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_prompt_stored_on_one_replica_is_a_hit_on_another_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let proxy = CountingProxy::start(&gateway.endpoint);
+    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
+    let b_config = config(dir.path(), "b", &proxy.url, &etcd.url());
+    let a = Server::start(
+        &dir.path().join("a"),
+        &["--config", &a_config, "--ssd-enabled", "false"],
+    );
+    let b = Server::start(
+        &dir.path().join("b"),
+        &["--config", &b_config, "--ssd-enabled", "false"],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let (ca, cb) = (a.client(), b.client());
+        let spec = layout_spec("cluster", 4);
+        let layout = ca.register_layout(&spec).await.unwrap();
+        assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
+        // Give both replicas time to register and B's watch time to open.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let p = prompt(&layout, 11, 8);
+        assert_eq!(cb.lookup(&p).await.unwrap().matched_tokens, 0);
+        let stored = ca.store(&p, payloads(&layout, 11, 8)).await.unwrap();
+        assert_eq!(stored.stored, 8);
+        let t = Instant::now();
+        let hit = loop {
+            let hit = cb.lookup(&p).await.unwrap();
+            if hit.matched_tokens == 8 * 16 || t.elapsed() > Duration::from_secs(10) {
+                break hit;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let seen = t.elapsed();
+        assert_eq!(hit.matched_tokens, 8 * 16, "B never saw A's prompt");
+        assert!(
+            seen < Duration::from_secs(1),
+            "B saw A's prompt after {seen:?}"
+        );
+        assert_eq!(hit.tiers, "oooooooo");
+        // B checks the object's manifest in the background once it learns of it; then
+        // the load is one ranged GET.
+        let t = Instant::now();
+        while proxy.counts().0 < 1 && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = proxy.counts();
+        let got = load_all(&cb, &layout, &hit).await;
+        let after = proxy.counts();
+        assert_eq!(got.status, EndStatus::Complete);
+        assert_eq!(
+            got.blocks,
+            payloads(&layout, 11, 8),
+            "B's bytes differ from A's"
+        );
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1, 1),
+            "B's load was not exactly one ranged GET"
+        );
+        let stats = cb.stats().await.unwrap();
+        assert_eq!(stats["cluster_adverts_applied"], 1, "{stats:?}");
+        assert_eq!(stats["remote_hits"], 8, "{stats:?}");
+        let metrics = cb.metrics().await.unwrap();
+        assert!(
+            metrics.contains("kvtier_cluster{what=\"adverts_applied\"} 1"),
+            "{metrics}"
+        );
+        assert_eq!(ca.stats().await.unwrap()["cluster_published"], 1);
+    });
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    drop(etcd);
+}
+
+#[test]
+fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
+    const PROMPTS: u32 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
+    let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
+    let b_args = ["--config", b_config.as_str(), "--ssd-enabled", "false"];
+    let a = Server::start(
+        &dir.path().join("a"),
+        &["--config", &a_config, "--ssd-enabled", "false"],
+    );
+    let b = Server::start(&dir.path().join("b"), &b_args);
+    let rt = runtime();
+    let spec = layout_spec("cluster", 2);
+    let layout = rt.block_on(async { b.client().register_layout(&spec).await.unwrap() });
+    b.kill9();
+    rt.block_on(async {
+        let ca = a.client();
+        assert_eq!(ca.register_layout(&spec).await.unwrap(), layout);
+        for seed in 0..PROMPTS {
+            let stored = ca
+                .store(
+                    &prompt(&layout, 1000 + seed, 1),
+                    payloads(&layout, 1000 + seed, 1),
+                )
+                .await
+                .unwrap();
+            assert_eq!(stored.stored, 1);
+            // The remote tier's write-behind queue drops when full (by design, so a slow
+            // store never stalls); pace the stores so every one reaches the bucket.
+            if seed % 100 == 99 {
+                let t = Instant::now();
+                while ca.stats().await.unwrap()["remote_writer_queue_depth"] > 0
+                    && t.elapsed() < Duration::from_secs(30)
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let t = Instant::now();
+        let stats = loop {
+            let stats = ca.stats().await.unwrap();
+            if stats["cluster_published"] >= u64::from(PROMPTS)
+                || t.elapsed() > Duration::from_secs(30)
+            {
+                break stats;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(stats["remote_writer_dropped_full"], 0, "{stats:?}");
+        assert_eq!(stats["cluster_published"], u64::from(PROMPTS), "{stats:?}");
+    });
+    let b = Server::start(&dir.path().join("b"), &b_args);
+    rt.block_on(async {
+        let cb = b.client();
+        assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
+        let t = Instant::now();
+        let mut missing: Vec<u32> = (0..PROMPTS).collect();
+        while !missing.is_empty() && t.elapsed() < Duration::from_secs(60) {
+            let mut still = Vec::new();
+            for seed in missing {
+                let hit = cb.lookup(&prompt(&layout, 1000 + seed, 1)).await.unwrap();
+                if hit.matched_tokens != 16 {
+                    still.push(seed);
+                }
+            }
+            missing = still;
+            if !missing.is_empty() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{} of {PROMPTS} prompts never hit on B",
+            missing.len()
+        );
+        // A sample loads byte for byte.
+        for seed in [0, PROMPTS / 2, PROMPTS - 1] {
+            let hit = cb.lookup(&prompt(&layout, 1000 + seed, 1)).await.unwrap();
+            let got = load_all(&cb, &layout, &hit).await;
+            assert_eq!(got.blocks, payloads(&layout, 1000 + seed, 1));
+        }
+    });
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    drop(etcd);
+}
