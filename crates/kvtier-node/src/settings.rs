@@ -444,8 +444,13 @@ pub struct ServeArgs {
     pub remote_promote_to_ssd: Option<bool>,
     /// Cluster mode: etcd endpoints, `etcd://host:port,host:port` (needs a remote tier)
     /// [default: none, one replica on its own].
-    #[arg(long, env = "KVTIER_CLUSTER", value_name = "ETCD_URL")]
-    pub cluster: Option<String>,
+    #[arg(
+        long,
+        visible_alias = "cluster",
+        env = "KVTIER_CLUSTER",
+        value_name = "ETCD_URL"
+    )]
+    pub cluster_etcd: Option<String>,
     /// The cluster's name [default: default].
     #[arg(long, env = "KVTIER_CLUSTER_NAME", value_name = "NAME")]
     pub cluster_name: Option<String>,
@@ -505,7 +510,7 @@ impl ServeArgs {
         if self.remote_secret_key.is_some() {
             s.remote.secret_key = self.remote_secret_key.clone();
         }
-        set(&mut s.cluster.etcd, &self.cluster);
+        set(&mut s.cluster.etcd, &self.cluster_etcd);
         set(&mut s.cluster.name, &self.cluster_name);
         if self.cluster_replica.is_some() {
             s.cluster.replica = self.cluster_replica.clone();

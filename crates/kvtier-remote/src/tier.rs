@@ -314,7 +314,7 @@ impl RemoteTier {
             // Known already: adopting it again changes nothing, except that a checked
             // manifest completes an object known from a record only.
             if known.pending.is_some() && object.pending.is_none() {
-                self.replace_object(&known, &object);
+                let _ = self.replace_object(&known, &object);
             }
             return 0;
         }
@@ -493,25 +493,39 @@ impl RemoteTier {
             })
         };
         match verdict {
-            Ok(full) => {
-                self.replace_object(object, &full);
-                Some(full)
-            }
+            Ok(full) => Some(self.replace_object(object, &full)),
             Err(why) => {
                 self.counters
                     .record_mismatches
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(object = %object.data_name, reason = %why, "an advertised object does not match its record; never serving it");
                 self.forget_object(object, RemovalCause::Corrupt);
-                self.objects.write().remove(&object.data_name);
+                let mut objects = self.objects.write();
+                if objects
+                    .get(&object.data_name)
+                    .is_some_and(|now| Arc::ptr_eq(now, object))
+                {
+                    objects.remove(&object.data_name);
+                }
                 None
             }
         }
     }
 
     /// Puts `full` (the checked object) wherever `known` (the same object, known from a
-    /// record only) stands, and tells the index the blocks' tokens.
-    fn replace_object(&self, known: &Arc<RunObject>, full: &Arc<RunObject>) {
+    /// record only) stands, and tells the index the blocks' tokens. Returns the object
+    /// that now stands for it: `full`, or the one another caller checked first.
+    fn replace_object(&self, known: &Arc<RunObject>, full: &Arc<RunObject>) -> Arc<RunObject> {
+        {
+            let mut objects = self.objects.write();
+            if let Some(now) = objects.get(&full.data_name)
+                && !Arc::ptr_eq(now, known)
+            {
+                // Checked (or forgotten and adopted again) meanwhile: that one stands.
+                return now.clone();
+            }
+            objects.insert(full.data_name.clone(), full.clone());
+        }
         let mut blocks = self.blocks.write();
         for m in &full.metas {
             if let Some(slot) = blocks.get_mut(&m.hash)
@@ -521,11 +535,9 @@ impl RemoteTier {
             }
         }
         drop(blocks);
-        self.objects
-            .write()
-            .insert(full.data_name.clone(), full.clone());
         let metas: Vec<&BlockMeta> = full.metas.iter().collect();
         self.sink.inserted_many(TierKind::Remote, &metas);
+        full.clone()
     }
 
     /// Objects known from records whose manifest did not match (see
