@@ -16,6 +16,18 @@ use std::sync::Arc;
 use kvtier_core::tier::{BlockMeta, ResidencySink, TierKind};
 use kvtier_core::{Engine, ExtraKeys};
 
+/// The honest metadata of `prompt`'s first block.
+fn first_block(prompt: &kvtier_core::index::Prompt) -> BlockMeta {
+    BlockMeta {
+        layout: prompt.layout().digest(),
+        hash: prompt.hashes()[0],
+        parent: prompt.parent_of(0),
+        position: 0,
+        tokens: Arc::from(prompt.block_tokens(0)),
+        extra_tag: None,
+    }
+}
+
 fn planted(
     engine: &Engine,
     tokens: &[u32],
@@ -23,14 +35,7 @@ fn planted(
 ) -> Result<usize, kvtier_core::Error> {
     let layout = engine.register_layout(common::small_key())?;
     let prompt = engine.prompt(layout.digest(), tokens, &ExtraKeys::none())?;
-    let mut meta = BlockMeta {
-        layout: layout.digest(),
-        hash: prompt.hashes()[0],
-        parent: prompt.parent_of(0),
-        position: 0,
-        tokens: Arc::from(prompt.block_tokens(0)),
-        extra_tag: None,
-    };
+    let mut meta = first_block(&prompt);
     edit(&mut meta);
     engine.index().inserted(TierKind::Ram, &meta);
     Ok(engine.lookup(&prompt).blocks.len())
@@ -97,14 +102,7 @@ fn a_block_known_by_its_place_matches_by_hash_and_learns_its_tokens()
     let layout = engine.register_layout(common::small_key())?;
     let tokens: Vec<u32> = (200..216).collect();
     let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
-    let full = BlockMeta {
-        layout: layout.digest(),
-        hash: prompt.hashes()[0],
-        parent: prompt.parent_of(0),
-        position: 0,
-        tokens: Arc::from(prompt.block_tokens(0)),
-        extra_tag: None,
-    };
+    let full = first_block(&prompt);
     let described = BlockMeta::described(full.layout, full.hash, full.parent, 0);
     assert!(!described.tokens_known() && described.same_place(&full));
     engine.index().inserted(TierKind::Remote, &described);

@@ -61,11 +61,8 @@ pub(super) fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {
 
 /// Seconds to move `total` bytes over one loopback TCP connection in `chunk`-byte writes.
 pub(super) fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f64> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
     let src = pattern(chunk, 3);
-    let writer = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = listener.accept()?;
+    let write = move |s: &mut TcpStream| -> std::io::Result<()> {
         let mut left = total;
         while left > 0 {
             let n = left.min(src.len());
@@ -73,23 +70,8 @@ pub(super) fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f6
             left -= n;
         }
         Ok(())
-    });
-    let start = Instant::now();
-    let mut s = TcpStream::connect(addr)?;
-    let mut buf = vec![0u8; chunk];
-    let mut got = 0;
-    while got < total {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            anyhow::bail!("raw TCP transfer ended early");
-        }
-        got += n;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("writer thread failed"))??;
-    Ok(secs)
+    };
+    timed_transfer(total, write, &mut vec![0u8; chunk])
 }
 
 /// Seconds to move `sources`, in order, over one loopback TCP connection into `dst` (the
@@ -98,20 +80,33 @@ pub(super) fn tcp_transfer_secs(total: usize, chunk: usize) -> anyhow::Result<f6
 pub(super) fn tcp_copy_secs(sources: Arc<Vec<Vec<u8>>>, dst: &mut [u8]) -> anyhow::Result<f64> {
     let total: usize = sources.iter().map(Vec::len).sum();
     anyhow::ensure!(dst.len() == total, "destination of the wrong size");
+    let write = move |s: &mut TcpStream| -> std::io::Result<()> {
+        sources.iter().try_for_each(|src| s.write_all(src))
+    };
+    timed_transfer(total, write, dst)
+}
+
+/// Seconds for a writer thread running `write` to move `total` bytes to a reader over one
+/// loopback connection. The reader fills `dst` from its start when it holds all `total`
+/// bytes, else reads each time into the whole of it (a reused buffer).
+fn timed_transfer(
+    total: usize,
+    write: impl FnOnce(&mut TcpStream) -> std::io::Result<()> + Send + 'static,
+    dst: &mut [u8],
+) -> anyhow::Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
-        for src in sources.iter() {
-            s.write_all(src)?;
-        }
-        Ok(())
+        write(&mut s)
     });
     let start = Instant::now();
     let mut s = TcpStream::connect(addr)?;
+    let whole = dst.len() >= total;
     let mut got = 0;
     while got < total {
-        let n = s.read(&mut dst[got..])?;
+        let into = if whole { &mut dst[got..] } else { &mut dst[..] };
+        let n = s.read(into)?;
         if n == 0 {
             anyhow::bail!("raw TCP transfer ended early");
         }
