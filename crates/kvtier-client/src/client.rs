@@ -344,6 +344,17 @@ impl Client {
             .await?;
         Ok(v.get("drained").and_then(serde_json::Value::as_bool) == Some(true))
     }
+
+    /// `POST /admin/cluster/withdraw`: deletes this replica's object `manifest` from the
+    /// shared tier in two phases (withdrawn now, deleted after the grace window). Another
+    /// replica's object is refused (403).
+    pub async fn admin_cluster_withdraw(&self, manifest: &str) -> Result<serde_json::Value> {
+        self.post_json(
+            "/admin/cluster/withdraw",
+            &serde_json::json!({ "object": manifest }),
+        )
+        .await
+    }
 }
 
 /// An upload's frame and JSON head: what precedes its payload.

@@ -12,10 +12,13 @@ use tokio::sync::mpsc;
 
 use crate::config::ClusterConfig;
 use crate::follow::{Applied, Follower};
+use crate::gc::{self, Authority, Reason, Withdrawal};
 use crate::keys::Keys;
+use crate::leader::Leader;
 use crate::member::Membership;
 use crate::publish::Publisher;
 use crate::stats::{ClusterStats, bump};
+use crate::view::View;
 
 /// The remote tier's catalog in cluster mode: objects are learned from etcd
 /// advertisements (replayed at start, then watched) and this replica's writes are
@@ -34,6 +37,19 @@ pub struct ClusterCatalog {
     sequence: AtomicU64,
     replayed: Arc<tokio::sync::Notify>,
     slow_consumer: Duration,
+    view: Arc<View>,
+    /// The etcd client, once connected.
+    client: Arc<tokio::sync::OnceCell<Client>>,
+    /// The background tasks, aborted when the catalog is dropped or stopped.
+    tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The tier, once started (withdrawn objects are deleted through it).
+    tier: parking_lot::Mutex<Weak<RemoteTier>>,
+}
+
+impl Drop for ClusterCatalog {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl std::fmt::Debug for ClusterCatalog {
@@ -83,6 +99,10 @@ impl ClusterCatalog {
             sequence: AtomicU64::new(start),
             replayed: Arc::new(tokio::sync::Notify::new()),
             slow_consumer,
+            view: Arc::new(View::default()),
+            client: Arc::new(tokio::sync::OnceCell::new()),
+            tasks: parking_lot::Mutex::new(Vec::new()),
+            tier: parking_lot::Mutex::new(Weak::new()),
         }))
     }
 
@@ -96,26 +116,37 @@ impl ClusterCatalog {
         self.member.identity().map_or(0, |i| i.generation)
     }
 
+    /// The advertisements this replica knows (the GC leader's view).
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
     /// Starts the work for `tier`: registration and lease renewal, the follower (replay,
-    /// then watch) and the publisher. Returns at once; everything retries while etcd is
-    /// unreachable, and the local tiers serve meanwhile. Calling it twice does nothing.
+    /// then watch), the publisher and, if this replica stands for it, the GC leader's
+    /// campaign. Returns at once; everything retries while etcd is unreachable, and the
+    /// local tiers serve meanwhile. Calling it twice does nothing.
     pub fn start(&self, tier: &Arc<RemoteTier>) {
         let Some(rx) = self.pending.lock().take() else {
             return;
         };
         let weak: Weak<RemoteTier> = Arc::downgrade(tier);
-        let endpoints = self.config.endpoints.clone();
-        let member = self.member.clone();
+        *self.tier.lock() = weak.clone();
         let clock = self.clock.clone();
-        let clock2 = self.clock.clone();
+        let wall_ms: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(move || clock.wall_unix_ms());
         let follower = Follower {
             tier: weak.clone(),
             prefix: self.keys.objects(),
             stats: self.stats.clone(),
-            wall_ms: Arc::new(move || clock2.wall_unix_ms()),
+            wall_ms: wall_ms.clone(),
             slow_consumer: self.slow_consumer,
             applied: Applied::default(),
             replayed: self.replayed.clone(),
+            view: self.view.clone(),
         };
         let publisher = Publisher {
             rx,
@@ -123,26 +154,143 @@ impl ClusterCatalog {
             member: self.member.clone(),
             stats: self.stats.clone(),
             namespace: self.config.namespace.clone(),
+            priority: self.config.priority,
         };
-        self.runtime.spawn(async move {
-            let client = connect(&endpoints).await;
-            let mut c = client.clone();
-            let weak_membership = weak.clone();
-            tokio::spawn(async move {
-                // Register, keep the lease, register again when it is lost.
-                while weak_membership.strong_count() > 0 {
-                    match member.register(&mut c, clock.wall_unix_ms()).await {
-                        Ok(id) => member.keep(&mut c, id).await,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot register in the cluster; retrying");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                        }
+        let leader = self.config.gc_leader.then(|| Leader {
+            tier: weak.clone(),
+            member: self.member.clone(),
+            view: self.view.clone(),
+            stats: self.stats.clone(),
+            config: self.config.clone(),
+            wall_ms: wall_ms.clone(),
+        });
+        let mut tasks = self.tasks.lock();
+        let (member, clock) = (self.member.clone(), self.clock.clone());
+        let client = self.connected();
+        tasks.push(self.runtime.spawn(async move {
+            // Register, keep the lease, register again when it is lost.
+            let mut c = client.await;
+            while weak.strong_count() > 0 {
+                match member.register(&mut c, clock.wall_unix_ms()).await {
+                    Ok(id) => member.keep(&mut c, id).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register in the cluster; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
-            });
-            tokio::spawn(publisher.run(client.clone()));
-            follower.run(client).await;
-        });
+            }
+        }));
+        let client = self.connected();
+        tasks.push(
+            self.runtime
+                .spawn(async move { publisher.run(client.await).await }),
+        );
+        let client = self.connected();
+        tasks.push(
+            self.runtime
+                .spawn(async move { follower.run(client.await).await }),
+        );
+        if let Some(leader) = leader {
+            let client = self.connected();
+            tasks.push(
+                self.runtime
+                    .spawn(async move { leader.run(client.await).await }),
+            );
+        }
+    }
+
+    /// Stops every background task (the member lease then expires on its own, as if the
+    /// replica had died; its objects stay advertised).
+    pub fn stop(&self) {
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// The etcd client, once some task connected it.
+    fn connected(&self) -> impl std::future::Future<Output = Client> + Send + 'static {
+        let (cell, endpoints) = (self.client.clone(), self.config.endpoints.clone());
+        async move { cell.get_or_init(|| connect(&endpoints)).await.clone() }
+    }
+
+    /// Deletes this replica's object `manifest` from the shared tier, in two phases: the
+    /// advertisement is withdrawn now (every replica stops starting reads of it) and the
+    /// object deleted after the grace window. Only the owner may: another replica's
+    /// object answers [`Withdrawal::NotOwner`] and nothing changes.
+    pub async fn withdraw(&self, manifest: &str) -> Result<Withdrawal, String> {
+        let key = self
+            .keys
+            .object_of_manifest(manifest)
+            .ok_or_else(|| format!("`{manifest}` is not a run object's manifest name"))?;
+        let mut client = tokio::time::timeout(Duration::from_secs(5), self.connected())
+            .await
+            .map_err(|_| "etcd is not reachable".to_string())?;
+        let id = self
+            .member
+            .identity()
+            .ok_or("this replica is not registered in the cluster (etcd unreachable?)")?;
+        let Some(seen) = gc::read_advert(&mut client, &key)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(Withdrawal::Unknown);
+        };
+        if seen.advert.object != manifest {
+            return Ok(Withdrawal::Unknown);
+        }
+        let now = self.clock.wall_unix_ms();
+        let outcome = gc::withdraw(
+            &mut client,
+            &self.member,
+            &Authority::Owner(id),
+            &key,
+            &seen,
+            Reason::Owner,
+            now,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        match &outcome {
+            Withdrawal::Withdrawn(_) => {
+                bump(&self.stats.gc_tombstones);
+                self.finish_later(key);
+            }
+            Withdrawal::NotOwner(owner) => {
+                bump(&self.stats.deletes_refused);
+                tracing::warn!(object = manifest, owner = %owner, "refused to delete another replica's object");
+            }
+            Withdrawal::Fenced => {
+                bump(&self.stats.fenced);
+                self.member.lost(id);
+            }
+            Withdrawal::Unknown | Withdrawal::Changed => {}
+        }
+        Ok(outcome)
+    }
+
+    /// After the grace window, deletes the object withdrawn under advertisement `key` (the
+    /// GC leader does it otherwise).
+    fn finish_later(&self, key: String) {
+        let Some(tombstone_key) = self.keys.tombstone_of(&key) else {
+            return;
+        };
+        let (grace, stats, tier) = (
+            self.config.gc_grace,
+            self.stats.clone(),
+            self.tier.lock().clone(),
+        );
+        let client = self.connected();
+        self.tasks.lock().push(self.runtime.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let mut client = client.await;
+            let Some(tier) = tier.upgrade() else { return };
+            if let Ok(Some((t, revision))) = gc::read_tombstone(&mut client, &tombstone_key).await
+                && let Err(why) =
+                    gc::finish(&mut client, &tier, &stats, &tombstone_key, &t, revision).await
+            {
+                tracing::warn!(object = %t.advert.object, reason = %why, "cannot delete a withdrawn object yet; the GC leader retries");
+            }
+        }));
     }
 
     /// Waits until the first full read was applied, at most `limit`; true if it was.
@@ -161,13 +309,8 @@ impl ClusterCatalog {
 /// A client for `endpoints`, retrying until etcd answers (the client itself reconnects
 /// afterwards).
 async fn connect(endpoints: &[String]) -> Client {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-        .with_keep_alive_while_idle(true);
     loop {
-        match Client::connect(endpoints, Some(options.clone())).await {
+        match connect_once(endpoints).await {
             Ok(c) => return c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach etcd; retrying");
@@ -175,6 +318,17 @@ async fn connect(endpoints: &[String]) -> Client {
             }
         }
     }
+}
+
+/// One attempt to connect to `endpoints`, with the timeouts every cluster call uses (a
+/// request answers within 5 s or fails; a dead connection is noticed within 4 s).
+pub async fn connect_once(endpoints: &[String]) -> Result<Client, etcd_client::Error> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true);
+    Client::connect(endpoints, Some(options)).await
 }
 
 impl Catalog for ClusterCatalog {

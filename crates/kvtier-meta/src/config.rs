@@ -1,6 +1,9 @@
 //! Cluster settings.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use crate::record::Priority;
 
 /// How a replica joins a cluster.
 #[derive(Debug, Clone)]
@@ -17,8 +20,26 @@ pub struct ClusterConfig {
     /// Advertisements waiting to be published; a full queue drops (counted) and
     /// `kvtier cluster reconcile` re-advertises what was dropped.
     pub queue: usize,
-    /// Namespace written into advertisements.
+    /// Namespace written into advertisements (budgets are per namespace).
     pub namespace: String,
+    /// Priority written into advertisements: [`Priority::Pinned`] for a replica that
+    /// stores shared prefixes (system prompts) no budget may delete.
+    pub priority: Priority,
+    /// How long a withdrawn object stays in the store before it is deleted: longer than
+    /// a withdrawal takes to reach every replica plus the remote read deadline, so a read
+    /// that started before the withdrawal finishes before the delete.
+    pub gc_grace: Duration,
+    /// Whether this replica stands for GC leader.
+    pub gc_leader: bool,
+    /// TTL of the GC leader's lease: how long a dead leader blocks GC.
+    pub leader_ttl: Duration,
+    /// How often the GC leader sweeps (due tombstones, orphans, budgets).
+    pub gc_interval: Duration,
+    /// How long an object's owner must have been gone (no member key) before the leader
+    /// reclaims the object as an orphan.
+    pub orphan_after: Duration,
+    /// Byte budget of the shared tier per namespace; a namespace without one is unbounded.
+    pub budgets: BTreeMap<String, u64>,
 }
 
 impl ClusterConfig {
@@ -31,6 +52,13 @@ impl ClusterConfig {
             lease_ttl: Duration::from_secs(10),
             queue: 16_384,
             namespace: "default".into(),
+            priority: Priority::Normal,
+            gc_grace: Duration::from_secs(30),
+            gc_leader: true,
+            leader_ttl: Duration::from_secs(5),
+            gc_interval: Duration::from_secs(5),
+            orphan_after: Duration::from_secs(3600),
+            budgets: BTreeMap::new(),
         }
     }
 
@@ -57,8 +85,17 @@ impl ClusterConfig {
                 self.name
             ));
         }
-        if self.lease_ttl < Duration::from_secs(2) {
-            return Err("the member lease must be at least 2 s".into());
+        if self.lease_ttl < Duration::from_secs(2) || self.leader_ttl < Duration::from_secs(2) {
+            return Err("the member and leader leases must be at least 2 s".into());
+        }
+        if self.gc_interval.is_zero() {
+            return Err("the GC interval must be more than 0".into());
+        }
+        if !plain(&self.namespace) {
+            return Err(format!(
+                "namespace `{}` must be 1 to 64 characters of [a-z0-9_-]",
+                self.namespace
+            ));
         }
         Ok(())
     }

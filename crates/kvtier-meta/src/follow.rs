@@ -18,6 +18,7 @@ use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 use crate::keys::prefix_end;
 use crate::record::Advert;
 use crate::stats::{ClusterStats, bump};
+use crate::view::View;
 
 /// Records per page of a full read.
 const PAGE: i64 = 2_000;
@@ -37,6 +38,9 @@ pub(crate) struct Follower {
     /// A test hook: each watch response is applied this much later (a slow consumer).
     pub(crate) slow_consumer: Duration,
     pub(crate) applied: Applied,
+    /// Every advertisement read, whether the tier could use it or not (the GC leader's
+    /// view of the cluster).
+    pub(crate) view: Arc<View>,
     /// Set once the first full read was applied.
     pub(crate) replayed: Arc<tokio::sync::Notify>,
 }
@@ -124,7 +128,7 @@ impl Follower {
             for kv in page.kvs() {
                 bump(&self.stats.replay_records);
                 seen.insert(kv.key().to_vec(), ());
-                self.apply_put(&tier, kv.key(), kv.value(), false);
+                self.apply_put(&tier, kv.key(), kv.value(), kv.mod_revision(), false);
             }
             match page.kvs().last() {
                 Some(last) if page.more() => {
@@ -146,6 +150,7 @@ impl Follower {
             for key in gone {
                 self.apply_delete(&tier, &key);
             }
+            self.view.retain(|k| seen.contains_key(k));
         }
         Some(revision)
     }
@@ -184,7 +189,7 @@ impl Follower {
                 let Some(kv) = event.kv() else { continue };
                 match event.event_type() {
                     EventType::Put => {
-                        if self.apply_put(&tier, kv.key(), kv.value(), true) {
+                        if self.apply_put(&tier, kv.key(), kv.value(), kv.mod_revision(), true) {
                             bump(&self.stats.adverts_applied);
                         }
                     }
@@ -209,6 +214,7 @@ impl Follower {
         tier: &Arc<RemoteTier>,
         key: &[u8],
         value: &[u8],
+        revision: i64,
         check_now: bool,
     ) -> bool {
         let advert: Advert = match serde_json::from_slice(value) {
@@ -216,9 +222,12 @@ impl Follower {
             Err(e) => {
                 bump(&self.stats.records_refused);
                 tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "an advertisement is not a record this build reads");
+                // Whatever the key named before is no longer vouched for.
+                self.apply_delete(tier, key);
                 return false;
             }
         };
+        self.view.put(key, advert.clone(), revision);
         let info = match advert.describe(tier) {
             Ok(i) => i,
             Err(why) => {
@@ -249,6 +258,7 @@ impl Follower {
 
     fn apply_delete(&mut self, tier: &Arc<RemoteTier>, key: &[u8]) {
         // An unknown key is a no-op: records are idempotent.
+        self.view.remove(key);
         if let Some(name) = self.applied.known.remove(key) {
             tier.forget(&name);
         }

@@ -28,6 +28,29 @@ impl Keys {
         }
     }
 
+    /// The cluster's root, `kvtier/<cluster>/`.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The GC leader's election.
+    pub fn election(&self) -> String {
+        format!("{}gc-leader", self.root)
+    }
+
+    /// The advertisement key of the run a manifest name (`…/LAYOUT/FIRST-LAST[.w.TAG].kvm`)
+    /// belongs to, if it is one.
+    pub fn object_of_manifest(&self, manifest: &str) -> Option<String> {
+        let mut parts = manifest.rsplit('/');
+        let file = parts.next()?;
+        let layout = parts.next()?;
+        let run = file.strip_suffix(".kvm")?.split('.').next()?;
+        let (first, last) = run.split_once('-')?;
+        let hex32 = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        (hex32(layout) && hex32(first) && hex32(last))
+            .then(|| format!("{}{layout}/{first}-{last}", self.objects()))
+    }
+
     /// Prefix of every advertisement.
     pub fn objects(&self) -> String {
         format!("{}objects/", self.root)
@@ -109,5 +132,17 @@ mod tests {
         assert_eq!(k.tombstone_of(&object), Some(k.tombstone(&l, &f, &t)));
         assert_eq!(k.tombstone_of("kvtier/c2/objects/x"), None);
         assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
+        let manifest = format!(
+            "kv/{}/{}-{}.w.a.1.7.kvm",
+            "01".repeat(16),
+            "02".repeat(16),
+            "03".repeat(16)
+        );
+        assert_eq!(k.object_of_manifest(&manifest), Some(object));
+        assert_eq!(k.object_of_manifest("kv/x/y-z.kvm"), None);
+        assert_eq!(
+            k.object_of_manifest(&manifest.replace(".kvm", ".kvo")),
+            None
+        );
     }
 }

@@ -14,18 +14,28 @@
 //! - **Membership and fencing** ([`member`]): a leased member key and a generation
 //!   counter; every publish is a transaction that compares both.
 //! - **Write-behind publishing** ([`publish`]): a store never waits on etcd.
+//! - **Two-phase GC** ([`gc`], [`leader`]): withdraw with a tombstone, wait out the grace
+//!   window, then delete; by the owner, or by the elected GC leader for orphans, budgets
+//!   and tombstones their deleter left unfinished.
+//! - **Status** ([`status`]): what `kvtier cluster status` prints.
 
 pub mod catalog;
 pub mod config;
 pub mod follow;
+pub mod gc;
 pub mod keys;
+pub mod leader;
 pub mod member;
 pub mod publish;
+pub mod reconcile;
 pub mod record;
 pub mod stats;
+pub mod status;
+pub mod view;
 
-pub use catalog::ClusterCatalog;
+pub use catalog::{ClusterCatalog, connect_once};
 pub use config::{ClusterConfig, parse_endpoints};
+pub use gc::Withdrawal;
 pub use keys::Keys;
 pub use record::{Advert, Member, Priority, Tombstone};
 pub use stats::ClusterStats;

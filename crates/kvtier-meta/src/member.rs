@@ -132,29 +132,9 @@ impl Membership {
     /// Keeps the lease alive; returns when it is lost (expired, revoked, or etcd
     /// unreachable for longer than the TTL), after forgetting the identity.
     pub(crate) async fn keep(&self, client: &mut Client, id: Identity) {
-        let every = (self.ttl / 3).max(Duration::from_millis(500));
-        let mut last_ok = tokio::time::Instant::now();
-        let lost = |why: &str| {
-            tracing::warn!(replica = %self.replica, generation = id.generation, reason = why, "cluster lease lost; registering again");
-            self.lost(id);
-        };
-        loop {
-            let renewed = async {
-                let (mut keeper, mut stream) = client.lease_keep_alive(id.lease).await?;
-                keeper.keep_alive().await?;
-                Ok::<_, etcd_client::Error>(stream.message().await?.map(|r| r.ttl()))
-            };
-            match tokio::time::timeout(every, renewed).await {
-                Ok(Ok(Some(ttl))) if ttl > 0 => last_ok = tokio::time::Instant::now(),
-                Ok(Ok(_)) => return lost("expired"),
-                _ => {
-                    if last_ok.elapsed() >= self.ttl {
-                        return lost("not renewed within its TTL");
-                    }
-                }
-            }
-            tokio::time::sleep(every).await;
-        }
+        let why = keep_alive(client, id.lease, self.ttl).await;
+        tracing::warn!(replica = %self.replica, generation = id.generation, reason = why, "cluster lease lost; registering again");
+        self.lost(id);
     }
 
     /// Whether a failed transaction's `or_else` reads (the generation key and the member
@@ -170,5 +150,29 @@ impl Membership {
             value_of(0).is_some_and(|(v, _)| v == id.generation.to_string().into_bytes());
         let lease_ok = value_of(1).is_some_and(|(_, lease)| lease == id.lease);
         !(generation_ok && lease_ok)
+    }
+}
+
+/// Renews `lease` (granted with `ttl`) until it is lost; returns why: it expired, or etcd
+/// did not confirm a renewal for a whole TTL (the lease must be presumed gone).
+pub(crate) async fn keep_alive(client: &mut Client, lease: i64, ttl: Duration) -> &'static str {
+    let every = (ttl / 3).max(Duration::from_millis(500));
+    let mut last_ok = tokio::time::Instant::now();
+    loop {
+        let renewed = async {
+            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            Ok::<_, etcd_client::Error>(stream.message().await?.map(|r| r.ttl()))
+        };
+        match tokio::time::timeout(every, renewed).await {
+            Ok(Ok(Some(left))) if left > 0 => last_ok = tokio::time::Instant::now(),
+            Ok(Ok(_)) => return "expired",
+            _ => {
+                if last_ok.elapsed() >= ttl {
+                    return "not renewed within its TTL";
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
     }
 }

@@ -81,6 +81,7 @@ pub(crate) struct Publisher {
     pub(crate) member: Arc<Membership>,
     pub(crate) stats: Arc<ClusterStats>,
     pub(crate) namespace: String,
+    pub(crate) priority: crate::record::Priority,
 }
 
 impl Publisher {
@@ -106,7 +107,7 @@ impl Publisher {
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 };
-                let advert = Advert::of(
+                let mut advert = Advert::of(
                     &info,
                     endpoint.clone(),
                     &self.member.replica,
@@ -114,6 +115,7 @@ impl Publisher {
                     &self.namespace,
                     ts_ms,
                 );
+                advert.priority = self.priority;
                 match publish_once(&mut client, &self.member, id, &key, &tombstone_key, &advert)
                     .await
                 {

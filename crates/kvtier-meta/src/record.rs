@@ -25,6 +25,18 @@ pub enum Priority {
     Pinned,
 }
 
+impl std::str::FromStr for Priority {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "normal" => Ok(Self::Normal),
+            "pinned" => Ok(Self::Pinned),
+            other => Err(format!("unknown priority `{other}` (normal, pinned)")),
+        }
+    }
+}
+
 /// One run object, advertised: what a replica needs to index it without reading it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Advert {

@@ -35,6 +35,22 @@ pub struct ClusterStats {
     pub advertise_lag_ms: AtomicU64,
     /// Registrations (each a new generation).
     pub registrations: AtomicU64,
+    /// Advertisements this replica withdrew (tombstones written), any reason.
+    pub gc_tombstones: AtomicU64,
+    /// Withdrawn objects this replica deleted after their grace window.
+    pub gc_deleted: AtomicU64,
+    /// Their bytes.
+    pub gc_bytes: AtomicU64,
+    /// Deletes refused because another replica owns the object.
+    pub deletes_refused: AtomicU64,
+    /// Times this replica became GC leader.
+    pub leader_changes: AtomicU64,
+    /// Objects the leader withdrew because their owner was gone too long.
+    pub orphans_reclaimed: AtomicU64,
+    /// Objects the leader withdrew because their namespace was over budget.
+    pub budget_evictions: AtomicU64,
+    /// 1 while this replica is GC leader.
+    pub is_leader: AtomicU64,
 }
 
 impl ClusterStats {
@@ -56,6 +72,14 @@ impl ClusterStats {
             ("publish_retries", g(&self.publish_retries)),
             ("advertise_lag_ms", g(&self.advertise_lag_ms)),
             ("registrations", g(&self.registrations)),
+            ("gc_tombstones", g(&self.gc_tombstones)),
+            ("gc_deleted", g(&self.gc_deleted)),
+            ("gc_bytes", g(&self.gc_bytes)),
+            ("deletes_refused", g(&self.deletes_refused)),
+            ("leader_changes", g(&self.leader_changes)),
+            ("orphans_reclaimed", g(&self.orphans_reclaimed)),
+            ("budget_evictions", g(&self.budget_evictions)),
+            ("is_leader", g(&self.is_leader)),
         ]
     }
 }
@@ -63,4 +87,9 @@ impl ClusterStats {
 /// Adds one.
 pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n`.
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }

@@ -17,5 +17,5 @@ pub mod settings;
 pub mod units;
 
 pub use components::Components;
-pub use node::Node;
+pub use node::{Node, cluster_endpoints, remote_config};
 pub use settings::{ServeArgs, Settings};

@@ -16,6 +16,11 @@ use parking_lot::{Mutex, RwLock};
 use crate::components::Components;
 use crate::settings::{Settings, SsdSettings};
 
+/// What the default GC grace allows, beyond the remote read deadline, for a withdrawal to
+/// reach every replica (watch latency is milliseconds; this covers a replica whose watch
+/// is resuming).
+const PROPAGATION_ALLOWANCE: Duration = Duration::from_secs(10);
+
 /// The cluster catalog `settings` ask for, running on `runtime`.
 fn cluster_catalog(
     settings: &Settings,
@@ -30,8 +35,52 @@ fn cluster_catalog(
         .unwrap_or_else(|| default_replica(settings.listen.port()));
     let mut config = kvtier_meta::ClusterConfig::new(endpoints, &c.name, &replica);
     config.lease_ttl = c.lease_ttl.0;
+    config.namespace = c.namespace.clone();
+    config.priority = c.priority;
+    config.gc_grace = c
+        .gc_grace
+        .map_or(settings.remote.deadline.0 + PROPAGATION_ALLOWANCE, |g| g.0);
+    config.gc_leader = c.gc_leader;
+    config.gc_interval = c.gc_interval.0;
+    config.orphan_after = c.orphan_after.0;
+    config.budgets = c.budgets.iter().map(|(k, v)| (k.clone(), v.0)).collect();
     kvtier_meta::ClusterCatalog::new(config, runtime.handle().clone(), clock)
         .map_err(|e| format!("cluster settings: {e}"))
+}
+
+/// The remote tier's settings, if `settings` name endpoints.
+pub fn remote_config(settings: &Settings) -> Option<kvtier_remote::RemoteConfig> {
+    let r = &settings.remote;
+    if r.endpoints.is_empty() {
+        return None;
+    }
+    let mut config = kvtier_remote::RemoteConfig::new(
+        r.endpoints
+            .iter()
+            .map(|url| {
+                let mut e = kvtier_remote::Endpoint::new(url.clone(), r.bucket.clone());
+                e.region = r.region.clone();
+                e.access_key = r.access_key.clone();
+                e.secret_key = r.secret_key.clone();
+                e
+            })
+            .collect(),
+    );
+    config.prefix = r.prefix.clone();
+    config.deadline = r.deadline.0;
+    Some(config)
+}
+
+/// The cluster's etcd endpoints and name from `settings` (for tools that talk to etcd
+/// without running a replica).
+pub fn cluster_endpoints(settings: &Settings) -> Result<(Vec<String>, String), String> {
+    if !settings.cluster.enabled() {
+        return Err("no cluster configured: give --cluster etcd://host:port,...".into());
+    }
+    Ok((
+        kvtier_meta::parse_endpoints(&settings.cluster.etcd)?,
+        settings.cluster.name.clone(),
+    ))
 }
 
 /// The host name (lower-cased, other characters as `-`) and the listen port.
@@ -114,22 +163,8 @@ impl Node {
             );
             builder = builder.persistent_tier(persist, open);
         }
-        if !settings.remote.endpoints.is_empty() {
+        if let Some(config) = remote_config(&settings) {
             let r = &settings.remote;
-            let mut config = kvtier_remote::RemoteConfig::new(
-                r.endpoints
-                    .iter()
-                    .map(|url| {
-                        let mut e = kvtier_remote::Endpoint::new(url.clone(), r.bucket.clone());
-                        e.region = r.region.clone();
-                        e.access_key = r.access_key.clone();
-                        e.secret_key = r.secret_key.clone();
-                        e
-                    })
-                    .collect(),
-            );
-            config.prefix = r.prefix.clone();
-            config.deadline = r.deadline.0;
             let attach = kvtier_core::engine::RemoteAttach {
                 promote_to_ssd: r.promote_to_ssd,
                 ..kvtier_core::engine::RemoteAttach::default()

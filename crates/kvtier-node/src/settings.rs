@@ -5,6 +5,7 @@
 //! `--print-config` prints the effective settings as TOML (tokens redacted), which reads
 //! back as a configuration file.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -151,6 +152,25 @@ pub struct ClusterSettings {
     pub replica: Option<String>,
     /// How long after its last lease renewal a silent replica counts as gone.
     pub lease_ttl: HumanDuration,
+    /// Namespace of this replica's objects (budgets are per namespace).
+    pub namespace: String,
+    /// Priority of this replica's objects: `normal`, or `pinned` (no budget deletes them;
+    /// for a replica that stores shared prefixes such as system prompts).
+    pub priority: kvtier_meta::Priority,
+    /// How long a withdrawn object stays before it is deleted; default: 10 s plus the
+    /// remote read deadline (longer than a withdrawal takes to reach every replica plus
+    /// the longest read that may have started before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gc_grace: Option<HumanDuration>,
+    /// Whether this replica stands for GC leader.
+    pub gc_leader: bool,
+    /// How often the GC leader sweeps.
+    pub gc_interval: HumanDuration,
+    /// How long an owner must have been gone before its objects are reclaimed.
+    pub orphan_after: HumanDuration,
+    /// Byte budget of the shared tier per namespace (`[cluster.budgets]`, e.g.
+    /// `default = "500GB"`); a namespace without one is unbounded.
+    pub budgets: BTreeMap<String, ByteSize>,
 }
 
 impl Default for ClusterSettings {
@@ -160,6 +180,13 @@ impl Default for ClusterSettings {
             name: "default".into(),
             replica: None,
             lease_ttl: HumanDuration(Duration::from_secs(10)),
+            namespace: "default".into(),
+            priority: kvtier_meta::Priority::Normal,
+            gc_grace: None,
+            gc_leader: true,
+            gc_interval: HumanDuration(Duration::from_secs(5)),
+            orphan_after: HumanDuration(Duration::from_secs(3600)),
+            budgets: BTreeMap::new(),
         }
     }
 }
@@ -319,6 +346,14 @@ impl Settings {
     }
 }
 
+/// `NAMESPACE=SIZE`.
+fn parse_budget(text: &str) -> Result<(String, ByteSize), String> {
+    let (namespace, size) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not NAMESPACE=SIZE"))?;
+    Ok((namespace.trim().to_owned(), size.trim().parse()?))
+}
+
 /// `kvtier serve` arguments. Each overrides the configuration file; unset ones keep
 /// the file's value, or the default shown.
 #[derive(Debug, Clone, Default, Args)]
@@ -460,6 +495,31 @@ pub struct ServeArgs {
     /// How long after its last renewal a silent replica counts as gone [default: 10s].
     #[arg(long, env = "KVTIER_CLUSTER_LEASE_TTL", value_name = "DURATION")]
     pub cluster_lease_ttl: Option<HumanDuration>,
+    /// Namespace of this replica's objects [default: default].
+    #[arg(long, env = "KVTIER_CLUSTER_NAMESPACE", value_name = "NAME")]
+    pub cluster_namespace: Option<String>,
+    /// Priority of this replica's objects: normal, or pinned (never deleted by a budget)
+    /// [default: normal].
+    #[arg(long, env = "KVTIER_CLUSTER_PRIORITY", value_name = "PRIORITY")]
+    pub cluster_priority: Option<kvtier_meta::Priority>,
+    /// How long a withdrawn object stays before it is deleted [default: 10s plus the
+    /// remote deadline].
+    #[arg(long, env = "KVTIER_CLUSTER_GC_GRACE", value_name = "DURATION")]
+    pub cluster_gc_grace: Option<HumanDuration>,
+    /// Stand for GC leader [default: true].
+    #[arg(long, env = "KVTIER_CLUSTER_GC_LEADER", value_name = "BOOL")]
+    pub cluster_gc_leader: Option<bool>,
+    /// How often the GC leader sweeps [default: 5s].
+    #[arg(long, env = "KVTIER_CLUSTER_GC_INTERVAL", value_name = "DURATION")]
+    pub cluster_gc_interval: Option<HumanDuration>,
+    /// How long an owner must have been gone before the leader reclaims its objects
+    /// [default: 1h].
+    #[arg(long, env = "KVTIER_CLUSTER_ORPHAN_AFTER", value_name = "DURATION")]
+    pub cluster_orphan_after: Option<HumanDuration>,
+    /// A namespace's byte budget in the shared tier, `NAMESPACE=SIZE`; repeat for more
+    /// [default: none, unbounded].
+    #[arg(long, value_name = "NAMESPACE=SIZE", value_parser = parse_budget)]
+    pub cluster_budget: Vec<(String, ByteSize)>,
     /// Bearer token for the admin endpoints; without one they are disabled.
     #[arg(
         long,
@@ -516,6 +576,17 @@ impl ServeArgs {
             s.cluster.replica = self.cluster_replica.clone();
         }
         set(&mut s.cluster.lease_ttl, &self.cluster_lease_ttl);
+        set(&mut s.cluster.namespace, &self.cluster_namespace);
+        set(&mut s.cluster.priority, &self.cluster_priority);
+        if self.cluster_gc_grace.is_some() {
+            s.cluster.gc_grace = self.cluster_gc_grace;
+        }
+        set(&mut s.cluster.gc_leader, &self.cluster_gc_leader);
+        set(&mut s.cluster.gc_interval, &self.cluster_gc_interval);
+        set(&mut s.cluster.orphan_after, &self.cluster_orphan_after);
+        for (namespace, size) in &self.cluster_budget {
+            s.cluster.budgets.insert(namespace.clone(), *size);
+        }
         set(&mut s.data_dir, &self.data_dir);
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);

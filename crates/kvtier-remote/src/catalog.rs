@@ -50,6 +50,17 @@ pub struct ObjectInfo {
     pub manifest_digest: [u8; 32],
 }
 
+/// An object found by listing a store ([`crate::RemoteTier::list_objects`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Which endpoint holds it.
+    pub endpoint: usize,
+    /// Its name.
+    pub name: String,
+    /// When it was last written, Unix milliseconds.
+    pub modified_ms: u64,
+}
+
 /// What [`crate::RemoteTier::adopt`] came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Adopted {

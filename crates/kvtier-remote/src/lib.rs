@@ -16,7 +16,7 @@ pub mod placement;
 mod runtime;
 mod tier;
 
-pub use catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
+pub use catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName};
 pub use config::{Endpoint, RemoteConfig};
 pub use runtime::IoRuntime;
 pub use tier::RemoteTier;

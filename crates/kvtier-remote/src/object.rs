@@ -81,6 +81,26 @@ pub struct RunObject {
     pub pending: Option<[u8; 32]>,
 }
 
+impl RunObject {
+    /// How a catalog describes this object, stored under `manifest` whose SHA-256 is
+    /// `manifest_digest`.
+    pub fn info(&self, manifest: String, manifest_digest: [u8; 32]) -> crate::ObjectInfo {
+        let first = self.metas.first();
+        crate::ObjectInfo {
+            name: crate::ObjectName {
+                endpoint: self.target,
+                manifest,
+            },
+            layout: first.map(|m| m.layout).unwrap_or_default(),
+            first_position: first.map_or(0, |m| m.position),
+            first_parent: first.map(|m| m.parent).unwrap_or_default(),
+            blocks: self.metas.iter().map(|m| m.hash).collect(),
+            block_bytes: self.block_bytes,
+            manifest_digest,
+        }
+    }
+}
+
 fn hex16(s: &str) -> Option<[u8; 16]> {
     if s.len() != 32 {
         return None;

@@ -41,7 +41,7 @@ use object_store::{
 use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 
-use crate::catalog::{Adopted, Catalog, ListCatalog, ObjectInfo, ObjectName};
+use crate::catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName};
 use crate::config::RemoteConfig;
 use crate::object::{Manifest, RunObject, crc, data_of, manifest_of, names};
 use crate::placement::{Placement, Target};
@@ -246,6 +246,20 @@ impl RemoteTier {
     /// Every manifest under the prefix, on every endpoint (what [`ListCatalog`] names). An
     /// endpoint that cannot be listed within the deadline is logged and skipped.
     pub fn list_manifests(&self) -> Vec<ObjectName> {
+        self.list_objects()
+            .into_iter()
+            .filter(|o| o.name.ends_with(".kvm"))
+            .map(|o| ObjectName {
+                endpoint: o.endpoint,
+                manifest: o.name,
+            })
+            .collect()
+    }
+
+    /// Every object under the prefix (manifests, data and anything else), on every
+    /// endpoint, with when it was written. An endpoint that cannot be listed within the
+    /// deadline is logged and skipped.
+    pub fn list_objects(&self) -> Vec<Listed> {
         let mut found = Vec::new();
         for (t, store) in self.stores.iter().enumerate() {
             let store = store.clone();
@@ -255,26 +269,43 @@ impl RemoteTier {
                 let mut list = store.list(Some(&prefix));
                 while let Some(meta) = list.next().await {
                     let meta = meta?;
-                    let name = meta.location.to_string();
-                    if name.ends_with(".kvm") {
-                        names.push(name);
-                    }
+                    names.push(Listed {
+                        endpoint: t,
+                        name: meta.location.to_string(),
+                        modified_ms: meta.last_modified.timestamp_millis().max(0) as u64,
+                    });
                 }
                 Ok(names)
             });
             match listed {
-                Fetch::Got(names) => found.extend(names.into_iter().map(|manifest| ObjectName {
-                    endpoint: t,
-                    manifest,
-                })),
+                Fetch::Got(names) => found.extend(names),
                 Fetch::Gone => {}
                 Fetch::Failed(e) => {
-                    tracing::warn!(endpoint = %self.placement.targets()[t].id, error = %e, "remote tier: cannot list objects; starting without them");
+                    tracing::warn!(endpoint = %self.placement.targets()[t].id, error = %e, "remote tier: cannot list objects; going on without them");
                     self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         found
+    }
+
+    /// Reads `name`'s manifest and describes the object if the manifest checks out (the
+    /// same checks as [`RemoteTier::adopt`]), without serving it: what a repair tool
+    /// advertises.
+    pub fn read_described(&self, name: &ObjectName) -> std::result::Result<ObjectInfo, String> {
+        let store = self
+            .stores
+            .get(name.endpoint)
+            .cloned()
+            .ok_or_else(|| format!("endpoint {} is not one of the tier's", name.endpoint))?;
+        let path = Path::from(name.manifest.as_str());
+        let bytes = match self.call(async move { store.get(&path).await?.bytes().await }) {
+            Fetch::Got(b) => b,
+            Fetch::Gone => return Err("the manifest is gone".into()),
+            Fetch::Failed(e) => return Err(e.to_string()),
+        };
+        let object = checked_manifest(&bytes, name, &self.config.prefix)?;
+        Ok(object.info(name.manifest.clone(), Sha256::digest(&bytes).into()))
     }
 
     /// Reads `name`'s manifest and, if it describes exactly the object its name says (a
@@ -784,19 +815,8 @@ impl RemoteTier {
             }
         }
         drop(blocks);
-        let first = &object.metas[0];
-        self.catalog.wrote(&ObjectInfo {
-            name: ObjectName {
-                endpoint: object.target,
-                manifest: manifest_name,
-            },
-            layout: first.layout,
-            first_position: first.position,
-            first_parent: first.parent,
-            blocks: object.metas.iter().map(|m| m.hash).collect(),
-            block_bytes: object.block_bytes,
-            manifest_digest,
-        });
+        self.catalog
+            .wrote(&object.info(manifest_name, manifest_digest));
         Ok(())
     }
 

@@ -36,6 +36,9 @@ enum Command {
     /// Demo helper: the restarted process of `kvtier demo`.
     #[command(name = "__demo-restarted", hide = true)]
     DemoRestarted(crate::demo::RestartedArgs),
+    /// Operate a cluster of replicas sharing a cache through etcd: `status`, `reconcile`
+    /// (docs/cluster.md).
+    Cluster(crate::cluster::ClusterArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
     /// Show what an SSD store holds per namespace; `--verify` checks every checksum.
@@ -109,6 +112,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::DemoRestarted(args) => crate::demo::run_restarted(&args),
         Command::CrashWriter(args) => crate::crash_writer::run(&args),
         Command::Inspect(args) => crate::inspect::run(&args),
+        Command::Cluster(args) => crate::cluster::run(&args),
         Command::Version => {
             println!("kvtier {}", env!("CARGO_PKG_VERSION"));
             println!(

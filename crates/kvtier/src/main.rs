@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod crash_writer;
 mod demo;
 mod inspect;

@@ -111,3 +111,62 @@ pub async fn flush(State(app): State<Arc<AppState>>) -> Result<Json<serde_json::
     let drained = blocking(move || Ok(engine.flush(timeout))).await?;
     Ok(Json(serde_json::json!({ "drained": drained })))
 }
+
+/// `POST /admin/cluster/withdraw {"object": MANIFEST}`: deletes one of this replica's
+/// objects from the shared tier in two phases (docs/cluster.md, "Deleting"): the
+/// advertisement is withdrawn now, the object deleted after the grace window. 200 when
+/// withdrawn; 403 when another replica owns it (nothing changes); 404 when no
+/// advertisement names it; 409 when this replica's registration is not current or the
+/// record changed meanwhile; 400 outside cluster mode.
+pub async fn cluster_withdraw(
+    State(app): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Request {
+        object: String,
+    }
+    let req: Request = input::json(&read_body(body, ADMIN_BODY_LIMIT).await?)?;
+    let cluster = app
+        .node
+        .cluster
+        .clone()
+        .ok_or_else(|| ApiError::bad("not_clustered", "this replica is not in cluster mode"))?;
+    let outcome = cluster
+        .withdraw(&req.object)
+        .await
+        .map_err(ApiError::unavailable)?;
+    use axum::http::StatusCode;
+    use kvtier_meta::Withdrawal;
+    match outcome {
+        Withdrawal::Withdrawn(t) => Ok(Json(serde_json::json!({
+            "withdrawn": req.object,
+            "at_ms": t.at_ms,
+            "grace_ms": cluster.config().gc_grace.as_millis() as u64,
+        }))),
+        Withdrawal::NotOwner(owner) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "not_owner",
+            format!(
+                "`{}` belongs to replica `{owner}`: only its owner deletes it",
+                req.object
+            ),
+        )),
+        Withdrawal::Unknown => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_advertised",
+            format!("no advertisement names `{}`", req.object),
+        )),
+        Withdrawal::Fenced => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "fenced",
+            "this replica's registration is not current; it registers again, then retry",
+        )),
+        Withdrawal::Changed => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "changed",
+            "the advertisement changed meanwhile; retry",
+        )),
+    }
+}

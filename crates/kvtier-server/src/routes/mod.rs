@@ -129,6 +129,7 @@ pub fn router(app: Arc<AppState>) -> Router {
     let admin = Router::new()
         .route("/admin/ssd", post(admin::ssd))
         .route("/admin/flush", post(admin::flush))
+        .route("/admin/cluster/withdraw", post(admin::cluster_withdraw))
         .route_layer(middleware::from_fn_with_state(admin_guard, authorize));
     Router::new()
         .merge(data)

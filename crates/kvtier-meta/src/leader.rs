@@ -1,0 +1,264 @@
+//! The GC leader: one replica at a time, elected through etcd's election API on a short
+//! lease, sweeps the shared tier every [`crate::ClusterConfig::gc_interval`]:
+//!
+//! - **due tombstones**: withdrawn objects whose grace window passed are deleted (their
+//!   deleter may have died before finishing);
+//! - **orphans**: objects whose owner has had no member key for
+//!   [`crate::ClusterConfig::orphan_after`] are withdrawn (the transaction re-checks that
+//!   the owner is still gone);
+//! - **budgets**: a namespace over its byte budget is shrunk oldest first; pinned objects
+//!   are never chosen.
+//!
+//! Every action is a transaction that compares the leader's election key and the
+//! record's revision, and finishing a tombstone is idempotent: a leader that dies
+//! mid-sweep leaves nothing half done that its successor cannot finish, and a deposed
+//! leader's late actions fail.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, LeaderKey};
+use kvtier_remote::RemoteTier;
+
+use crate::config::ClusterConfig;
+use crate::gc::{self, Authority, Reason, Withdrawal};
+use crate::keys::prefix_end;
+use crate::member::{Membership, keep_alive};
+use crate::record::{Priority, Tombstone};
+use crate::stats::{ClusterStats, bump};
+use crate::view::{Seen, View};
+
+/// The leader's state.
+pub(crate) struct Leader {
+    pub(crate) tier: Weak<RemoteTier>,
+    pub(crate) member: Arc<Membership>,
+    pub(crate) view: Arc<View>,
+    pub(crate) stats: Arc<ClusterStats>,
+    pub(crate) config: ClusterConfig,
+    pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl Leader {
+    /// Stands for election and sweeps while leader, until the tier is dropped.
+    pub(crate) async fn run(self, mut client: Client) {
+        let election = self.member.keys.election();
+        while self.tier.strong_count() > 0 {
+            let lease = match client
+                .lease_grant(self.config.leader_ttl.as_secs().max(2) as i64, None)
+                .await
+            {
+                Ok(l) => l.id(),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let alive = Arc::new(AtomicBool::new(true));
+            let keeper = {
+                let (mut c, alive, ttl) = (client.clone(), alive.clone(), self.config.leader_ttl);
+                tokio::spawn(async move {
+                    keep_alive(&mut c, lease, ttl).await;
+                    alive.store(false, Ordering::SeqCst);
+                })
+            };
+            if let Some(key) = self.campaign(&mut client, &election, lease, &alive).await {
+                bump(&self.stats.leader_changes);
+                self.stats.is_leader.store(1, Ordering::Relaxed);
+                tracing::info!(replica = %self.member.replica, "became the cluster's GC leader");
+                let mut absent = HashMap::new();
+                while alive.load(Ordering::SeqCst) && self.tier.strong_count() > 0 {
+                    self.sweep(&mut client, &key, &mut absent).await;
+                    tokio::time::sleep(self.config.gc_interval).await;
+                }
+                self.stats.is_leader.store(0, Ordering::Relaxed);
+                tracing::warn!(replica = %self.member.replica, "no longer the cluster's GC leader");
+            }
+            keeper.abort();
+            let _ = client.lease_revoke(lease).await;
+        }
+    }
+
+    /// Campaigns with `lease` until elected (or the lease is lost).
+    async fn campaign(
+        &self,
+        client: &mut Client,
+        election: &str,
+        lease: i64,
+        alive: &AtomicBool,
+    ) -> Option<LeaderKey> {
+        while alive.load(Ordering::SeqCst) && self.tier.strong_count() > 0 {
+            // A campaign blocks until elected; the client's request timeout ends it now
+            // and then (the candidacy is withdrawn and made again).
+            match client
+                .campaign(election, self.member.replica.as_str(), lease)
+                .await
+            {
+                Ok(r) => {
+                    if let Some(key) = r.leader() {
+                        return Some(key.clone());
+                    }
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        None
+    }
+
+    /// One sweep: due tombstones, orphans, budgets.
+    async fn sweep(&self, client: &mut Client, key: &LeaderKey, absent: &mut HashMap<String, u64>) {
+        let Some(tier) = self.tier.upgrade() else {
+            return;
+        };
+        let authority = Authority::Leader {
+            key: key.key().to_vec(),
+            revision: key.rev(),
+        };
+        if let Err(e) = self.finish_due(client, &tier).await {
+            tracing::debug!(error = %e, "GC sweep: cannot read tombstones");
+        }
+        let records = self.view.all();
+        let mut withdrawn: HashSet<Vec<u8>> = HashSet::new();
+        if let Ok(live) = self.live_members(client).await {
+            let now = (self.wall_ms)();
+            absent.retain(|owner, _| !live.contains(owner));
+            for (k, seen) in &records {
+                if live.contains(&seen.advert.owner) {
+                    continue;
+                }
+                let since = *absent.entry(seen.advert.owner.clone()).or_insert(now);
+                if now.saturating_sub(since) >= self.config.orphan_after.as_millis() as u64
+                    && self
+                        .withdraw(client, &authority, k, seen, Reason::Orphan)
+                        .await
+                {
+                    bump(&self.stats.orphans_reclaimed);
+                    withdrawn.insert(k.clone());
+                }
+            }
+        }
+        for (namespace, budget) in &self.config.budgets {
+            let mut members: Vec<&(Vec<u8>, Seen)> = records
+                .iter()
+                .filter(|(k, s)| &s.advert.namespace == namespace && !withdrawn.contains(k))
+                .collect();
+            let mut total: u64 = members.iter().map(|(_, s)| s.advert.bytes()).sum();
+            if total <= *budget {
+                continue;
+            }
+            members.retain(|(_, s)| s.advert.priority != Priority::Pinned);
+            members.sort_by(|a, b| (a.1.advert.ts_ms, &a.0).cmp(&(b.1.advert.ts_ms, &b.0)));
+            for (k, seen) in members {
+                if total <= *budget {
+                    break;
+                }
+                if self
+                    .withdraw(client, &authority, k, seen, Reason::Budget)
+                    .await
+                {
+                    bump(&self.stats.budget_evictions);
+                    total = total.saturating_sub(seen.advert.bytes());
+                }
+            }
+        }
+    }
+
+    /// Withdraws one record as leader; true if it was.
+    async fn withdraw(
+        &self,
+        client: &mut Client,
+        authority: &Authority,
+        key: &[u8],
+        seen: &Seen,
+        reason: Reason,
+    ) -> bool {
+        let key = String::from_utf8_lossy(key);
+        match gc::withdraw(
+            client,
+            &self.member,
+            authority,
+            &key,
+            seen,
+            reason,
+            (self.wall_ms)(),
+        )
+        .await
+        {
+            Ok(Withdrawal::Withdrawn(_)) => {
+                bump(&self.stats.gc_tombstones);
+                true
+            }
+            Ok(Withdrawal::Fenced) => {
+                bump(&self.stats.fenced);
+                false
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "GC sweep: a withdrawal failed; the next sweep retries");
+                false
+            }
+        }
+    }
+
+    /// Deletes every object whose tombstone's grace window has passed.
+    async fn finish_due(
+        &self,
+        client: &mut Client,
+        tier: &Arc<RemoteTier>,
+    ) -> Result<(), etcd_client::Error> {
+        let prefix = self.member.keys.tombstones();
+        let got = client
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_range(prefix_end(&prefix))),
+            )
+            .await?;
+        let now = (self.wall_ms)();
+        let grace = self.config.gc_grace.as_millis() as u64;
+        for kv in got.kvs() {
+            let Ok(t) = serde_json::from_slice::<Tombstone>(kv.value()) else {
+                continue;
+            };
+            if now < t.at_ms.saturating_add(grace) {
+                continue;
+            }
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if let Err(why) =
+                gc::finish(client, tier, &self.stats, &key, &t, kv.mod_revision()).await
+            {
+                tracing::warn!(object = %t.advert.object, reason = %why, "GC sweep: cannot delete a withdrawn object yet");
+            }
+        }
+        Ok(())
+    }
+
+    /// The replicas with a member key now.
+    async fn live_members(
+        &self,
+        client: &mut Client,
+    ) -> Result<HashSet<String>, etcd_client::Error> {
+        let prefix = self.member.keys.members();
+        let got = client
+            .get(
+                prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_range(prefix_end(&prefix))
+                        .with_keys_only(),
+                ),
+            )
+            .await?;
+        Ok(got
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                kv.key_str()
+                    .ok()
+                    .and_then(|k| k.strip_prefix(prefix.as_str()))
+                    .map(str::to_owned)
+            })
+            .collect())
+    }
+}

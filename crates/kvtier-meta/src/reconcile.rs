@@ -1,0 +1,225 @@
+//! `kvtier cluster reconcile`: makes the bucket and the records agree again after crashes.
+//!
+//! - A replica that died between its manifest PUT and its advertisement left an object
+//!   nobody serves: if its manifest checks out (the same checks as adopting it) and its
+//!   run has neither record nor tombstone, it is advertised under its writer's name.
+//! - What cannot be advertised — a manifest that does not check out, a run already held
+//!   by another object (a lost race whose loser died before deleting), data whose manifest
+//!   never landed — is deleted once it is older than the bound, so a write still in flight
+//!   is never taken for debris.
+//!
+//! Tombstoned objects are left to the GC.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use kvtier_remote::object::{data_of, manifest_of};
+use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier};
+use serde::Serialize;
+
+use crate::keys::Keys;
+use crate::record::{Advert, Tombstone};
+use crate::status::read_prefix;
+
+/// The catalog of a tier opened only to survey its bucket: it adopts nothing at open.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Survey;
+
+impl kvtier_remote::Catalog for Survey {
+    fn at_open(&self, _tier: &RemoteTier) -> Vec<ObjectName> {
+        Vec::new()
+    }
+}
+
+/// What reconcile did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Objects listed in the bucket (manifests and data).
+    pub listed: u64,
+    /// Objects already advertised.
+    pub advertised: u64,
+    /// Objects advertised by this run.
+    pub readvertised: u64,
+    /// Unadvertisable objects deleted (manifest and data count as one object).
+    pub removed: u64,
+    /// Unadvertisable objects younger than the bound, left alone.
+    pub young: u64,
+    /// Objects waiting in a tombstone (the GC's).
+    pub tombstoned: u64,
+}
+
+/// How reconcile runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The cluster.
+    pub cluster: String,
+    /// Only debris older than this is deleted.
+    pub older_than: Duration,
+    /// Namespace written into the advertisements it makes.
+    pub namespace: String,
+    /// Count, change nothing.
+    pub dry_run: bool,
+    /// Now, Unix milliseconds.
+    pub now_ms: u64,
+}
+
+/// Reconciles `tier`'s bucket with the records of `options.cluster`.
+pub async fn reconcile(
+    client: &mut Client,
+    tier: &Arc<RemoteTier>,
+    options: &Options,
+) -> Result<Report, String> {
+    let keys = Keys::new(&options.cluster);
+    let t = tier.clone();
+    let listed = tokio::task::spawn_blocking(move || t.list_objects())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (_, adverts) = read_prefix(client, &keys.objects())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (_, tombstones) = read_prefix(client, &keys.tombstones())
+        .await
+        .map_err(|e| e.to_string())?;
+    let place = |endpoint: &str, object: &str| {
+        tier.endpoint_index(endpoint)
+            .map(|i| (i, object.to_owned()))
+    };
+    let advertised: HashSet<(usize, String)> = adverts
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<Advert>(&e.value).ok())
+        .filter_map(|a| place(&a.endpoint, &a.object))
+        .collect();
+    let tombstoned: HashSet<(usize, String)> = tombstones
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<Tombstone>(&e.value).ok())
+        .filter_map(|t| place(&t.advert.endpoint, &t.advert.object))
+        .collect();
+    let manifests: HashSet<(usize, String)> = listed
+        .iter()
+        .filter(|o| o.name.ends_with(".kvm"))
+        .map(|o| (o.endpoint, o.name.clone()))
+        .collect();
+    let mut report = Report {
+        listed: listed.len() as u64,
+        ..Report::default()
+    };
+    for object in &listed {
+        let manifest = if object.name.ends_with(".kvm") {
+            object.name.clone()
+        } else if let Some(m) = manifest_of(&object.name) {
+            if manifests.contains(&(object.endpoint, m.clone())) {
+                continue; // judged with its manifest
+            }
+            m
+        } else {
+            continue; // not kvtier's
+        };
+        let place = (object.endpoint, manifest.clone());
+        if advertised.contains(&place) {
+            report.advertised += 1;
+            continue;
+        }
+        if tombstoned.contains(&place) {
+            report.tombstoned += 1;
+            continue;
+        }
+        let name = ObjectName {
+            endpoint: object.endpoint,
+            manifest,
+        };
+        let described = if object.name.ends_with(".kvm") {
+            let (t, n) = (tier.clone(), name.clone());
+            tokio::task::spawn_blocking(move || t.read_described(&n))
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            Err("data without a manifest".into())
+        };
+        if let Ok(info) = &described
+            && advertise(client, tier, &keys, info, options).await?
+        {
+            report.readvertised += 1;
+            continue;
+        }
+        let age_ms = options.now_ms.saturating_sub(object.modified_ms);
+        if age_ms < options.older_than.as_millis() as u64 {
+            report.young += 1;
+            continue;
+        }
+        if !options.dry_run {
+            let t = tier.clone();
+            let n = name.clone();
+            tokio::task::spawn_blocking(move || t.delete(&n))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+        }
+        tracing::info!(object = %name.manifest, data = ?data_of(&name.manifest), "reconcile: removed an object that cannot be advertised");
+        report.removed += 1;
+    }
+    Ok(report)
+}
+
+/// Advertises `info` under its writer's name if its run has neither record nor tombstone;
+/// true if it is advertised now (or would be, with `dry_run`).
+async fn advertise(
+    client: &mut Client,
+    tier: &RemoteTier,
+    keys: &Keys,
+    info: &ObjectInfo,
+    options: &Options,
+) -> Result<bool, String> {
+    let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
+        return Ok(false);
+    };
+    let Some(endpoint) = tier.endpoint_id(info.name.endpoint) else {
+        return Ok(false);
+    };
+    // The writer's tag is `REPLICA.GENERATION.SEQUENCE`; an object named by content only
+    // (written outside cluster mode) has no owner, and the GC leader treats it as an
+    // orphan once `orphan_after` has passed.
+    let tag = info
+        .name
+        .manifest
+        .rsplit_once(".w.")
+        .and_then(|(_, t)| t.strip_suffix(".kvm"));
+    let mut parts = tag.unwrap_or("").split('.');
+    let owner = parts.next().filter(|o| !o.is_empty()).unwrap_or("unowned");
+    let generation = parts.next().and_then(|g| g.parse().ok()).unwrap_or(0);
+    let advert = Advert::of(
+        info,
+        endpoint,
+        owner,
+        generation,
+        &options.namespace,
+        options.now_ms,
+    );
+    let key = keys.object(&info.layout, first, last);
+    let tombstone = keys.tombstone(&info.layout, first, last);
+    if options.dry_run {
+        let free = client
+            .get(key.as_str(), None)
+            .await
+            .map_err(|e| e.to_string())?
+            .kvs()
+            .is_empty();
+        return Ok(free);
+    }
+    let txn = Txn::new()
+        .when(vec![
+            Compare::version(key.as_str(), CompareOp::Equal, 0),
+            Compare::version(tombstone.as_str(), CompareOp::Equal, 0),
+        ])
+        .and_then(vec![TxnOp::put(
+            key.as_str(),
+            serde_json::to_string(&advert).unwrap_or_default(),
+            None,
+        )]);
+    let done = client.txn(txn).await.map_err(|e| e.to_string())?;
+    if done.succeeded() {
+        tracing::info!(object = %info.name.manifest, owner, "reconcile: advertised an object its writer never advertised");
+    }
+    Ok(done.succeeded())
+}

@@ -1,0 +1,171 @@
+//! What `kvtier cluster status` reports, read from etcd alone: the live replicas and
+//! their generations, the GC leader, and advertised objects and bytes per owner and per
+//! namespace, with the tombstones waiting for their grace window.
+
+use std::collections::BTreeMap;
+
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use serde::Serialize;
+
+use crate::keys::{Keys, prefix_end};
+use crate::record::{Advert, Member, Priority};
+
+/// Records per page when reading a whole prefix.
+const PAGE: i64 = 2_000;
+
+/// One key and value with the revision it was last written at.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Its `mod_revision`.
+    pub revision: i64,
+}
+
+/// Every key under `prefix`, read page by page at one revision; with the revision.
+pub async fn read_prefix(
+    client: &mut Client,
+    prefix: &str,
+) -> Result<(i64, Vec<Entry>), etcd_client::Error> {
+    let end = prefix_end(prefix);
+    let mut start = prefix.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut out = Vec::new();
+    loop {
+        let mut options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(PAGE)
+            .with_sort(SortTarget::Key, SortOrder::Ascend);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let page = client.get(start.clone(), Some(options)).await?;
+        if revision == 0 {
+            revision = page.header().map_or(0, |h| h.revision());
+        }
+        out.extend(page.kvs().iter().map(|kv| Entry {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            revision: kv.mod_revision(),
+        }));
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            _ => return Ok((revision, out)),
+        }
+    }
+}
+
+/// A live replica.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveReplica {
+    /// Its id.
+    pub replica: String,
+    /// Its current generation.
+    pub generation: u64,
+    /// When it registered, Unix milliseconds.
+    pub since_ms: u64,
+}
+
+/// Objects and bytes of one owner or namespace.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Usage {
+    /// Advertised objects.
+    pub objects: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Pinned objects among them.
+    pub pinned: u64,
+}
+
+/// The cluster as etcd has it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The cluster's name.
+    pub cluster: String,
+    /// The etcd revision read at.
+    pub revision: i64,
+    /// Replicas with a live member key.
+    pub replicas: Vec<LiveReplica>,
+    /// Every replica's generation, live or not.
+    pub generations: BTreeMap<String, u64>,
+    /// The GC leader, if one is elected.
+    pub leader: Option<String>,
+    /// Advertised objects and bytes per owner.
+    pub owners: BTreeMap<String, Usage>,
+    /// Advertised objects and bytes per namespace.
+    pub namespaces: BTreeMap<String, Usage>,
+    /// Objects withdrawn and waiting for their grace window.
+    pub tombstones: u64,
+    /// Records that could not be read (another version, or damaged).
+    pub unreadable: u64,
+}
+
+/// Reads the status of `cluster`.
+pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_client::Error> {
+    let keys = Keys::new(cluster);
+    let (revision, objects) = read_prefix(client, &keys.objects()).await?;
+    let (_, members) = read_prefix(client, &keys.members()).await?;
+    let (_, generations) = read_prefix(client, &keys.generations()).await?;
+    let (_, tombstones) = read_prefix(client, &keys.tombstones()).await?;
+    let leader = client
+        .leader(keys.election())
+        .await
+        .ok()
+        .and_then(|r| r.kv().and_then(|kv| kv.value_str().ok().map(str::to_owned)));
+    let mut status = Status {
+        cluster: cluster.to_owned(),
+        revision,
+        replicas: Vec::new(),
+        generations: BTreeMap::new(),
+        leader,
+        owners: BTreeMap::new(),
+        namespaces: BTreeMap::new(),
+        tombstones: tombstones.len() as u64,
+        unreadable: 0,
+    };
+    for e in &members {
+        match serde_json::from_slice::<Member>(&e.value) {
+            Ok(m) => status.replicas.push(LiveReplica {
+                replica: m.replica,
+                generation: m.generation,
+                since_ms: m.since_ms,
+            }),
+            Err(_) => status.unreadable += 1,
+        }
+    }
+    let generations_prefix = keys.generations();
+    for e in &generations {
+        let replica = String::from_utf8_lossy(&e.key)
+            .strip_prefix(generations_prefix.as_str())
+            .map(str::to_owned);
+        let generation = std::str::from_utf8(&e.value)
+            .ok()
+            .and_then(|v| v.parse().ok());
+        match (replica, generation) {
+            (Some(r), Some(g)) => {
+                status.generations.insert(r, g);
+            }
+            _ => status.unreadable += 1,
+        }
+    }
+    for e in &objects {
+        let Ok(a) = serde_json::from_slice::<Advert>(&e.value) else {
+            status.unreadable += 1;
+            continue;
+        };
+        for usage in [
+            status.owners.entry(a.owner.clone()).or_default(),
+            status.namespaces.entry(a.namespace.clone()).or_default(),
+        ] {
+            usage.objects += 1;
+            usage.bytes += a.bytes();
+            usage.pinned += u64::from(a.priority == Priority::Pinned);
+        }
+    }
+    Ok(status)
+}

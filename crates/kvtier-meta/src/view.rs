@@ -1,0 +1,67 @@
+//! What this replica knows of the cluster's advertisements, as the follower applied them:
+//! owner, namespace, priority, age, size and the revision each was last written at. The
+//! GC leader decides from this view instead of reading every record on every sweep; every
+//! action it takes is a transaction that compares the record's revision, so a view that
+//! is behind costs a refused transaction, never a wrong delete.
+
+use std::collections::HashMap;
+
+use parking_lot::RwLock;
+
+use crate::record::Advert;
+
+/// One advertisement, summarised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The record, as written.
+    pub advert: Advert,
+    /// Its `mod_revision` in etcd.
+    pub revision: i64,
+}
+
+/// The advertisements this replica knows, by key.
+#[derive(Debug, Default)]
+pub struct View {
+    records: RwLock<HashMap<Vec<u8>, Seen>>,
+}
+
+impl View {
+    pub(crate) fn put(&self, key: &[u8], advert: Advert, revision: i64) {
+        self.records
+            .write()
+            .insert(key.to_vec(), Seen { advert, revision });
+    }
+
+    pub(crate) fn remove(&self, key: &[u8]) {
+        self.records.write().remove(key);
+    }
+
+    /// Keeps only the keys `keep` says yes to (after a full read).
+    pub(crate) fn retain(&self, keep: impl Fn(&[u8]) -> bool) {
+        self.records.write().retain(|k, _| keep(k));
+    }
+
+    /// How many advertisements are known.
+    pub fn len(&self) -> usize {
+        self.records.read().len()
+    }
+
+    /// Whether none is known.
+    pub fn is_empty(&self) -> bool {
+        self.records.read().is_empty()
+    }
+
+    /// The record under `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Seen> {
+        self.records.read().get(key).cloned()
+    }
+
+    /// Every record (key, summary), for a sweep.
+    pub fn all(&self) -> Vec<(Vec<u8>, Seen)> {
+        self.records
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
