@@ -36,6 +36,7 @@ pub struct ClusterCatalog {
     pending: parking_lot::Mutex<Option<mpsc::Receiver<(ObjectInfo, u64)>>>,
     sequence: AtomicU64,
     replayed: Arc<tokio::sync::Notify>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
     slow_consumer: Duration,
     view: Arc<View>,
     /// The etcd client, once connected.
@@ -98,6 +99,7 @@ impl ClusterCatalog {
             pending: parking_lot::Mutex::new(Some(rx)),
             sequence: AtomicU64::new(start),
             replayed: Arc::new(tokio::sync::Notify::new()),
+            ready: Arc::default(),
             slow_consumer,
             view: Arc::new(View::default()),
             client: Arc::new(tokio::sync::OnceCell::new()),
@@ -138,7 +140,9 @@ impl ClusterCatalog {
         *self.tier.lock() = weak.clone();
         let clock = self.clock.clone();
         let wall_ms: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(move || clock.wall_unix_ms());
+        let (reindex_tx, reindex_rx) = mpsc::unbounded_channel();
         let follower = Follower {
+            reindex: reindex_rx,
             tier: weak.clone(),
             prefix: self.keys.objects(),
             stats: self.stats.clone(),
@@ -146,6 +150,7 @@ impl ClusterCatalog {
             slow_consumer: self.slow_consumer,
             applied: Applied::default(),
             replayed: self.replayed.clone(),
+            ready: self.ready.clone(),
             view: self.view.clone(),
         };
         let publisher = Publisher {
@@ -155,6 +160,7 @@ impl ClusterCatalog {
             stats: self.stats.clone(),
             namespace: self.config.namespace.clone(),
             priority: self.config.priority,
+            reindex: reindex_tx,
         };
         let leader = self.config.gc_leader.then(|| Leader {
             tier: weak.clone(),
@@ -163,6 +169,7 @@ impl ClusterCatalog {
             stats: self.stats.clone(),
             config: self.config.clone(),
             wall_ms: wall_ms.clone(),
+            ready: self.ready.clone(),
         });
         let mut tasks = self.tasks.lock();
         let (member, clock) = (self.member.clone(), self.clock.clone());
@@ -295,14 +302,16 @@ impl ClusterCatalog {
 
     /// Waits until the first full read was applied, at most `limit`; true if it was.
     pub async fn replayed(&self, limit: Duration) -> bool {
-        if self.stats.replay_ms.load(Ordering::Relaxed) > 0
-            || self.stats.replay_records.load(Ordering::Relaxed) > 0
-        {
-            return true;
-        }
-        tokio::time::timeout(limit, self.replayed.notified())
-            .await
-            .is_ok()
+        let wait = async {
+            loop {
+                let notified = self.replayed.notified();
+                if self.ready.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
     }
 }
 

@@ -41,8 +41,14 @@ pub(crate) struct Follower {
     /// Every advertisement read, whether the tier could use it or not (the GC leader's
     /// view of the cluster).
     pub(crate) view: Arc<View>,
-    /// Set once the first full read was applied.
+    /// Notified once the first full read was applied.
     pub(crate) replayed: Arc<tokio::sync::Notify>,
+    /// Advertisement keys whose object must be indexed afresh (sent by the publisher
+    /// after deleting its own copy of a run another replica won): handled in order with
+    /// the watch's events, so a withdrawal already applied is never undone.
+    pub(crate) reindex: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    /// True once the first full read was applied (the view is whole).
+    pub(crate) ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 enum WatchEnd {
@@ -74,6 +80,7 @@ impl Follower {
                 self.stats
                     .replay_ms
                     .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                self.ready.store(true, Ordering::SeqCst);
                 self.replayed.notify_waiters();
                 first = false;
             }
@@ -169,7 +176,14 @@ impl Follower {
         };
         let mut last = from - 1;
         loop {
-            let message = match stream.message().await {
+            let next = tokio::select! {
+                m = stream.message() => m,
+                Some(key) = self.reindex.recv() => {
+                    self.reindex(&key);
+                    continue;
+                }
+            };
+            let message = match next {
                 Ok(Some(m)) => m,
                 Ok(None) | Err(_) => return WatchEnd::Broken(last),
             };
@@ -254,6 +268,24 @@ impl Follower {
                 false
             }
         }
+    }
+
+    /// Indexes the object advertised under `key` afresh, if this replica serves it: its
+    /// blocks may still have pointed at a copy that is deleted now.
+    fn reindex(&mut self, key: &[u8]) {
+        let (Some(tier), Some(name)) = (self.tier.upgrade(), self.applied.known.get(key)) else {
+            return;
+        };
+        let Some(info) = self
+            .view
+            .get(key)
+            .and_then(|s| s.advert.describe(&tier).ok())
+        else {
+            return;
+        };
+        tier.forget(name);
+        tier.adopt_described(&info);
+        tokio::task::spawn_blocking(move || tier.check(&info.name));
     }
 
     fn apply_delete(&mut self, tier: &Arc<RemoteTier>, key: &[u8]) {

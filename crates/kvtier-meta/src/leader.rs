@@ -31,6 +31,15 @@ use crate::record::{Priority, Tombstone};
 use crate::stats::{ClusterStats, bump};
 use crate::view::{Seen, View};
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The leader's state.
 pub(crate) struct Leader {
     pub(crate) tier: Weak<RemoteTier>,
@@ -39,6 +48,9 @@ pub(crate) struct Leader {
     pub(crate) stats: Arc<ClusterStats>,
     pub(crate) config: ClusterConfig,
     pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// True once the follower's first full read is applied: before that the view is
+    /// partial, and judging budgets or orphans from it could pick the wrong objects.
+    pub(crate) ready: Arc<AtomicBool>,
 }
 
 impl Leader {
@@ -57,13 +69,14 @@ impl Leader {
                 }
             };
             let alive = Arc::new(AtomicBool::new(true));
-            let keeper = {
+            // Aborted with this task: a leader stopped (or crashed) stops renewing.
+            let keeper = AbortOnDrop({
                 let (mut c, alive, ttl) = (client.clone(), alive.clone(), self.config.leader_ttl);
                 tokio::spawn(async move {
                     keep_alive(&mut c, lease, ttl).await;
                     alive.store(false, Ordering::SeqCst);
                 })
-            };
+            });
             if let Some(key) = self.campaign(&mut client, &election, lease, &alive).await {
                 bump(&self.stats.leader_changes);
                 self.stats.is_leader.store(1, Ordering::Relaxed);
@@ -76,7 +89,7 @@ impl Leader {
                 self.stats.is_leader.store(0, Ordering::Relaxed);
                 tracing::warn!(replica = %self.member.replica, "no longer the cluster's GC leader");
             }
-            keeper.abort();
+            drop(keeper);
             let _ = client.lease_revoke(lease).await;
         }
     }
@@ -112,6 +125,9 @@ impl Leader {
         let Some(tier) = self.tier.upgrade() else {
             return;
         };
+        if !self.ready.load(Ordering::SeqCst) {
+            return;
+        }
         let authority = Authority::Leader {
             key: key.key().to_vec(),
             revision: key.rev(),

@@ -23,7 +23,7 @@ pub(crate) enum Published {
     /// The advertisement is in etcd (now, or it already was).
     Done,
     /// Another replica's advertisement, or a tombstone, holds the run.
-    Lost(Option<Box<Advert>>),
+    Lost,
     /// This replica's generation or lease is not current any more.
     Fenced,
 }
@@ -70,7 +70,7 @@ pub(crate) async fn publish_once(
         Some(a) if a.object == advert.object && a.endpoint == advert.endpoint => {
             Ok(Published::Done)
         }
-        other => Ok(Published::Lost(other.map(Box::new))),
+        _ => Ok(Published::Lost),
     }
 }
 
@@ -82,6 +82,8 @@ pub(crate) struct Publisher {
     pub(crate) stats: Arc<ClusterStats>,
     pub(crate) namespace: String,
     pub(crate) priority: crate::record::Priority,
+    /// Tells the follower to index a run's winner afresh.
+    pub(crate) reindex: mpsc::UnboundedSender<Vec<u8>>,
 }
 
 impl Publisher {
@@ -123,9 +125,9 @@ impl Publisher {
                         bump(&self.stats.published);
                         break;
                     }
-                    Ok(Published::Lost(winner)) => {
+                    Ok(Published::Lost) => {
                         bump(&self.stats.publish_lost);
-                        self.lost(&tier, &info, winner).await;
+                        self.lost(&tier, &info, &key).await;
                         break;
                     }
                     Ok(Published::Fenced) => {
@@ -145,9 +147,10 @@ impl Publisher {
         }
     }
 
-    /// Another replica holds the run: delete this replica's copy (never advertised, so
-    /// nobody else reads it) and serve the winner's.
-    async fn lost(&self, tier: &Arc<RemoteTier>, ours: &ObjectInfo, winner: Option<Box<Advert>>) {
+    /// Another replica holds the run (or a tombstone does): delete this replica's copy
+    /// (never advertised, so nobody else reads it). The winner is served through the
+    /// follower, which indexes it afresh unless its withdrawal came first.
+    async fn lost(&self, tier: &Arc<RemoteTier>, ours: &ObjectInfo, key: &str) {
         let t = tier.clone();
         let name = ours.name.clone();
         let _ = tokio::task::spawn_blocking(move || {
@@ -156,12 +159,6 @@ impl Publisher {
             }
         })
         .await;
-        if let Some(w) = winner
-            && let Ok(info) = w.describe(tier)
-        {
-            tier.adopt_described(&info);
-            let t = tier.clone();
-            let _ = tokio::task::spawn_blocking(move || t.check(&info.name)).await;
-        }
+        let _ = self.reindex.send(key.as_bytes().to_vec());
     }
 }

@@ -1,0 +1,196 @@
+//! Replicas in one test process: each a real remote tier with a real cluster catalog,
+//! against real etcd members (child processes) and `kvtier gateway` serving S3 on a
+//! loopback port. "Killing" a replica stops its catalog's tasks without revoking
+//! anything, as a crash would: its member lease expires on its own.
+
+#![allow(dead_code, reason = "each test file uses part of this")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier_core::clock::SystemClock;
+use kvtier_core::tier::NoSink;
+use kvtier_gateway::{Auth, GatewayConfig, RunningGateway};
+use kvtier_meta::{ClusterCatalog, ClusterConfig};
+use kvtier_remote::{Endpoint, RemoteConfig, RemoteTier};
+
+pub const ACCESS: &str = "kvtier-test";
+pub const SECRET: &str = "kvtier-test-secret";
+pub const BUCKET: &str = "shared";
+pub const CLUSTER: &str = "t";
+
+/// `kvtier gateway` on a fresh directory, with SigV4 and [`BUCKET`].
+pub fn gateway(dir: &std::path::Path) -> RunningGateway {
+    let mut config = GatewayConfig::new(dir.to_path_buf());
+    config.listen = "127.0.0.1:0".parse().expect("addr");
+    config.auth = Auth::SigV4 {
+        access_key: ACCESS.into(),
+        secret_key: SECRET.into(),
+    };
+    config.durability = kvtier_ssd::Durability::BestEffort;
+    config.create_buckets = vec![BUCKET.into()];
+    RunningGateway::start(config).expect("start gateway")
+}
+
+/// The remote tier's settings for the bucket at `url`.
+pub fn remote(url: &str, deadline: Duration) -> RemoteConfig {
+    let mut c = RemoteConfig::new(vec![
+        Endpoint::new(url.to_owned(), BUCKET).with_credentials(ACCESS, SECRET),
+    ]);
+    c.prefix = "kv".into();
+    c.deadline = deadline;
+    c
+}
+
+/// One replica: its tier and its catalog.
+pub struct Replica {
+    pub tier: Arc<RemoteTier>,
+    pub catalog: Arc<ClusterCatalog>,
+}
+
+impl Replica {
+    /// Replica `name` of cluster [`CLUSTER`] on `etcd`, storing through `remote`; `tweak`
+    /// adjusts its cluster settings (by default it does not stand for GC leader).
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        etcd: Vec<String>,
+        name: &str,
+        remote: RemoteConfig,
+        tweak: impl FnOnce(&mut ClusterConfig),
+    ) -> Self {
+        let mut config = ClusterConfig::new(etcd, CLUSTER, name);
+        config.lease_ttl = Duration::from_secs(2);
+        config.leader_ttl = Duration::from_secs(2);
+        config.gc_interval = Duration::from_millis(200);
+        config.gc_leader = false;
+        tweak(&mut config);
+        let catalog =
+            ClusterCatalog::new(config, rt.handle().clone(), Arc::new(SystemClock::new()))
+                .expect("catalog");
+        let tier = Arc::new(
+            RemoteTier::open_with_catalog(remote, Arc::new(NoSink), catalog.clone()).expect("tier"),
+        );
+        catalog.start(&tier);
+        Self { tier, catalog }
+    }
+
+    /// Waits until registered and replayed.
+    pub fn ready(&self, rt: &tokio::runtime::Runtime) {
+        assert!(rt.block_on(self.catalog.replayed(Duration::from_secs(20))));
+        assert!(wait_until(Duration::from_secs(20), || self
+            .catalog
+            .generation()
+            > 0));
+    }
+
+    /// A counter of this replica's cluster stats.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.catalog
+            .stats()
+            .snapshot()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no counter {name}"))
+    }
+
+    /// Stops every background task without a word to etcd, as a crash would.
+    pub fn crash(self) {
+        self.catalog.stop();
+    }
+}
+
+/// Waits until `f` holds or `timeout` passes; whether it held.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if t.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A multi-threaded runtime for the catalogs' tasks.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The manifest names `replica` knows advertised, with their owners.
+pub fn adverts(replica: &Replica) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = replica
+        .catalog
+        .view()
+        .all()
+        .into_iter()
+        .map(|(_, s)| (s.advert.object, s.advert.owner))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Whether `object` is still in the bucket (its manifest reads and checks out).
+pub fn in_bucket(tier: &RemoteTier, object: &str) -> bool {
+    tier.read_described(&kvtier_remote::ObjectName {
+        endpoint: 0,
+        manifest: object.to_owned(),
+    })
+    .is_ok()
+}
+
+/// A TCP proxy to `target` that passes responses on at `bytes_per_sec` (requests pass
+/// freely): a slow network between one replica and the store.
+pub struct Throttle {
+    pub url: String,
+}
+
+impl Throttle {
+    pub fn start(target: &str, bytes_per_sec: usize) -> Self {
+        let target = target.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(upstream) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let (mut c_read, mut u_write) = (
+                    client.try_clone().expect("clone"),
+                    upstream.try_clone().expect("clone"),
+                );
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_read, &mut u_write);
+                    let _ = u_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut u_read, mut c_write) = (upstream, client);
+                std::thread::spawn(move || {
+                    // 1 KiB at a time, paced.
+                    let mut buf = [0u8; 1024];
+                    let pause = Duration::from_secs_f64(1024.0 / bytes_per_sec as f64);
+                    loop {
+                        let n = match u_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if c_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(pause);
+                    }
+                    let _ = c_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Self { url }
+    }
+}
