@@ -87,7 +87,8 @@ impl ClusterCatalog {
             .ok()
             .and_then(|v| v.parse().ok())
             .map(Duration::from_millis)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .max(config.watch_delay);
         Ok(Arc::new(Self {
             config,
             keys,

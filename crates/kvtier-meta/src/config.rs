@@ -40,6 +40,9 @@ pub struct ClusterConfig {
     pub orphan_after: Duration,
     /// Byte budget of the shared tier per namespace; a namespace without one is unbounded.
     pub budgets: BTreeMap<String, u64>,
+    /// Test hook: each watch response is applied this much later, as by a slow consumer
+    /// (also `KVTIER_TEST_WATCH_DELAY_MS` in the environment). Zero in production.
+    pub watch_delay: Duration,
 }
 
 impl ClusterConfig {
@@ -59,6 +62,7 @@ impl ClusterConfig {
             gc_interval: Duration::from_secs(5),
             orphan_after: Duration::from_secs(3600),
             budgets: BTreeMap::new(),
+            watch_delay: Duration::ZERO,
         }
     }
 

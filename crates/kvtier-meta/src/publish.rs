@@ -162,3 +162,127 @@ impl Publisher {
         let _ = self.reindex.send(key.as_bytes().to_vec());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kvtier_core::hash::BlockHash;
+    use kvtier_core::layout::LayoutDigest;
+    use kvtier_remote::{ObjectInfo, ObjectName};
+
+    use super::*;
+    use crate::gc::{self, Authority, Reason, Withdrawal};
+    use crate::keys::Keys;
+    use crate::stats::ClusterStats;
+
+    fn object(seq: u8) -> ObjectInfo {
+        ObjectInfo {
+            name: ObjectName {
+                endpoint: 0,
+                manifest: format!("kv/x.w.b.1.{seq}.kvm"),
+            },
+            layout: LayoutDigest([1; 16]),
+            first_position: 0,
+            first_parent: BlockHash([1; 16]),
+            blocks: vec![BlockHash([seq; 16])],
+            block_bytes: 64,
+            manifest_digest: [0; 32],
+        }
+    }
+
+    /// A replica that registered again (after a partition or a stall, or a second
+    /// process under the same id) fences its old identity: every publish and delete
+    /// under it is refused and writes nothing.
+    #[test]
+    fn writes_under_an_old_generation_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = kvtier_testkit::EtcdCluster::start(dir.path(), 1).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut client = crate::connect_once(&etcd.endpoints()).await.unwrap();
+            let keys = Keys::new("fence");
+            let member = Membership::new(
+                "b",
+                keys.clone(),
+                Duration::from_secs(5),
+                Arc::new(ClusterStats::default()),
+            );
+            let old = member.register(&mut client, 1).await.unwrap();
+            let info = object(1);
+            let key = keys.object(&info.layout, &info.blocks[0], &info.blocks[0]);
+            let tomb = keys.tombstone(&info.layout, &info.blocks[0], &info.blocks[0]);
+            let advert = Advert::of(&info, "e".into(), "b", old.generation, "default", 1);
+            let done = publish_once(&mut client, &member, old, &key, &tomb, &advert).await;
+            assert!(matches!(done.unwrap(), Published::Done));
+
+            let new = member.register(&mut client, 2).await.unwrap();
+            assert_eq!(new.generation, old.generation + 1);
+            let info2 = object(2);
+            let key2 = keys.object(&info2.layout, &info2.blocks[0], &info2.blocks[0]);
+            let tomb2 = keys.tombstone(&info2.layout, &info2.blocks[0], &info2.blocks[0]);
+            let stale = Advert::of(&info2, "e".into(), "b", old.generation, "default", 2);
+            let refused = publish_once(&mut client, &member, old, &key2, &tomb2, &stale).await;
+            assert!(matches!(refused.unwrap(), Published::Fenced));
+            assert!(
+                client
+                    .get(key2.as_str(), None)
+                    .await
+                    .unwrap()
+                    .kvs()
+                    .is_empty()
+            );
+
+            let seen = gc::read_advert(&mut client, &key).await.unwrap().unwrap();
+            let stale_delete = gc::withdraw(
+                &mut client,
+                &member,
+                &Authority::Owner(old),
+                &key,
+                &seen,
+                Reason::Owner,
+                3,
+            )
+            .await
+            .unwrap();
+            assert_eq!(stale_delete, Withdrawal::Fenced);
+            assert!(
+                !client
+                    .get(key.as_str(), None)
+                    .await
+                    .unwrap()
+                    .kvs()
+                    .is_empty()
+            );
+            assert!(
+                client
+                    .get(tomb.as_str(), None)
+                    .await
+                    .unwrap()
+                    .kvs()
+                    .is_empty()
+            );
+
+            // The current identity may do both.
+            let fresh = Advert::of(&info2, "e".into(), "b", new.generation, "default", 4);
+            let ok = publish_once(&mut client, &member, new, &key2, &tomb2, &fresh).await;
+            assert!(matches!(ok.unwrap(), Published::Done));
+            let deleted = gc::withdraw(
+                &mut client,
+                &member,
+                &Authority::Owner(new),
+                &key,
+                &seen,
+                Reason::Owner,
+                5,
+            )
+            .await
+            .unwrap();
+            assert!(matches!(deleted, Withdrawal::Withdrawn(_)));
+        });
+        drop(etcd);
+    }
+}

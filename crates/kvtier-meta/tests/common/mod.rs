@@ -194,3 +194,66 @@ impl Throttle {
         Self { url }
     }
 }
+
+/// A TCP proxy to `target` that can be cut (every connection closed, new ones refused)
+/// and healed: a network partition between one replica and etcd.
+pub struct Cuttable {
+    pub url: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<parking_lot::Mutex<Vec<TcpStream>>>,
+}
+
+impl Cuttable {
+    pub fn start(target: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let target = target.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open: Arc<parking_lot::Mutex<Vec<TcpStream>>> = Arc::default();
+        let (up2, open2) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if !up2.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(upstream) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                {
+                    let mut open = open2.lock();
+                    open.push(client.try_clone().expect("clone"));
+                    open.push(upstream.try_clone().expect("clone"));
+                }
+                for (mut from, mut to) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        upstream.try_clone().expect("clone"),
+                    ),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { url, up, open }
+    }
+
+    /// Closes every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.open.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}

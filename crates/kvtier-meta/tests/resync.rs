@@ -1,0 +1,157 @@
+//! A replica whose watch falls behind a compaction — cut off from etcd meanwhile, or
+//! connected but consuming slowly — resyncs from a full read: its index ends equal to the
+//! live set, and nothing withdrawn meanwhile comes back.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{Cuttable, Replica, adverts, gateway, remote, runtime, wait_until};
+use kvtier_core::hash::BlockHash;
+use kvtier_core::tier::Tier;
+use kvtier_core::tier::conformance::{test_chain, test_layout};
+use kvtier_meta::Withdrawal;
+use kvtier_testkit::EtcdCluster;
+
+const SOON: Duration = Duration::from_secs(20);
+
+/// Stores `n` one-block objects on `r` from `seed` on; their hashes.
+fn store(r: &Replica, seed: u32, n: u32) -> Vec<BlockHash> {
+    let layout = test_layout().unwrap();
+    (seed..seed + n)
+        .map(|s| {
+            let chain = test_chain(&layout, 1, s);
+            r.tier.put_many(&chain);
+            chain[0].0.hash
+        })
+        .collect()
+}
+
+/// Compacts etcd at its current revision.
+fn compact(rt: &tokio::runtime::Runtime, endpoints: &[String]) -> i64 {
+    rt.block_on(async {
+        let mut c = kvtier_meta::connect_once(endpoints).await.unwrap();
+        let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+        c.compact(
+            rev,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+        rev
+    })
+}
+
+fn objects(r: &Replica) -> BTreeSet<String> {
+    adverts(r).into_iter().map(|(o, _)| o).collect()
+}
+
+/// A withdraws every other object it advertised among `of`; the hashes withdrawn.
+fn withdraw_half(rt: &tokio::runtime::Runtime, a: &Replica, of: &[BlockHash]) -> Vec<BlockHash> {
+    let mut gone = Vec::new();
+    let view = a.catalog.view().all();
+    for (i, h) in of.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let hex = h.to_hex();
+        let (_, seen) = view
+            .iter()
+            .find(|(_, s)| s.advert.blocks == vec![hex.clone()])
+            .unwrap_or_else(|| panic!("object {i} not advertised"));
+        let out = rt
+            .block_on(a.catalog.withdraw(&seen.advert.object))
+            .unwrap();
+        assert!(matches!(out, Withdrawal::Withdrawn(_)), "{out:?}");
+        gone.push(*h);
+    }
+    gone
+}
+
+#[test]
+fn a_replica_cut_off_from_etcd_past_a_compaction_resyncs_to_the_live_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
+    let g = gateway(&dir.path().join("s3"));
+    let url = format!("http://{}", g.addr);
+    let rt = runtime();
+    let link = Cuttable::start(&etcd.endpoints()[0]);
+    let fast = |c: &mut kvtier_meta::ClusterConfig| c.gc_grace = Duration::from_millis(100);
+    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), fast);
+    let b = Replica::start(&rt, vec![link.url.clone()], "b", remote(&url, SOON), fast);
+    a.ready(&rt);
+    b.ready(&rt);
+    let before = store(&a, 0, 10);
+    assert!(wait_until(SOON, || before
+        .iter()
+        .all(|h| b.tier.contains(h))));
+
+    link.cut();
+    let during = store(&a, 100, 20);
+    let withdrawn = withdraw_half(&rt, &a, &before);
+    assert!(wait_until(SOON, || a.catalog.view().len() == 25));
+    compact(&rt, &etcd.endpoints());
+    assert!(
+        b.tier.contains(&withdrawn[0]),
+        "B heard of the withdrawal while cut off"
+    );
+    link.heal();
+
+    assert!(wait_until(SOON, || b.stat("resyncs_compacted") >= 1));
+    assert!(wait_until(SOON, || objects(&b) == objects(&a)));
+    for h in &during {
+        assert!(b.tier.contains(h), "an object stored while away is missing");
+    }
+    for h in &withdrawn {
+        assert!(!b.tier.contains(h), "a withdrawn object came back");
+    }
+    drop((a, b));
+    drop(etcd);
+}
+
+#[test]
+fn a_slow_watch_consumer_ends_equal_to_the_live_set_across_a_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
+    let g = gateway(&dir.path().join("s3"));
+    let url = format!("http://{}", g.addr);
+    let rt = runtime();
+    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), |c| {
+        c.gc_grace = Duration::from_millis(100)
+    });
+    let b = Replica::start(&rt, etcd.endpoints(), "b", remote(&url, SOON), |c| {
+        c.watch_delay = Duration::from_millis(50)
+    });
+    a.ready(&rt);
+    b.ready(&rt);
+    let stored = store(&a, 0, 300);
+    assert!(wait_until(SOON, || a.catalog.view().len() == 300));
+    let withdrawn = withdraw_half(&rt, &a, &stored[..40]);
+    assert!(wait_until(SOON, || a.catalog.view().len() == 280));
+    assert_ne!(objects(&b), objects(&a), "B kept up: nothing was slow");
+    compact(&rt, &etcd.endpoints());
+
+    assert!(wait_until(Duration::from_secs(60), || objects(&b) == objects(&a)));
+    for h in &withdrawn {
+        assert!(!b.tier.contains(h), "a withdrawn object came back");
+    }
+    assert!(
+        stored[1..]
+            .iter()
+            .step_by(2)
+            .take(20)
+            .all(|h| b.tier.contains(h))
+    );
+    eprintln!(
+        "slow consumer: resyncs after compaction {}, watch resumes {}",
+        b.stat("resyncs_compacted"),
+        b.stat("watch_resumes")
+    );
+    drop((a, b));
+    drop(etcd);
+}
