@@ -14,11 +14,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Cuttable, Replica, adverts, gateway, remote, runtime, wait_until};
+use common::{Replica, adverts, gateway, remote, runtime, wait_until};
 use kvtier_core::hash::BlockHash;
 use kvtier_core::tier::Tier;
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_meta::Withdrawal;
+use kvtier_testkit::Cuttable;
 use kvtier_testkit::EtcdCluster;
 
 const SOON: Duration = Duration::from_secs(20);

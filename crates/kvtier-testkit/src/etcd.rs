@@ -144,4 +144,49 @@ impl EtcdCluster {
         self.members[i] = Some(Process::start(name, cmd, Ready::Spawned, WITHIN)?);
         self.await_member(i)
     }
+
+    /// The index of the member that is raft leader now, asked of every live member
+    /// through etcd's JSON gateway (`/v3/maintenance/status`).
+    pub fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for (i, spec) in self.specs.iter().enumerate() {
+            if self.members[i].is_none() {
+                continue;
+            }
+            let Some(body) = post_json(spec.client, "/v3/maintenance/status") else {
+                continue;
+            };
+            if let Some(id) = json_string(&body, "member_id") {
+                ids.push((i, id));
+            }
+            leader = leader.or_else(|| json_string(&body, "leader"));
+        }
+        let leader = leader?;
+        ids.into_iter()
+            .find(|(_, id)| *id == leader)
+            .map(|(i, _)| i)
+    }
+}
+
+/// POSTs `{}` to `path` on the loopback port; the response body.
+fn post_json(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    s.write_all(request.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// The string value of `"key":"…"` in a flat JSON text (etcd's gateway writes 64-bit ids
+/// as strings).
+fn json_string(body: &str, key: &str) -> Option<String> {
+    let at = body.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let rest = body.get(at..)?;
+    rest.find('"').map(|end| rest[..end].to_owned())
 }

@@ -27,6 +27,6 @@ mod process;
 pub use dir::{KEEP_ENV, TestDir, test_dir};
 pub use error::{Error, Result};
 pub use etcd::EtcdCluster;
-pub use net::{free_port, wait_for_port};
+pub use net::{Cuttable, free_port, wait_for_port};
 pub use process::{Process, Ready};
 pub use rustix::process::Signal;

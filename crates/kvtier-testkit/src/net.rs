@@ -1,7 +1,9 @@
 //! Ports, for programs that must be told where to listen instead of binding port 0 and
-//! announcing the address (every kvtier command announces; etcd, for one, does not).
+//! announcing the address (every kvtier command announces; etcd, for one, does not), and
+//! a TCP link that can be cut ([`Cuttable`]).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -29,5 +31,75 @@ pub fn wait_for_port(addr: SocketAddr, within: Duration) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A TCP proxy to `target` that can be cut (every connection closed, new ones refused)
+/// and healed: a network partition between one replica and etcd.
+pub struct Cuttable {
+    /// `http://127.0.0.1:PORT`: point the client here instead of at `target`.
+    pub url: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Cuttable {
+    /// A link to `target` (`host:port`, or `http://host:port`), up.
+    pub fn start(target: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let target = target.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
+        let (up2, open2) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if !up2.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(upstream) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                {
+                    let mut open = open2.lock().unwrap_or_else(|e| e.into_inner());
+                    open.push(client.try_clone().expect("clone a socket"));
+                    open.push(upstream.try_clone().expect("clone a socket"));
+                }
+                for (mut from, mut to) in [
+                    (
+                        client.try_clone().expect("clone a socket"),
+                        upstream.try_clone().expect("clone a socket"),
+                    ),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { url, up, open }
+    }
+
+    /// Closes every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

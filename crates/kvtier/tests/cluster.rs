@@ -32,6 +32,8 @@ struct CountingProxy {
     url: String,
     gets: Arc<AtomicU64>,
     ranged_gets: Arc<AtomicU64>,
+    /// Manifests PUT through the proxy, by object name.
+    manifests: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl CountingProxy {
@@ -41,14 +43,15 @@ impl CountingProxy {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let gets = Arc::new(AtomicU64::new(0));
         let ranged_gets = Arc::new(AtomicU64::new(0));
-        let (g, r) = (gets.clone(), ranged_gets.clone());
+        let manifests: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+        let (g, r, m) = (gets.clone(), ranged_gets.clone(), manifests.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(upstream) = TcpStream::connect(&target) else {
                     continue;
                 };
-                let (g, r) = (g.clone(), r.clone());
+                let (g, r, m) = (g.clone(), r.clone(), m.clone());
                 let (mut c_read, mut u_write) =
                     (client.try_clone().unwrap(), upstream.try_clone().unwrap());
                 // Requests: counted by their heads (a replica that only reads sends no bodies).
@@ -59,7 +62,18 @@ impl CountingProxy {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
-                        let text = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                        let raw = String::from_utf8_lossy(&buf[..n]);
+                        for line in raw.lines().filter(|l| l.starts_with("PUT /")) {
+                            // `PUT /BUCKET/OBJECT HTTP/1.1`
+                            if let Some(path) = line.split(' ').nth(1)
+                                && let Some((_, object)) =
+                                    path.trim_start_matches('/').split_once('/')
+                                && object.ends_with(".kvm")
+                            {
+                                m.lock().push(object.to_owned());
+                            }
+                        }
+                        let text = raw.to_ascii_lowercase();
                         for head in text.split("\r\n\r\n").filter(|h| h.starts_with("get ")) {
                             g.fetch_add(1, Ordering::SeqCst);
                             if head.contains("\r\nrange: bytes=") {
@@ -83,6 +97,7 @@ impl CountingProxy {
             url,
             gets,
             ranged_gets,
+            manifests,
         }
     }
 
@@ -270,6 +285,316 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
             let got = load_all(&cb, &layout, &hit).await;
             assert_eq!(got.blocks, payloads(&layout, 1000 + seed, 1));
         }
+    });
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    drop(etcd);
+}
+
+/// Stores `n` one-block prompts from `seed` on `client`, one every `every`; the slowest
+/// store call.
+async fn store_loop(
+    client: &kvtier_client::Client,
+    layout: &kvtier_client::wire::LayoutInfo,
+    seed: u32,
+    n: u32,
+    every: Duration,
+    mut at: impl FnMut(u32),
+) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        at(i);
+        let t = Instant::now();
+        let stored = client
+            .store(&prompt(layout, seed + i, 1), payloads(layout, seed + i, 1))
+            .await
+            .unwrap_or_else(|e| panic!("store {i} failed: {e}"));
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(stored.stored, 1);
+        tokio::time::sleep(every).await;
+    }
+    slowest
+}
+
+/// Waits until every prompt `seed..seed + n` is a hit on `client`; those still missing.
+async fn await_hits(
+    client: &kvtier_client::Client,
+    layout: &kvtier_client::wire::LayoutInfo,
+    seed: u32,
+    n: u32,
+    within: Duration,
+) -> Vec<u32> {
+    let t = Instant::now();
+    let mut missing: Vec<u32> = (0..n).collect();
+    while !missing.is_empty() && t.elapsed() < within {
+        let mut still = Vec::new();
+        for i in missing {
+            if client
+                .lookup(&prompt(layout, seed + i, 1))
+                .await
+                .unwrap()
+                .matched_tokens
+                != 16
+            {
+                still.push(i);
+            }
+        }
+        missing = still;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    missing
+}
+
+#[test]
+fn killing_the_etcd_leader_during_a_store_loop_stalls_no_store_and_loses_no_advertisement() {
+    const N: u32 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
+    let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
+    let a = Server::start(
+        &dir.path().join("a"),
+        &["--config", &a_config, "--ssd-enabled", "false"],
+    );
+    let b = Server::start(
+        &dir.path().join("b"),
+        &["--config", &b_config, "--ssd-enabled", "false"],
+    );
+    let leader = etcd.leader().expect("an etcd leader");
+    let rt = runtime();
+    rt.block_on(async {
+        let (ca, cb) = (a.client(), b.client());
+        let spec = layout_spec("cluster", 2);
+        let layout = ca.register_layout(&spec).await.unwrap();
+        cb.register_layout(&spec).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut killed_at = None;
+        let slowest = store_loop(&ca, &layout, 5000, N, Duration::from_millis(20), |i| {
+            if i == N / 3 {
+                etcd.kill(leader).unwrap();
+                killed_at = Some(Instant::now());
+            }
+        })
+        .await;
+        let killed_at = killed_at.unwrap();
+        eprintln!("slowest store while the etcd leader died: {slowest:?}");
+        assert!(
+            slowest < Duration::from_secs(1),
+            "a store stalled for {slowest:?}"
+        );
+        let missing = await_hits(&cb, &layout, 5000, N, Duration::from_secs(30)).await;
+        assert!(
+            missing.is_empty(),
+            "{} prompts never advertised: {missing:?}",
+            missing.len()
+        );
+        eprintln!(
+            "everything advertised {:?} after the leader was killed",
+            killed_at.elapsed()
+        );
+        let stats = ca.stats().await.unwrap();
+        assert_eq!(stats["cluster_published"], u64::from(N), "{stats:?}");
+        assert_eq!(stats["cluster_publish_dropped"], 0);
+    });
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    drop(etcd);
+}
+
+#[test]
+fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    // B reaches etcd through a link the test cuts: a partition between B and etcd (B
+    // still reaches the bucket and its clients).
+    let link = kvtier_testkit::Cuttable::start(&etcd.endpoints()[0]);
+    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
+    let b_etcd = format!("etcd://{}", link.url.trim_start_matches("http://"));
+    let b_config = config(dir.path(), "b", &gateway.endpoint, &b_etcd);
+    let ttl = ["--cluster-lease-ttl", "2s"];
+    let a = Server::start(
+        &dir.path().join("a"),
+        &["--config", &a_config, ttl[0], ttl[1]],
+    );
+    let b = Server::start(
+        &dir.path().join("b"),
+        &["--config", &b_config, ttl[0], ttl[1]],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let (ca, cb) = (a.client(), b.client());
+        let spec = layout_spec("cluster", 2);
+        let layout = ca.register_layout(&spec).await.unwrap();
+        cb.register_layout(&spec).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(cb.stats().await.unwrap()["cluster_registrations"], 1);
+        cb.store(&prompt(&layout, 7000, 1), payloads(&layout, 7000, 1))
+            .await
+            .unwrap();
+        assert!(
+            await_hits(&ca, &layout, 7000, 1, Duration::from_secs(10))
+                .await
+                .is_empty()
+        );
+
+        link.cut();
+        // Long enough for B's lease to lapse (2 s TTL).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        // B keeps serving: its own earlier prompt, and a new store, locally.
+        let hit = cb.lookup(&prompt(&layout, 7000, 1)).await.unwrap();
+        assert_eq!(hit.matched_tokens, 16);
+        let got = load_all(&cb, &layout, &hit).await;
+        assert_eq!(got.blocks, payloads(&layout, 7000, 1));
+        let t = Instant::now();
+        cb.store(&prompt(&layout, 7001, 1), payloads(&layout, 7001, 1))
+            .await
+            .unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "a store waited on etcd"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            ca.lookup(&prompt(&layout, 7001, 1))
+                .await
+                .unwrap()
+                .matched_tokens,
+            0,
+            "B advertised while partitioned"
+        );
+
+        link.heal();
+        assert!(
+            await_hits(&ca, &layout, 7001, 1, Duration::from_secs(20))
+                .await
+                .is_empty()
+        );
+        let stats = cb.stats().await.unwrap();
+        assert_eq!(stats["cluster_registrations"], 2, "{stats:?}");
+        let status = cluster_status(&etcd.url());
+        assert_eq!(status["generations"]["b"], 2, "{status}");
+        assert_eq!(status["owners"]["b"]["objects"], 2, "{status}");
+    });
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    drop(etcd);
+}
+
+/// `kvtier cluster status --json` for cluster `test` at `etcd`.
+fn cluster_status(etcd: &str) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args([
+            "cluster",
+            "status",
+            "--json",
+            "--cluster",
+            etcd,
+            "--cluster-name",
+            "test",
+        ])
+        .env_remove("KVTIER_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn only_the_owner_deletes_through_the_admin_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let proxy = CountingProxy::start(&gateway.endpoint);
+    let a_config = config(dir.path(), "a", &proxy.url, &etcd.url());
+    let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
+    let grace = ["--cluster-gc-grace", "1s"];
+    let a = Server::start(
+        &dir.path().join("a"),
+        &["--config", &a_config, grace[0], grace[1]],
+    );
+    let b = Server::start(
+        &dir.path().join("b"),
+        &["--config", &b_config, grace[0], grace[1]],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let (ca, cb) = (a.client(), b.client());
+        let spec = layout_spec("cluster", 2);
+        let layout = ca.register_layout(&spec).await.unwrap();
+        cb.register_layout(&spec).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let p = prompt(&layout, 8000, 4);
+        ca.store(&p, payloads(&layout, 8000, 4)).await.unwrap();
+        let t = Instant::now();
+        while cb.lookup(&p).await.unwrap().matched_tokens != 64
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let object = proxy
+            .manifests
+            .lock()
+            .first()
+            .cloned()
+            .expect("A wrote a manifest");
+
+        let refused = b
+            .admin()
+            .admin_cluster_withdraw(&object)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("403") || refused.contains("not_owner"),
+            "{refused}"
+        );
+        assert_eq!(
+            cb.lookup(&p).await.unwrap().matched_tokens,
+            64,
+            "B's refused delete changed something"
+        );
+        assert_eq!(cb.stats().await.unwrap()["cluster_deletes_refused"], 1);
+
+        let done = a.admin().admin_cluster_withdraw(&object).await.unwrap();
+        assert_eq!(done["withdrawn"], object.as_str(), "{done}");
+        let t = Instant::now();
+        while cb.lookup(&p).await.unwrap().matched_tokens != 0
+            && t.elapsed() < Duration::from_secs(5)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            cb.lookup(&p).await.unwrap().matched_tokens,
+            0,
+            "B still serves a withdrawn object"
+        );
+        let t = Instant::now();
+        while ca.stats().await.unwrap()["cluster_gc_deleted"] == 0
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(ca.stats().await.unwrap()["cluster_gc_deleted"], 1);
+        let unknown = a
+            .admin()
+            .admin_cluster_withdraw(&object)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains("404") || unknown.contains("not_advertised"),
+            "{unknown}"
+        );
+        let status = cluster_status(&etcd.url());
+        assert_eq!(status["tombstones"], 0, "{status}");
+        assert_eq!(status["replicas"].as_array().unwrap().len(), 2, "{status}");
+        assert!(status["leader"].is_string(), "{status}");
     });
     assert!(a.stop().success());
     assert!(b.stop().success());
