@@ -81,7 +81,7 @@ fn a_replica_cut_off_from_etcd_past_a_compaction_resyncs_to_the_live_set() {
     let g = gateway(&dir.path().join("s3"));
     let url = format!("http://{}", g.addr);
     let rt = runtime();
-    let link = Cuttable::start(&etcd.endpoints()[0]);
+    let link = Cuttable::start(&etcd.endpoints()[0]).unwrap();
     let fast = |c: &mut kvtier_meta::ClusterConfig| c.gc_grace = Duration::from_millis(100);
     let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), fast);
     let b = Replica::start(&rt, vec![link.url.clone()], "b", remote(&url, SOON), fast);

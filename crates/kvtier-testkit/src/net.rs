@@ -45,11 +45,15 @@ pub struct Cuttable {
 
 impl Cuttable {
     /// A link to `target` (`host:port`, or `http://host:port`), up.
-    pub fn start(target: &str) -> Self {
+    pub fn start(target: &str) -> Result<Self> {
         use std::sync::atomic::Ordering;
         let target = target.trim_start_matches("http://").to_owned();
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| Error::io("cannot bind the link's port on 127.0.0.1", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("cannot read the link's port", e))?;
+        let url = format!("http://{addr}");
         let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let open: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
         let (up2, open2) = (up.clone(), open.clone());
@@ -57,24 +61,24 @@ impl Cuttable {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 if !up2.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
+                    continue; // dropped: refused
                 }
                 let Ok(upstream) = TcpStream::connect(&target) else {
                     continue;
                 };
-                {
-                    let mut open = open2.lock().unwrap_or_else(|e| e.into_inner());
-                    open.push(client.try_clone().expect("clone a socket"));
-                    open.push(upstream.try_clone().expect("clone a socket"));
-                }
-                for (mut from, mut to) in [
-                    (
-                        client.try_clone().expect("clone a socket"),
-                        upstream.try_clone().expect("clone a socket"),
-                    ),
-                    (upstream, client),
-                ] {
+                let (Ok(c1), Ok(c2), Ok(u1), Ok(u2)) = (
+                    client.try_clone(),
+                    client.try_clone(),
+                    upstream.try_clone(),
+                    upstream.try_clone(),
+                ) else {
+                    continue;
+                };
+                open2
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend([c1, u1]);
+                for (mut from, mut to) in [(c2, u2), (upstream, client)] {
                     std::thread::spawn(move || {
                         let _ = std::io::copy(&mut from, &mut to);
                         let _ = to.shutdown(std::net::Shutdown::Both);
@@ -82,7 +86,7 @@ impl Cuttable {
                 }
             }
         });
-        Self { url, up, open }
+        Ok(Self { url, up, open })
     }
 
     /// Closes every connection and refuses new ones.

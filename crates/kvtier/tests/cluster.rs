@@ -409,7 +409,7 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     // B reaches etcd through a link the test cuts: a partition between B and etcd (B
     // still reaches the bucket and its clients).
-    let link = kvtier_testkit::Cuttable::start(&etcd.endpoints()[0]);
+    let link = kvtier_testkit::Cuttable::start(&etcd.endpoints()[0]).unwrap();
     let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
     let b_etcd = format!("etcd://{}", link.url.trim_start_matches("http://"));
     let b_config = config(dir.path(), "b", &gateway.endpoint, &b_etcd);
