@@ -155,7 +155,6 @@ impl ClusterCatalog {
             view: self.view.clone(),
         };
         let publisher = Publisher {
-            rx,
             tier: weak.clone(),
             member: self.member.clone(),
             stats: self.stats.clone(),
@@ -191,7 +190,7 @@ impl ClusterCatalog {
         let client = self.connected();
         tasks.push(
             self.runtime
-                .spawn(async move { publisher.run(client.await).await }),
+                .spawn(async move { publisher.run(rx, client.await).await }),
         );
         let client = self.connected();
         tasks.push(

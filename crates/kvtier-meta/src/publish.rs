@@ -74,9 +74,15 @@ pub(crate) async fn publish_once(
     }
 }
 
+/// Advertisements in flight at once: each is one round trip to etcd, and runs are
+/// independent (a replica never writes the same run twice: dedup comes before the PUT),
+/// so a queue filled by many storing threads drains at etcd's throughput, not at one
+/// transaction per round trip.
+const IN_FLIGHT: usize = 16;
+
 /// The publishing task's side of the queue.
+#[derive(Clone)]
 pub(crate) struct Publisher {
-    pub(crate) rx: mpsc::Receiver<(ObjectInfo, u64)>,
     pub(crate) tier: Weak<RemoteTier>,
     pub(crate) member: Arc<Membership>,
     pub(crate) stats: Arc<ClusterStats>,
@@ -87,17 +93,37 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes queued objects until the queue closes (the catalog is dropped).
-    pub(crate) async fn run(mut self, mut client: Client) {
-        while let Some((info, ts_ms)) = self.rx.recv().await {
+    /// Publishes what arrives on `rx`, up to [`IN_FLIGHT`] at once, until the queue closes
+    /// (the catalog is dropped). Aborting this task aborts the ones in flight.
+    pub(crate) async fn run(self, mut rx: mpsc::Receiver<(ObjectInfo, u64)>, client: Client) {
+        let mut in_flight = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                next = rx.recv(), if in_flight.len() < IN_FLIGHT => match next {
+                    Some((info, ts_ms)) => {
+                        let (this, client) = (self.clone(), client.clone());
+                        in_flight.spawn(async move { this.publish(client, info, ts_ms).await });
+                    }
+                    None => break,
+                },
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+            }
+        }
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    /// Publishes one object, retrying until it is advertised, lost to another replica,
+    /// or the tier is gone.
+    async fn publish(&self, mut client: Client, info: ObjectInfo, ts_ms: u64) {
+        {
             let Some(tier) = self.tier.upgrade() else {
                 return;
             };
             let Some(endpoint) = tier.endpoint_id(info.name.endpoint) else {
-                continue;
+                return;
             };
             let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
-                continue;
+                return;
             };
             let key = self.member.keys.object(&info.layout, first, last);
             let tombstone_key = self.member.keys.tombstone(&info.layout, first, last);
