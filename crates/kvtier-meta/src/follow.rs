@@ -255,6 +255,9 @@ impl Follower {
             Adopted::Blocks(_) => {
                 if check_now {
                     self.stats.advertise_lag_ms.store(lag, Ordering::Relaxed);
+                }
+                // This replica's own objects (and those checked before) need no check.
+                if check_now && tier.unchecked(&info.name) {
                     let t = tier.clone();
                     let name = info.name.clone();
                     tokio::task::spawn_blocking(move || t.check(&name));

@@ -35,6 +35,8 @@ pub mod view;
 
 pub use catalog::{ClusterCatalog, connect_once};
 pub use config::{ClusterConfig, parse_endpoints};
+/// The etcd client this crate speaks through (for tools and benchmarks beside it).
+pub use etcd_client;
 pub use gc::Withdrawal;
 pub use keys::Keys;
 pub use record::{Advert, Member, Priority, Tombstone};

@@ -78,7 +78,7 @@ pub(crate) async fn publish_once(
 /// independent (a replica never writes the same run twice: dedup comes before the PUT),
 /// so a queue filled by many storing threads drains at etcd's throughput, not at one
 /// transaction per round trip.
-const IN_FLIGHT: usize = 16;
+const IN_FLIGHT: usize = 128;
 
 /// The publishing task's side of the queue.
 #[derive(Clone)]

@@ -6,6 +6,7 @@
 mod measure;
 mod progress;
 mod raw_write;
+mod rows_cluster;
 mod rows_durable;
 mod rows_hash;
 mod rows_lookup;
@@ -156,13 +157,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 6] = [
+    let groups: [(&str, RowGroup); 7] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
         ("server", rows_server::rows),
         ("s3", s3::rows),
+        ("cluster", rows_cluster::rows),
     ];
     let mut rows = Vec::new();
     let ssd_dir = args.ssd_dir.clone().unwrap_or_else(|| {

@@ -1,0 +1,539 @@
+//! Cluster mode against etcd and S3 alone, every replica in this process on one etcd
+//! member and `kvtier gateway` (both on loopback, started and stopped here):
+//!
+//! - `cluster.advertise.p50.ms` / `.p99.ms`: a store returns on A → B's index hits;
+//!   baseline: a raw etcd put → watch event of a value the size of the advertisement.
+//! - `cluster.remote_hit.load.2MiB.ms`: B loads A's 8×256 KiB run; baseline: one ranged
+//!   GET of the same bytes from the gateway with the same S3 client library.
+//! - `cluster.replay.100k.s`: a replica cold-starts until 100,000 advertised objects hit;
+//!   baseline: the paginated etcd read of the same records.
+//! - `cluster.publish.ops`: objects advertised per second while 4 threads report writes;
+//!   baseline: raw etcd transactions per second of the same shape and concurrency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kvtier_core::clock::SystemClock;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::{Layout, LayoutDigest};
+use kvtier_core::tier::{BlockMeta, NoSink, Tier};
+use kvtier_core::{KvDtype, LayoutKey};
+use kvtier_meta::etcd_client::{self, Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
+use kvtier_meta::{Advert, ClusterCatalog, ClusterConfig};
+use kvtier_remote::{Endpoint, ObjectInfo, ObjectName, RemoteConfig, RemoteTier};
+
+use super::measure::pattern;
+use super::{Effort, Row};
+
+const NAMES: [&str; 5] = [
+    "cluster.advertise.p50.ms",
+    "cluster.advertise.p99.ms",
+    "cluster.remote_hit.load.2MiB.ms",
+    "cluster.replay.100k.s",
+    "cluster.publish.ops",
+];
+const ACCESS: &str = "kvtier-bench";
+const SECRET: &str = "kvtier-bench-secret";
+const BUCKET: &str = "bench";
+const REPLAY_OBJECTS: usize = 100_000;
+const PUBLISH_THREADS: usize = 4;
+
+pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<Row>> {
+    if !NAMES.iter().any(|n| wanted(n)) {
+        return Ok(Vec::new());
+    }
+    let dir = std::env::temp_dir().join(format!("kvtier-bench-cluster-{}", std::process::id()));
+    let rows = measure(&dir, effort, wanted);
+    let _ = std::fs::remove_dir_all(&dir);
+    rows
+}
+
+fn measure(
+    dir: &std::path::Path,
+    effort: Effort,
+    wanted: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<Vec<Row>> {
+    let etcd = match kvtier_testkit::EtcdCluster::start(&dir.join("etcd"), 1) {
+        Ok(e) => e,
+        Err(e) => {
+            println!(
+                "  (cluster rows skipped: no etcd to start: {e}; scripts/setup.sh installs it)"
+            );
+            return Ok(Vec::new());
+        }
+    };
+    let mut config = kvtier_gateway::GatewayConfig::new(dir.join("s3"));
+    config.listen = "127.0.0.1:0".parse()?;
+    config.auth = kvtier_gateway::Auth::SigV4 {
+        access_key: ACCESS.into(),
+        secret_key: SECRET.into(),
+    };
+    config.durability = kvtier_ssd::Durability::BestEffort;
+    config.create_buckets = vec![BUCKET.into()];
+    let gateway = kvtier_gateway::RunningGateway::start(config).map_err(anyhow::Error::msg)?;
+    let bench = Bench {
+        url: format!("http://{}", gateway.addr),
+        etcd: etcd.endpoints(),
+        rt: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        effort,
+    };
+    let mut rows = Vec::new();
+    if wanted(NAMES[0]) || wanted(NAMES[1]) {
+        rows.extend(bench.advertise()?);
+    }
+    if wanted(NAMES[2]) {
+        rows.push(bench.remote_hit()?);
+    }
+    if wanted(NAMES[3]) {
+        rows.push(bench.replay()?);
+    }
+    if wanted(NAMES[4]) {
+        rows.push(bench.publish()?);
+    }
+    drop(gateway);
+    drop(etcd);
+    Ok(rows.into_iter().filter(|r| wanted(&r.name)).collect())
+}
+
+struct Bench {
+    url: String,
+    etcd: Vec<String>,
+    rt: tokio::runtime::Runtime,
+    effort: Effort,
+}
+
+/// One replica in this process.
+struct Replica {
+    tier: Arc<RemoteTier>,
+    catalog: Arc<ClusterCatalog>,
+}
+
+impl Bench {
+    fn remote(&self) -> RemoteConfig {
+        let mut c = RemoteConfig::new(vec![
+            Endpoint::new(self.url.clone(), BUCKET).with_credentials(ACCESS, SECRET),
+        ]);
+        c.prefix = "kv".into();
+        c
+    }
+
+    /// Replica `name` of `cluster`, registered and replayed.
+    fn replica(&self, cluster: &str, name: &str) -> anyhow::Result<Replica> {
+        let mut config = ClusterConfig::new(self.etcd.clone(), cluster, name);
+        config.gc_leader = false;
+        let catalog = ClusterCatalog::new(
+            config,
+            self.rt.handle().clone(),
+            Arc::new(SystemClock::new()),
+        )
+        .map_err(anyhow::Error::msg)?;
+        let tier = Arc::new(RemoteTier::open_with_catalog(
+            self.remote(),
+            Arc::new(NoSink),
+            catalog.clone(),
+        )?);
+        catalog.start(&tier);
+        anyhow::ensure!(
+            self.rt.block_on(catalog.replayed(Duration::from_secs(600))),
+            "replica {name} did not replay"
+        );
+        let t = Instant::now();
+        while catalog.generation() == 0 {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(20),
+                "{name} did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Replica { tier, catalog })
+    }
+
+    fn client(&self) -> anyhow::Result<Client> {
+        Ok(self.rt.block_on(kvtier_meta::connect_once(&self.etcd))?)
+    }
+
+    fn advertise(&self) -> anyhow::Result<Vec<Row>> {
+        let layout = Layout::new(LayoutKey::new("bench-advert", KvDtype::F16, 16, 2, 2, 32))?;
+        let (a, b) = (self.replica("adv", "a")?, self.replica("adv", "b")?);
+        let samples = 50 * self.effort.scale;
+        let mut took = Vec::with_capacity(samples);
+        let mut record_bytes = 0;
+        for i in 0..samples {
+            let chain = chain(&layout, 8, i as u32);
+            let last = chain[7].0.hash;
+            a.tier.put_many(&chain);
+            let t = Instant::now();
+            while !b.tier.contains(&last) {
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "B never hit");
+                std::hint::spin_loop();
+            }
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+            if record_bytes == 0 {
+                record_bytes = b.catalog.view().all().first().map_or(0, |(_, s)| {
+                    serde_json::to_vec(&s.advert).map_or(0, |v| v.len())
+                });
+            }
+        }
+        let raw = self.raw_put_to_watch(samples, record_bytes.max(1))?;
+        let baseline_is = format!("raw etcd put → watch event of a {record_bytes} B value");
+        Ok(vec![
+            Row::new(
+                NAMES[0],
+                pct(&mut took, 50),
+                "ms",
+                pct(&mut raw.clone(), 50),
+                baseline_is.clone(),
+            ),
+            Row::new(
+                NAMES[1],
+                pct(&mut took, 99),
+                "ms",
+                pct(&mut raw.clone(), 99),
+                baseline_is,
+            ),
+        ])
+    }
+
+    /// Milliseconds from a put's start to its watch event, `samples` times.
+    fn raw_put_to_watch(&self, samples: usize, bytes: usize) -> anyhow::Result<Vec<f64>> {
+        let (mut writer, mut watcher) = (self.client()?, self.client()?);
+        let seen = Arc::new(AtomicU64::new(0));
+        let seen2 = seen.clone();
+        let mut stream = self
+            .rt
+            .block_on(watcher.watch("bench/raw/", Some(WatchOptions::new().with_prefix())))?;
+        let reader = self.rt.spawn(async move {
+            while let Ok(Some(m)) = stream.message().await {
+                seen2.fetch_add(m.events().len() as u64, Ordering::SeqCst);
+            }
+        });
+        let value = vec![b'x'; bytes];
+        let mut took = Vec::with_capacity(samples);
+        for i in 0..samples {
+            let before = seen.load(Ordering::SeqCst);
+            let t = Instant::now();
+            self.rt
+                .block_on(writer.put(format!("bench/raw/{i}"), value.clone(), None))?;
+            while seen.load(Ordering::SeqCst) == before {
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "no watch event");
+                std::hint::spin_loop();
+            }
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        reader.abort();
+        Ok(took)
+    }
+
+    fn remote_hit(&self) -> anyhow::Result<Row> {
+        let layout = Layout::new(LayoutKey::new("bench-hit", KvDtype::F16, 16, 8, 8, 64))?;
+        anyhow::ensure!(layout.block_bytes() == 256 << 10, "a block is not 256 KiB");
+        let (a, b) = (self.replica("hit", "a")?, self.replica("hit", "b")?);
+        let chain = chain(&layout, 8, 1);
+        let hashes: Vec<BlockHash> = chain.iter().map(|(m, _)| m.hash).collect();
+        a.tier.put_many(&chain);
+        let t = Instant::now();
+        while !b.tier.contains(&hashes[7]) || b.tier.record_checks().1 == 0 {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "B never learned of the run"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let object = b
+            .catalog
+            .view()
+            .all()
+            .first()
+            .map(|(_, s)| s.advert.object.clone())
+            .ok_or_else(|| anyhow::anyhow!("no advertisement"))?;
+        let data = object.replace(".kvm", ".kvo");
+        let raw = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.url)
+            .with_bucket_name(BUCKET)
+            .with_region("us-east-1")
+            .with_access_key_id(ACCESS)
+            .with_secret_access_key(SECRET)
+            .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
+            .build()?;
+        let path = object_store::path::Path::from(data.as_str());
+        let bytes = 8 * (256u64 << 10);
+        let samples = 10 * self.effort.samples;
+        let (mut value, mut baseline) = (Vec::new(), Vec::new());
+        for _ in 0..samples {
+            let t = Instant::now();
+            let got = b.tier.get_run(&hashes)?;
+            value.push(t.elapsed().as_secs_f64() * 1e3);
+            anyhow::ensure!(
+                got.len() == 8 && got[7] == chain[7].1,
+                "B loaded the wrong bytes"
+            );
+            let t = Instant::now();
+            let got = self.rt.block_on(object_store::ObjectStoreExt::get_range(
+                &raw,
+                &path,
+                0..bytes,
+            ))?;
+            baseline.push(t.elapsed().as_secs_f64() * 1e3);
+            anyhow::ensure!(got.len() as u64 == bytes, "short ranged GET");
+        }
+        Ok(Row::paired(
+            NAMES[2],
+            &value,
+            &baseline,
+            "ms",
+            "one ranged GET of the same 2 MiB from the gateway, same S3 client",
+        ))
+    }
+
+    fn replay(&self) -> anyhow::Result<Row> {
+        let endpoint = format!("{}/{BUCKET}", self.url);
+        let layout = LayoutDigest([0x5a; 16]);
+        let mut client = self.client()?;
+        let keys = kvtier_meta::Keys::new("replay");
+        let start = Instant::now();
+        for batch in (0..REPLAY_OBJECTS).collect::<Vec<_>>().chunks(128) {
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|&i| {
+                    let hash = BlockHash(seeded(i as u64));
+                    let info = ObjectInfo {
+                        name: ObjectName {
+                            endpoint: 0,
+                            manifest: format!(
+                                "kv/{}/{}-{}.w.bench.1.{i}.kvm",
+                                layout.to_hex(),
+                                hash.to_hex(),
+                                hash.to_hex()
+                            ),
+                        },
+                        layout,
+                        first_position: 1,
+                        first_parent: BlockHash(seeded(i as u64 + (1 << 40))),
+                        blocks: vec![hash],
+                        block_bytes: 4096,
+                        manifest_digest: [0; 32],
+                    };
+                    let advert = Advert::of(&info, endpoint.clone(), "bench", 1, "default", 0);
+                    TxnOp::put(
+                        keys.object(&layout, &hash, &hash),
+                        serde_json::to_vec(&advert).unwrap_or_default(),
+                        None,
+                    )
+                })
+                .collect();
+            self.rt.block_on(client.txn(Txn::new().and_then(ops)))?;
+        }
+        println!(
+            "  (replay: wrote {REPLAY_OBJECTS} advertisements in {:.1} s)",
+            start.elapsed().as_secs_f64()
+        );
+        let samples = self.effort.samples.min(5);
+        let (mut value, mut baseline) = (Vec::new(), Vec::new());
+        for s in 0..samples {
+            let t = Instant::now();
+            let (_, read) = self.rt.block_on(kvtier_meta::status::read_prefix(
+                &mut client,
+                &keys.objects(),
+            ))?;
+            baseline.push(t.elapsed().as_secs_f64());
+            anyhow::ensure!(read.len() == REPLAY_OBJECTS, "read {} records", read.len());
+            let t = Instant::now();
+            let r = self.replica("replay", &format!("cold{s}"))?;
+            let took = t.elapsed().as_secs_f64();
+            let hit = (0..REPLAY_OBJECTS)
+                .filter(|&i| r.tier.contains(&BlockHash(seeded(i as u64))))
+                .count();
+            anyhow::ensure!(
+                hit == REPLAY_OBJECTS,
+                "{hit} of {REPLAY_OBJECTS} hit after replay"
+            );
+            value.push(took);
+        }
+        Ok(Row::paired(
+            NAMES[3],
+            &value,
+            &baseline,
+            "s",
+            "paginated etcd read of the same 100,000 records",
+        ))
+    }
+
+    fn publish(&self) -> anyhow::Result<Row> {
+        let n = 1_000 * self.effort.scale;
+        let layout = Layout::new(LayoutKey::new("bench-publish", KvDtype::F16, 16, 1, 1, 32))?;
+        // Untimed: the objects are written to the bucket under replica `p`'s name (by a
+        // writer that tells nobody), and `p`'s tier adopts them, checking each manifest.
+        let recorder = Arc::new(Recorder::default());
+        let writer =
+            RemoteTier::open_with_catalog(self.remote(), Arc::new(NoSink), recorder.clone())?;
+        for i in 0..n {
+            writer.put_many(&chain(&layout, 1, 9_000 + i as u32));
+        }
+        let infos = std::mem::take(&mut *recorder.wrote.lock().unwrap_or_else(|e| e.into_inner()));
+        anyhow::ensure!(infos.len() == n, "wrote {} of {n} objects", infos.len());
+        let p = self.replica("pub", "p")?;
+        for info in &infos {
+            anyhow::ensure!(
+                matches!(p.tier.adopt(&info.name), kvtier_remote::Adopted::Blocks(1)),
+                "p did not adopt {}",
+                info.name.manifest
+            );
+        }
+        let published = || p.catalog.stats().published.load(Ordering::Relaxed);
+        // Timed: four storing threads report their writes to the catalog (as the tier does
+        // after each PUT) until every object is advertised.
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for k in 0..PUBLISH_THREADS {
+                let (infos, catalog) = (&infos, p.catalog.clone());
+                s.spawn(move || {
+                    for info in infos.iter().skip(k).step_by(PUBLISH_THREADS) {
+                        kvtier_remote::Catalog::wrote(catalog.as_ref(), info);
+                    }
+                });
+            }
+        });
+        while published() < n as u64 {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "publishing stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let value = n as f64 / t.elapsed().as_secs_f64();
+        let baseline = self.raw_txns(n, "bench/txn/", false)?;
+        // Context, not the baseline: the same transactions while one client watches
+        // their prefix, as every replica (the publisher's own included) watches its
+        // cluster's records.
+        let watched = self.raw_txns(n, "bench/watched/", true)?;
+        println!(
+            "  (publish: raw transactions with one watcher on their prefix: {watched:.0} ops/s)"
+        );
+        Ok(Row::new(
+            NAMES[4],
+            value,
+            "ops/s",
+            baseline,
+            "raw etcd transactions (4 compares, 1 put) per second, 128 in flight",
+        ))
+    }
+
+    /// Raw transactions per second: `n` of the publish's shape, 128 in flight (as many as the publisher keeps; 16 and 64 measured lower here).
+    fn raw_txns(&self, n: usize, prefix: &'static str, watch: bool) -> anyhow::Result<f64> {
+        let client = self.client()?;
+        let value = vec![b'x'; 700];
+        let watcher = if watch {
+            let mut w = self.client()?;
+            let mut stream = self
+                .rt
+                .block_on(w.watch(prefix, Some(WatchOptions::new().with_prefix())))?;
+            Some(self.rt.spawn(async move {
+                let _keep = w;
+                while let Ok(Some(_)) = stream.message().await {}
+            }))
+        } else {
+            None
+        };
+        let t = Instant::now();
+        self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for k in 0..128 {
+                let (mut c, value) = (client.clone(), value.clone());
+                set.spawn(async move {
+                    for i in (k..n).step_by(128) {
+                        let key = format!("{prefix}{i}");
+                        let txn = Txn::new()
+                            .when(vec![
+                                Compare::version(key.as_str(), CompareOp::Equal, 0),
+                                Compare::version(format!("bench/tomb/{i}"), CompareOp::Equal, 0),
+                                Compare::version("bench/none-a", CompareOp::Equal, 0),
+                                Compare::version("bench/none-b", CompareOp::Equal, 0),
+                            ])
+                            .and_then(vec![TxnOp::put(key.as_str(), value.clone(), None)]);
+                        c.txn(txn).await?;
+                    }
+                    Ok::<_, etcd_client::Error>(())
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r??;
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        let rate = n as f64 / t.elapsed().as_secs_f64();
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        Ok(rate)
+    }
+}
+
+/// A writer's catalog that names objects like replica `p` and tells nobody of them.
+#[derive(Debug, Default)]
+struct Recorder {
+    sequence: AtomicU64,
+    wrote: std::sync::Mutex<Vec<ObjectInfo>>,
+}
+
+impl kvtier_remote::Catalog for Recorder {
+    fn at_open(&self, _: &RemoteTier) -> Vec<ObjectName> {
+        Vec::new()
+    }
+    fn writer_tag(&self) -> Option<String> {
+        Some(format!(
+            "p.1.{}",
+            self.sequence.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+    fn wrote(&self, object: &ObjectInfo) {
+        self.wrote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(object.clone());
+    }
+}
+
+/// `n` blocks of one chain under `layout`, payloads from `seed`.
+fn chain(layout: &Layout, n: usize, seed: u32) -> Vec<(BlockMeta, bytes::Bytes)> {
+    let tpb = layout.tokens_per_block();
+    let tokens: Vec<u32> = (0..(n * tpb) as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) ^ seed)
+        .collect();
+    let hashes = kvtier_core::hash::chain(layout, &tokens, &kvtier_core::hash::ExtraKeys::none());
+    hashes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let meta = BlockMeta {
+                layout: layout.digest(),
+                hash: *h,
+                parent: if i == 0 {
+                    kvtier_core::hash::chain_root(layout)
+                } else {
+                    hashes[i - 1]
+                },
+                position: i as u32,
+                tokens: tokens[i * tpb..(i + 1) * tpb].into(),
+                extra_tag: None,
+            };
+            let payload = pattern(layout.block_bytes() as usize, (seed as u8) ^ (i as u8));
+            (meta, bytes::Bytes::from(payload))
+        })
+        .collect()
+}
+
+/// 16 bytes derived from `i` (distinct for distinct `i`).
+fn seeded(i: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&i.to_le_bytes());
+    out[8..].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    out
+}
+
+/// The `p`th percentile of `v`.
+fn pct(v: &mut [f64], p: usize) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() * p) / 100).min(v.len().saturating_sub(1));
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
