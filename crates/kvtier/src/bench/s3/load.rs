@@ -58,7 +58,7 @@ fn object_key(i: usize) -> String {
     format!("bench/object-{i:05}")
 }
 
-fn head(
+pub(crate) fn head(
     t: &Target,
     conn: &Conn,
     method: &str,

@@ -3,10 +3,10 @@
 //! S3 server) started here, each beside plain TCP over loopback answering the same
 //! requests with the same bytes, with the same client, in the same run.
 
-mod http;
-mod load;
+pub(crate) mod http;
+pub(crate) mod load;
 mod procs;
-mod sigv4;
+pub(crate) mod sigv4;
 
 use std::time::Duration;
 
