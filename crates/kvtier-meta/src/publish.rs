@@ -80,6 +80,12 @@ pub(crate) async fn publish_once(
 /// transaction per round trip.
 const IN_FLIGHT: usize = 128;
 
+/// Advertisements already waiting in the queue are published together, up to this many in
+/// one transaction (one raft entry instead of many); a batch whose transaction fails —
+/// a run taken by another replica, a fence — is published one by one, each with its own
+/// outcome. A lone advertisement waits for nobody.
+const BATCH: usize = 16;
+
 /// The publishing task's side of the queue.
 #[derive(Clone)]
 pub(crate) struct Publisher {
@@ -100,9 +106,16 @@ impl Publisher {
         loop {
             tokio::select! {
                 next = rx.recv(), if in_flight.len() < IN_FLIGHT => match next {
-                    Some((info, ts_ms)) => {
+                    Some(first) => {
+                        let mut batch = vec![first];
+                        while batch.len() < BATCH {
+                            match rx.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
                         let (this, client) = (self.clone(), client.clone());
-                        in_flight.spawn(async move { this.publish(client, info, ts_ms).await });
+                        in_flight.spawn(async move { this.publish_batch(client, batch).await });
                     }
                     None => break,
                 },
@@ -110,6 +123,53 @@ impl Publisher {
             }
         }
         while in_flight.join_next().await.is_some() {}
+    }
+
+    /// Publishes `batch` in one transaction if it can, else one by one.
+    async fn publish_batch(&self, mut client: Client, batch: Vec<(ObjectInfo, u64)>) {
+        if batch.len() > 1 && self.publish_together(&mut client, &batch).await {
+            crate::stats::add(&self.stats.published, batch.len() as u64);
+            return;
+        }
+        for (info, ts_ms) in batch {
+            self.publish(client.clone(), info, ts_ms).await;
+        }
+    }
+
+    /// One transaction for all of `batch`: the fence, and no advertisement and no
+    /// tombstone for any of its runs. Whether it committed.
+    async fn publish_together(&self, client: &mut Client, batch: &[(ObjectInfo, u64)]) -> bool {
+        let (Some(tier), Some(id)) = (self.tier.upgrade(), self.member.identity()) else {
+            return false;
+        };
+        let mut when = self.member.fence(id);
+        let mut puts = Vec::with_capacity(batch.len());
+        for (info, ts_ms) in batch {
+            let (Some(endpoint), Some(first), Some(last)) = (
+                tier.endpoint_id(info.name.endpoint),
+                info.blocks.first(),
+                info.blocks.last(),
+            ) else {
+                return false;
+            };
+            let key = self.member.keys.object(&info.layout, first, last);
+            let tombstone_key = self.member.keys.tombstone(&info.layout, first, last);
+            when.push(Compare::version(key.as_str(), CompareOp::Equal, 0));
+            when.push(Compare::version(tombstone_key, CompareOp::Equal, 0));
+            let mut advert = Advert::of(
+                info,
+                endpoint,
+                &self.member.replica,
+                id.generation,
+                &self.namespace,
+                *ts_ms,
+            );
+            advert.priority = self.priority;
+            let value = serde_json::to_string(&advert).unwrap_or_default();
+            puts.push(TxnOp::put(key, value, None));
+        }
+        let txn = Txn::new().when(when).and_then(puts);
+        matches!(client.txn(txn).await, Ok(r) if r.succeeded())
     }
 
     /// Publishes one object, retrying until it is advertised, lost to another replica,
