@@ -1,8 +1,9 @@
-//! Following the advertisements: a full read of the prefix at one revision R (paginated),
-//! then a watch from R+1 with progress notifications. A watch cancelled because its start
-//! revision was compacted triggers a full resync that diffs what this replica serves
-//! against a fresh read — objects that vanished are forgotten, new ones adopted — never a
-//! silent skip. A broken stream resumes from the last revision applied.
+//! Following the advertisements: a full read of the prefix at one revision R (paginated,
+//! [`crate::status::read_pages`]), then a watch from R+1 with progress notifications. A
+//! watch cancelled because its start revision was compacted triggers a full resync that
+//! diffs what this replica serves against a fresh read — objects that vanished are
+//! forgotten, new ones adopted — never a silent skip. A broken stream resumes from the
+//! last revision applied.
 //!
 //! Local tiers serve while this runs: it starts after the engine is up.
 
@@ -12,16 +13,13 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+use etcd_client::{Client, EventType, WatchOptions};
 use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 
-use crate::keys::prefix_end;
 use crate::record::Advert;
 use crate::stats::{ClusterStats, bump};
+use crate::status::read_pages;
 use crate::view::View;
-
-/// Records per page of a full read.
-const PAGE: i64 = 2_000;
 
 /// What the follower applied, by advertisement key.
 #[derive(Debug, Default)]
@@ -109,44 +107,25 @@ impl Follower {
     /// (with `diff`, forgetting what it served that is gone). Returns the revision, or
     /// `None` if etcd could not be read.
     async fn full_read(&mut self, client: &mut Client, diff: bool) -> Option<i64> {
-        let end = prefix_end(&self.prefix);
-        let mut start = self.prefix.as_bytes().to_vec();
-        let mut revision = 0i64;
+        let tier = self.tier.upgrade()?;
         let mut seen: HashMap<Vec<u8>, ()> = HashMap::new();
-        loop {
-            let mut options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(PAGE)
-                .with_sort(SortTarget::Key, SortOrder::Ascend);
-            if revision > 0 {
-                options = options.with_revision(revision);
-            }
-            let page = match client.get(start.clone(), Some(options)).await {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the cluster's advertisements; retrying");
-                    return None;
-                }
-            };
-            if revision == 0 {
-                revision = page.header().map_or(0, |h| h.revision());
-            }
-            let tier = self.tier.upgrade()?;
-            for kv in page.kvs() {
+        let prefix = self.prefix.clone();
+        let read = read_pages(client, &prefix, |kvs| {
+            for kv in kvs {
                 bump(&self.stats.replay_records);
                 seen.insert(kv.key().to_vec(), ());
                 self.apply_put(&tier, kv.key(), kv.value(), kv.mod_revision(), false);
             }
-            match page.kvs().last() {
-                Some(last) if page.more() => {
-                    start = last.key().to_vec();
-                    start.push(0);
-                }
-                _ => break,
+        })
+        .await;
+        let revision = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the cluster's advertisements; retrying");
+                return None;
             }
-        }
+        };
         if diff {
-            let tier = self.tier.upgrade()?;
             let gone: Vec<Vec<u8>> = self
                 .applied
                 .known

@@ -11,7 +11,7 @@ use crate::keys::{Keys, prefix_end};
 use crate::record::{Advert, Member, Priority};
 
 /// Records per page when reading a whole prefix.
-const PAGE: i64 = 2_000;
+pub const PAGE: i64 = 2_000;
 
 /// One key and value with the revision it was last written at.
 #[derive(Debug, Clone)]
@@ -24,15 +24,17 @@ pub struct Entry {
     pub revision: i64,
 }
 
-/// Every key under `prefix`, read page by page at one revision; with the revision.
-pub async fn read_prefix(
+/// Reads every key under `prefix` at one revision, [`PAGE`] keys at a time, handing each
+/// page to `page` as it arrives (so a large prefix is never held whole); returns the
+/// revision read at.
+pub async fn read_pages(
     client: &mut Client,
     prefix: &str,
-) -> Result<(i64, Vec<Entry>), etcd_client::Error> {
+    mut page: impl FnMut(&[etcd_client::KeyValue]),
+) -> Result<i64, etcd_client::Error> {
     let end = prefix_end(prefix);
     let mut start = prefix.as_bytes().to_vec();
     let mut revision = 0;
-    let mut out = Vec::new();
     loop {
         let mut options = GetOptions::new()
             .with_range(end.clone())
@@ -41,23 +43,36 @@ pub async fn read_prefix(
         if revision > 0 {
             options = options.with_revision(revision);
         }
-        let page = client.get(start.clone(), Some(options)).await?;
+        let got = client.get(start.clone(), Some(options)).await?;
         if revision == 0 {
-            revision = page.header().map_or(0, |h| h.revision());
+            revision = got.header().map_or(0, |h| h.revision());
         }
-        out.extend(page.kvs().iter().map(|kv| Entry {
+        page(got.kvs());
+        match got.kvs().last() {
+            Some(last) if got.more() => {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            _ => return Ok(revision),
+        }
+    }
+}
+
+/// Every key under `prefix`, read at one revision; with the revision.
+pub async fn read_prefix(
+    client: &mut Client,
+    prefix: &str,
+) -> Result<(i64, Vec<Entry>), etcd_client::Error> {
+    let mut out = Vec::new();
+    let revision = read_pages(client, prefix, |kvs| {
+        out.extend(kvs.iter().map(|kv| Entry {
             key: kv.key().to_vec(),
             value: kv.value().to_vec(),
             revision: kv.mod_revision(),
         }));
-        match page.kvs().last() {
-            Some(last) if page.more() => {
-                start = last.key().to_vec();
-                start.push(0);
-            }
-            _ => return Ok((revision, out)),
-        }
-    }
+    })
+    .await?;
+    Ok((revision, out))
 }
 
 /// A live replica.

@@ -15,28 +15,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Replica, adverts, gateway, in_bucket, remote, runtime, wait_until};
+use common::{Replica, World, adverts, in_bucket, remote, wait_until};
 use kvtier_core::tier::Tier;
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_meta::record::Priority;
 use kvtier_meta::{Withdrawal, status};
-use kvtier_testkit::EtcdCluster;
 
 const SOON: Duration = Duration::from_secs(10);
 
 #[test]
 fn only_the_owner_withdraws_and_the_object_goes_after_the_grace_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let grace = Duration::from_millis(1500);
     let with_grace = |c: &mut kvtier_meta::ClusterConfig| c.gc_grace = grace;
-    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), with_grace);
-    let b = Replica::start(&rt, etcd.endpoints(), "b", remote(&url, SOON), with_grace);
-    a.ready(&rt);
-    b.ready(&rt);
+    let a = Replica::start(rt, etcd.endpoints(), "a", remote(url, SOON), with_grace);
+    let b = Replica::start(rt, etcd.endpoints(), "b", remote(url, SOON), with_grace);
+    a.ready(rt);
+    b.ready(rt);
     let layout = test_layout().unwrap();
     let chain = test_chain(&layout, 3, 5);
     let last = chain.last().unwrap().0.hash;
@@ -73,15 +69,7 @@ fn only_the_owner_withdraws_and_the_object_goes_after_the_grace_window() {
         "deleted after {:?}",
         withdrawn.elapsed()
     );
-    let mut client = rt
-        .block_on(kvtier_meta::connect_once(&etcd.endpoints()))
-        .unwrap();
-    assert!(wait_until(SOON, || {
-        rt.block_on(status::status(&mut client, common::CLUSTER))
-            .unwrap()
-            .tombstones
-            == 0
-    }));
+    assert!(wait_until(SOON, || { w.status().tombstones == 0 }));
     assert_eq!(a.stat("gc_tombstones"), 1);
     assert_eq!(a.stat("gc_deleted"), 1);
     // Withdrawing it again finds nothing to withdraw.
@@ -100,35 +88,37 @@ fn only_the_owner_withdraws_and_the_object_goes_after_the_grace_window() {
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].0, object, "a new object, under a new name");
     drop((a, b));
-    drop(etcd);
 }
 
 #[test]
 fn a_read_running_when_its_object_is_withdrawn_completes_and_later_reads_miss() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
+    let w = World::start(1);
+    let World {
+        etcd,
+        gateway: g,
+        url,
+        rt,
+        ..
+    } = &w;
     let layout = test_layout().unwrap();
     let block_bytes = layout.block_bytes() as usize;
     // B's link to the store passes one block in about 2.4 s, under its 3 s read deadline.
     let deadline = Duration::from_secs(3);
-    let slow = common::Throttle::start(&url, block_bytes * 10 / 24);
+    let slow = common::Throttle::start(url, block_bytes * 10 / 24);
     // Grace: longer than a withdrawal's propagation plus the read deadline.
     let grace = deadline + Duration::from_secs(1);
-    let rt = runtime();
-    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, deadline), |c| {
+    let a = Replica::start(rt, etcd.endpoints(), "a", remote(url, deadline), |c| {
         c.gc_grace = grace
     });
     let b = Replica::start(
-        &rt,
+        rt,
         etcd.endpoints(),
         "b",
         remote(&slow.url, deadline),
         |c| c.gc_grace = grace,
     );
-    a.ready(&rt);
-    b.ready(&rt);
+    a.ready(rt);
+    b.ready(rt);
     let chain = test_chain(&layout, 4, 9);
     let (first, last) = (chain[0].0.hash, chain[3].0.hash);
     a.tier.put_many(&chain);
@@ -178,28 +168,24 @@ fn a_read_running_when_its_object_is_withdrawn_completes_and_later_reads_miss() 
         "never deleted"
     );
     drop((a, b));
-    drop(etcd);
 }
 
 #[test]
 fn the_leader_shrinks_a_namespace_to_budget_oldest_first_and_leaves_pinned_objects() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let layout = test_layout().unwrap();
     let object_bytes = 2 * layout.block_bytes();
-    let pinned = Replica::start(&rt, etcd.endpoints(), "sys", remote(&url, SOON), |c| {
+    let pinned = Replica::start(rt, etcd.endpoints(), "sys", remote(url, SOON), |c| {
         c.priority = Priority::Pinned;
         c.namespace = "tenant".into();
     });
-    let normal = Replica::start(&rt, etcd.endpoints(), "chat", remote(&url, SOON), |c| {
+    let normal = Replica::start(rt, etcd.endpoints(), "chat", remote(url, SOON), |c| {
         c.namespace = "tenant".into();
     });
-    let other = Replica::start(&rt, etcd.endpoints(), "else", remote(&url, SOON), |_| {});
+    let other = Replica::start(rt, etcd.endpoints(), "else", remote(url, SOON), |_| {});
     for r in [&pinned, &normal, &other] {
-        r.ready(&rt);
+        r.ready(rt);
     }
     for seed in 0..2 {
         pinned.tier.put_many(&test_chain(&layout, 2, 100 + seed));
@@ -217,25 +203,18 @@ fn the_leader_shrinks_a_namespace_to_budget_oldest_first_and_leaves_pinned_objec
 
     // Budget: the two pinned objects and two of the chat replica's six.
     let budget = 4 * object_bytes;
-    let leader = Replica::start(&rt, etcd.endpoints(), "gc", remote(&url, SOON), |c| {
+    let leader = Replica::start(rt, etcd.endpoints(), "gc", remote(url, SOON), |c| {
         c.gc_leader = true;
         c.gc_grace = Duration::from_millis(300);
         c.budgets.insert("tenant".into(), budget);
     });
-    leader.ready(&rt);
+    leader.ready(rt);
     assert!(wait_until(SOON, || leader.stat("budget_evictions") == 4));
-    let mut client = rt
-        .block_on(kvtier_meta::connect_once(&etcd.endpoints()))
-        .unwrap();
     assert!(wait_until(SOON, || {
-        let s = rt
-            .block_on(status::status(&mut client, common::CLUSTER))
-            .unwrap();
+        let s = w.status();
         s.tombstones == 0 && leader.stat("gc_deleted") == 4
     }));
-    let s = rt
-        .block_on(status::status(&mut client, common::CLUSTER))
-        .unwrap();
+    let s = w.status();
     assert_eq!(s.leader.as_deref(), Some("gc"));
     let tenant = s.namespaces["tenant"];
     assert_eq!(
@@ -257,26 +236,22 @@ fn the_leader_shrinks_a_namespace_to_budget_oldest_first_and_leaves_pinned_objec
     }
     assert_eq!(leader.stat("budget_evictions"), 4, "more than needed went");
     drop((pinned, normal, other, leader));
-    drop(etcd);
 }
 
 #[test]
 fn the_leader_reclaims_a_dead_owners_objects_only_after_the_configured_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let layout = test_layout().unwrap();
     let orphan_after = Duration::from_secs(2);
-    let leader = Replica::start(&rt, etcd.endpoints(), "gc", remote(&url, SOON), |c| {
+    let leader = Replica::start(rt, etcd.endpoints(), "gc", remote(url, SOON), |c| {
         c.gc_leader = true;
         c.gc_grace = Duration::from_millis(200);
         c.orphan_after = orphan_after;
     });
-    let owner = Replica::start(&rt, etcd.endpoints(), "owner", remote(&url, SOON), |_| {});
-    leader.ready(&rt);
-    owner.ready(&rt);
+    let owner = Replica::start(rt, etcd.endpoints(), "owner", remote(url, SOON), |_| {});
+    leader.ready(rt);
+    owner.ready(rt);
     let chain = test_chain(&layout, 2, 7);
     let last = chain[1].0.hash;
     owner.tier.put_many(&chain);
@@ -299,20 +274,16 @@ fn the_leader_reclaims_a_dead_owners_objects_only_after_the_configured_time() {
     assert!(!leader.tier.contains(&last));
     assert!(wait_until(SOON, || !in_bucket(&leader.tier, &object)));
     drop(leader);
-    drop(etcd);
 }
 
 #[test]
 fn a_new_leader_finishes_the_tombstones_a_dead_leader_left() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(3);
+    let World { etcd, url, rt, .. } = &w;
     let layout = test_layout().unwrap();
     let object_bytes = 2 * layout.block_bytes();
-    let writer = Replica::start(&rt, etcd.endpoints(), "w", remote(&url, SOON), |_| {});
-    writer.ready(&rt);
+    let writer = Replica::start(rt, etcd.endpoints(), "w", remote(url, SOON), |_| {});
+    writer.ready(rt);
     let mut lasts = Vec::new();
     for seed in 0..5 {
         let chain = test_chain(&layout, 2, 400 + seed);
@@ -327,17 +298,12 @@ fn a_new_leader_finishes_the_tombstones_a_dead_leader_left() {
         c.gc_grace = Duration::from_secs(3);
         c.budgets.insert("default".into(), 2 * object_bytes);
     };
-    let first = Replica::start(&rt, etcd.endpoints(), "gc1", remote(&url, SOON), gc);
-    first.ready(&rt);
+    let first = Replica::start(rt, etcd.endpoints(), "gc1", remote(url, SOON), gc);
+    first.ready(rt);
     assert!(wait_until(SOON, || first.stat("budget_evictions") == 3));
-    let second = Replica::start(&rt, etcd.endpoints(), "gc2", remote(&url, SOON), gc);
-    second.ready(&rt);
-    let mut client = rt
-        .block_on(kvtier_meta::connect_once(&etcd.endpoints()))
-        .unwrap();
-    let pending = rt
-        .block_on(status::status(&mut client, common::CLUSTER))
-        .unwrap();
+    let second = Replica::start(rt, etcd.endpoints(), "gc2", remote(url, SOON), gc);
+    second.ready(rt);
+    let pending = w.status();
     assert_eq!(
         pending.tombstones, 3,
         "the first leader finished before dying"
@@ -348,12 +314,7 @@ fn a_new_leader_finishes_the_tombstones_a_dead_leader_left() {
     assert!(wait_until(Duration::from_secs(20), || second
         .stat("is_leader")
         == 1));
-    assert!(wait_until(SOON, || {
-        rt.block_on(status::status(&mut client, common::CLUSTER))
-            .unwrap()
-            .tombstones
-            == 0
-    }));
+    assert!(wait_until(SOON, || { w.status().tombstones == 0 }));
     assert_eq!(second.stat("gc_deleted"), 3);
     assert_eq!(
         second.stat("budget_evictions"),
@@ -369,35 +330,29 @@ fn a_new_leader_finishes_the_tombstones_a_dead_leader_left() {
         writer.tier.get(&newest[1].0.hash).unwrap(),
         Some(newest[1].1.clone())
     );
-    let s = rt
-        .block_on(status::status(&mut client, common::CLUSTER))
-        .unwrap();
+    let s = w.status();
     assert_eq!(s.namespaces["default"].objects, 2);
     drop((writer, second));
-    drop(etcd);
 }
 
 #[test]
 fn two_replicas_racing_for_one_run_under_gc_never_advertise_a_missing_object() {
     const ROUNDS: u32 = 100;
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let layout = test_layout().unwrap();
-    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), |_| {});
-    let b = Replica::start(&rt, etcd.endpoints(), "b", remote(&url, SOON), |_| {});
+    let a = Replica::start(rt, etcd.endpoints(), "a", remote(url, SOON), |_| {});
+    let b = Replica::start(rt, etcd.endpoints(), "b", remote(url, SOON), |_| {});
     // Grace 0 and a budget of nothing: every advertised object is deleted as soon as
     // the leader sees it.
-    let leader = Replica::start(&rt, etcd.endpoints(), "gc", remote(&url, SOON), |c| {
+    let leader = Replica::start(rt, etcd.endpoints(), "gc", remote(url, SOON), |c| {
         c.gc_leader = true;
         c.gc_grace = Duration::ZERO;
         c.gc_interval = Duration::from_millis(20);
         c.budgets.insert("default".into(), 0);
     });
     for r in [&a, &b, &leader] {
-        r.ready(&rt);
+        r.ready(rt);
     }
     let chain = Arc::new(test_chain(&layout, 2, 77));
     let done = Arc::new(AtomicBool::new(false));
@@ -409,7 +364,7 @@ fn two_replicas_racing_for_one_run_under_gc_never_advertise_a_missing_object() {
         let endpoints = etcd.endpoints();
         let probe = a.tier.clone();
         std::thread::spawn(move || {
-            let rt = runtime();
+            let rt = common::runtime();
             let mut client = rt.block_on(kvtier_meta::connect_once(&endpoints)).unwrap();
             let prefix = kvtier_meta::Keys::new(common::CLUSTER).objects();
             while !done.load(Ordering::SeqCst) {
@@ -476,5 +431,4 @@ fn two_replicas_racing_for_one_run_under_gc_never_advertise_a_missing_object() {
         "every winner was deleted"
     );
     drop((a, b, leader));
-    drop(etcd);
 }

@@ -15,13 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Replica, gateway, remote, runtime, wait_until};
+use common::{Replica, World, remote, wait_until};
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_core::tier::{NoSink, Tier};
 use kvtier_meta::reconcile::{self, Options};
-use kvtier_meta::status;
 use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier};
-use kvtier_testkit::EtcdCluster;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
@@ -52,16 +50,13 @@ impl Catalog for Mute {
 
 #[test]
 fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debris() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let layout = test_layout().unwrap();
 
     let mute = Arc::new(Mute::default());
     let writer = Arc::new(
-        RemoteTier::open_with_catalog(remote(&url, SOON), Arc::new(NoSink), mute.clone()).unwrap(),
+        RemoteTier::open_with_catalog(remote(url, SOON), Arc::new(NoSink), mute.clone()).unwrap(),
     );
     let kept = test_chain(&layout, 3, 1);
     writer.put_many(&kept);
@@ -72,7 +67,7 @@ fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debr
     };
     // Debris: the second object's manifest is lost (data only), and a damaged manifest.
     let raw = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(&url)
+        .with_endpoint(url.as_str())
         .with_bucket_name(common::BUCKET)
         .with_region("us-east-1")
         .with_access_key_id(common::ACCESS)
@@ -93,14 +88,12 @@ fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debr
         .unwrap();
     });
 
-    let reader = Replica::start(&rt, etcd.endpoints(), "reader", remote(&url, SOON), |_| {});
-    reader.ready(&rt);
+    let reader = Replica::start(rt, etcd.endpoints(), "reader", remote(url, SOON), |_| {});
+    reader.ready(rt);
     let last = kept[2].0.hash;
     assert!(!reader.tier.contains(&last), "nobody advertised it yet");
 
-    let mut client = rt
-        .block_on(kvtier_meta::connect_once(&etcd.endpoints()))
-        .unwrap();
+    let mut client = w.client();
     let options = |older_than: Duration, dry_run: bool| Options {
         cluster: common::CLUSTER.into(),
         older_than,
@@ -139,9 +132,7 @@ fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debr
     );
     assert!(wait_until(SOON, || reader.tier.contains(&last)));
     assert_eq!(reader.tier.get(&last).unwrap(), Some(kept[2].1.clone()));
-    let s = rt
-        .block_on(status::status(&mut client, common::CLUSTER))
-        .unwrap();
+    let s = w.status();
     assert_eq!(s.owners["mute"].objects, 1, "{s:?}");
 
     // Old debris goes; the advertised object stays.
@@ -166,5 +157,4 @@ fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debr
     );
     assert_eq!(reader.tier.get(&last).unwrap(), Some(kept[2].1.clone()));
     drop(reader);
-    drop(etcd);
 }

@@ -14,13 +14,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Replica, adverts, gateway, remote, runtime, wait_until};
+use common::{Replica, World, adverts, remote, wait_until};
 use kvtier_core::hash::BlockHash;
 use kvtier_core::tier::Tier;
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_meta::Withdrawal;
 use kvtier_testkit::Cuttable;
-use kvtier_testkit::EtcdCluster;
 
 const SOON: Duration = Duration::from_secs(20);
 
@@ -76,17 +75,14 @@ fn withdraw_half(rt: &tokio::runtime::Runtime, a: &Replica, of: &[BlockHash]) ->
 
 #[test]
 fn a_replica_cut_off_from_etcd_past_a_compaction_resyncs_to_the_live_set() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
     let link = Cuttable::start(&etcd.endpoints()[0]).unwrap();
     let fast = |c: &mut kvtier_meta::ClusterConfig| c.gc_grace = Duration::from_millis(100);
-    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), fast);
-    let b = Replica::start(&rt, vec![link.url.clone()], "b", remote(&url, SOON), fast);
-    a.ready(&rt);
-    b.ready(&rt);
+    let a = Replica::start(rt, etcd.endpoints(), "a", remote(url, SOON), fast);
+    let b = Replica::start(rt, vec![link.url.clone()], "b", remote(url, SOON), fast);
+    a.ready(rt);
+    b.ready(rt);
     let before = store(&a, 0, 10);
     assert!(wait_until(SOON, || before
         .iter()
@@ -94,9 +90,9 @@ fn a_replica_cut_off_from_etcd_past_a_compaction_resyncs_to_the_live_set() {
 
     link.cut();
     let during = store(&a, 100, 20);
-    let withdrawn = withdraw_half(&rt, &a, &before);
+    let withdrawn = withdraw_half(rt, &a, &before);
     assert!(wait_until(SOON, || a.catalog.view().len() == 25));
-    compact(&rt, &etcd.endpoints());
+    compact(rt, &etcd.endpoints());
     assert!(
         b.tier.contains(&withdrawn[0]),
         "B heard of the withdrawal while cut off"
@@ -112,30 +108,26 @@ fn a_replica_cut_off_from_etcd_past_a_compaction_resyncs_to_the_live_set() {
         assert!(!b.tier.contains(h), "a withdrawn object came back");
     }
     drop((a, b));
-    drop(etcd);
 }
 
 #[test]
 fn a_slow_watch_consumer_ends_equal_to_the_live_set_across_a_compaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
-    let g = gateway(&dir.path().join("s3"));
-    let url = format!("http://{}", g.addr);
-    let rt = runtime();
-    let a = Replica::start(&rt, etcd.endpoints(), "a", remote(&url, SOON), |c| {
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
+    let a = Replica::start(rt, etcd.endpoints(), "a", remote(url, SOON), |c| {
         c.gc_grace = Duration::from_millis(100)
     });
-    let b = Replica::start(&rt, etcd.endpoints(), "b", remote(&url, SOON), |c| {
+    let b = Replica::start(rt, etcd.endpoints(), "b", remote(url, SOON), |c| {
         c.watch_delay = Duration::from_millis(50)
     });
-    a.ready(&rt);
-    b.ready(&rt);
+    a.ready(rt);
+    b.ready(rt);
     let stored = store(&a, 0, 300);
     assert!(wait_until(SOON, || a.catalog.view().len() == 300));
-    let withdrawn = withdraw_half(&rt, &a, &stored[..40]);
+    let withdrawn = withdraw_half(rt, &a, &stored[..40]);
     assert!(wait_until(SOON, || a.catalog.view().len() == 280));
     assert_ne!(objects(&b), objects(&a), "B kept up: nothing was slow");
-    compact(&rt, &etcd.endpoints());
+    compact(rt, &etcd.endpoints());
 
     assert!(wait_until(Duration::from_secs(60), || objects(&b) == objects(&a)));
     for h in &withdrawn {
@@ -154,5 +146,4 @@ fn a_slow_watch_consumer_ends_equal_to_the_live_set_across_a_compaction() {
         b.stat("watch_resumes")
     );
     drop((a, b));
-    drop(etcd);
 }

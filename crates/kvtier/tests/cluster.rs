@@ -291,6 +291,34 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
     drop(etcd);
 }
 
+/// Replica `name` of cluster `test`, storing through `endpoint`, reaching etcd at `etcd`,
+/// with `extra` flags, its data under `dir/name`.
+fn replica(
+    dir: &std::path::Path,
+    name: &str,
+    endpoint: &str,
+    etcd: &str,
+    extra: &[&str],
+) -> Server {
+    let config = config(dir, name, endpoint, etcd);
+    let mut args = vec!["--config", config.as_str()];
+    args.extend_from_slice(extra);
+    Server::start(&dir.join(name), &args)
+}
+
+/// Registers the test layout on both replicas and gives them time to register in the
+/// cluster and open their watches.
+async fn shared_layout(
+    ca: &kvtier_client::Client,
+    cb: &kvtier_client::Client,
+) -> kvtier_client::wire::LayoutInfo {
+    let spec = layout_spec("cluster", 2);
+    let layout = ca.register_layout(&spec).await.unwrap();
+    assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    layout
+}
+
 /// Stores `n` one-block prompts from `seed` on `client`, one every `every`; the slowest
 /// store call.
 async fn store_loop(
@@ -351,24 +379,14 @@ fn killing_the_etcd_leader_during_a_store_loop_stalls_no_store_and_loses_no_adve
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
-    let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
-    let a = Server::start(
-        &dir.path().join("a"),
-        &["--config", &a_config, "--ssd-enabled", "false"],
-    );
-    let b = Server::start(
-        &dir.path().join("b"),
-        &["--config", &b_config, "--ssd-enabled", "false"],
-    );
+    let no_ssd = ["--ssd-enabled", "false"];
+    let a = replica(dir.path(), "a", &gateway.endpoint, &etcd.url(), &no_ssd);
+    let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &no_ssd);
     let leader = etcd.leader().expect("an etcd leader");
     let rt = runtime();
     rt.block_on(async {
         let (ca, cb) = (a.client(), b.client());
-        let spec = layout_spec("cluster", 2);
-        let layout = ca.register_layout(&spec).await.unwrap();
-        cb.register_layout(&spec).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let layout = shared_layout(&ca, &cb).await;
         let mut killed_at = None;
         let slowest = store_loop(&ca, &layout, 5000, N, Duration::from_millis(20), |i| {
             if i == N / 3 {
@@ -410,25 +428,20 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
     // B reaches etcd through a link the test cuts: a partition between B and etcd (B
     // still reaches the bucket and its clients).
     let link = kvtier_testkit::Cuttable::start(&etcd.endpoints()[0]).unwrap();
-    let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
     let b_etcd = format!("etcd://{}", link.url.trim_start_matches("http://"));
-    let b_config = config(dir.path(), "b", &gateway.endpoint, &b_etcd);
     let ttl = ["--cluster-lease-ttl", "2s"];
-    let a = Server::start(
-        &dir.path().join("a"),
-        &["--config", &a_config, ttl[0], ttl[1]],
-    );
-    let b = Server::start(
-        &dir.path().join("b"),
-        &["--config", &b_config, ttl[0], ttl[1]],
-    );
+    let a = replica(dir.path(), "a", &gateway.endpoint, &etcd.url(), &ttl);
+    let b = replica(dir.path(), "b", &gateway.endpoint, &b_etcd, &ttl);
     let rt = runtime();
     rt.block_on(async {
         let (ca, cb) = (a.client(), b.client());
-        let spec = layout_spec("cluster", 2);
-        let layout = ca.register_layout(&spec).await.unwrap();
-        cb.register_layout(&spec).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let layout = shared_layout(&ca, &cb).await;
+        let t = Instant::now();
+        while cb.stats().await.unwrap()["cluster_registrations"] == 0
+            && t.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(cb.stats().await.unwrap()["cluster_registrations"], 1);
         cb.store(&prompt(&layout, 7000, 1), payloads(&layout, 7000, 1))
             .await
@@ -511,24 +524,13 @@ fn only_the_owner_deletes_through_the_admin_api() {
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     let proxy = CountingProxy::start(&gateway.endpoint);
-    let a_config = config(dir.path(), "a", &proxy.url, &etcd.url());
-    let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
     let grace = ["--cluster-gc-grace", "1s"];
-    let a = Server::start(
-        &dir.path().join("a"),
-        &["--config", &a_config, grace[0], grace[1]],
-    );
-    let b = Server::start(
-        &dir.path().join("b"),
-        &["--config", &b_config, grace[0], grace[1]],
-    );
+    let a = replica(dir.path(), "a", &proxy.url, &etcd.url(), &grace);
+    let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &grace);
     let rt = runtime();
     rt.block_on(async {
         let (ca, cb) = (a.client(), b.client());
-        let spec = layout_spec("cluster", 2);
-        let layout = ca.register_layout(&spec).await.unwrap();
-        cb.register_layout(&spec).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let layout = shared_layout(&ca, &cb).await;
         let p = prompt(&layout, 8000, 4);
         ca.store(&p, payloads(&layout, 8000, 4)).await.unwrap();
         let t = Instant::now();

@@ -44,6 +44,51 @@ pub fn remote(url: &str, deadline: Duration) -> RemoteConfig {
     c
 }
 
+/// What a test's replicas share: etcd members, `kvtier gateway` and the runtime their
+/// catalogs run on, all stopped when dropped (after the replicas, declared later).
+pub struct World {
+    pub etcd: kvtier_testkit::EtcdCluster,
+    pub gateway: RunningGateway,
+    /// The gateway's `http://ADDR`.
+    pub url: String,
+    pub rt: tokio::runtime::Runtime,
+    /// Dropped last: the members' and the gateway's data.
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    /// `members` etcd members, a gateway with [`BUCKET`], a runtime.
+    pub fn start(members: usize) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let etcd =
+            kvtier_testkit::EtcdCluster::start(&dir.path().join("etcd"), members).expect("etcd");
+        let gateway = gateway(&dir.path().join("s3"));
+        let url = format!("http://{}", gateway.addr);
+        Self {
+            etcd,
+            gateway,
+            url,
+            rt: runtime(),
+            dir,
+        }
+    }
+
+    /// A client of the etcd members.
+    pub fn client(&self) -> kvtier_meta::etcd_client::Client {
+        self.rt
+            .block_on(kvtier_meta::connect_once(&self.etcd.endpoints()))
+            .expect("etcd client")
+    }
+
+    /// The cluster's status now.
+    pub fn status(&self) -> kvtier_meta::status::Status {
+        let mut c = self.client();
+        self.rt
+            .block_on(kvtier_meta::status::status(&mut c, CLUSTER))
+            .expect("status")
+    }
+}
+
 /// One replica: its tier and its catalog.
 pub struct Replica {
     pub tier: Arc<RemoteTier>,
