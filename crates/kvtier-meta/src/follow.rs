@@ -220,16 +220,33 @@ impl Follower {
                 return false;
             }
         };
-        self.view.put(key, advert.clone(), revision);
+        let lag = (self.wall_ms)().saturating_sub(advert.ts_ms);
+        // An object this replica serves already (its own, or one it checked): nothing to
+        // adopt. The common case on a busy replica: it receives every record it writes.
+        if let Some(endpoint) = tier.endpoint_index(&advert.endpoint) {
+            let name = ObjectName {
+                endpoint,
+                manifest: advert.object.clone(),
+            };
+            if tier.serves(&name) {
+                if check_now {
+                    self.stats.advertise_lag_ms.store(lag, Ordering::Relaxed);
+                }
+                self.applied.known.insert(key.to_vec(), name);
+                self.view.put(key, advert, revision);
+                return true;
+            }
+        }
         let info = match advert.describe(tier) {
             Ok(i) => i,
             Err(why) => {
+                self.view.put(key, advert, revision);
                 bump(&self.stats.records_refused);
                 tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "not adopting an advertisement");
                 return false;
             }
         };
-        let lag = (self.wall_ms)().saturating_sub(advert.ts_ms);
+        self.view.put(key, advert, revision);
         match tier.adopt_described(&info) {
             Adopted::Blocks(_) => {
                 if check_now {

@@ -456,6 +456,19 @@ impl RemoteTier {
         Adopted::Blocks(self.index_object(object))
     }
 
+    /// Whether the tier serves `name` already, its manifest checked (it wrote the object,
+    /// or adopted and checked it): a record naming it again changes nothing.
+    pub fn serves(&self, name: &ObjectName) -> bool {
+        data_of(&name.manifest)
+            .and_then(|d| {
+                self.objects
+                    .read()
+                    .get(&d)
+                    .map(|o| o.target == name.endpoint && o.pending.is_none())
+            })
+            .unwrap_or(false)
+    }
+
     /// Whether `name` is known from a record only: its manifest is still to be read and
     /// checked ([`RemoteTier::check`]) before any of its bytes is served.
     pub fn unchecked(&self, name: &ObjectName) -> bool {
