@@ -17,6 +17,7 @@ use crate::keys::Keys;
 use crate::leader::Leader;
 use crate::member::Membership;
 use crate::publish::Publisher;
+use crate::record::Tombstone;
 use crate::stats::{ClusterStats, bump};
 use crate::view::View;
 
@@ -258,9 +259,9 @@ impl ClusterCatalog {
         .await
         .map_err(|e| e.to_string())?;
         match &outcome {
-            Withdrawal::Withdrawn(_) => {
+            Withdrawal::Withdrawn(t) => {
                 bump(&self.stats.gc_tombstones);
-                self.finish_later(key);
+                self.finish_later(key, t);
             }
             Withdrawal::NotOwner(owner) => {
                 bump(&self.stats.deletes_refused);
@@ -275,9 +276,9 @@ impl ClusterCatalog {
         Ok(outcome)
     }
 
-    /// After the grace window, deletes the object withdrawn under advertisement `key` (the
-    /// GC leader does it otherwise).
-    fn finish_later(&self, key: String) {
+    /// After the grace window, deletes the object `ours` withdrew under advertisement
+    /// `key` (the GC leader does it otherwise).
+    fn finish_later(&self, key: String, ours: &Tombstone) {
         let Some(tombstone_key) = self.keys.tombstone_of(&key) else {
             return;
         };
@@ -287,11 +288,18 @@ impl ClusterCatalog {
             self.tier.lock().clone(),
         );
         let client = self.connected();
-        self.tasks.lock().push(self.runtime.spawn(async move {
+        let (object, at_ms) = (ours.advert.object.clone(), ours.at_ms);
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(self.runtime.spawn(async move {
             tokio::time::sleep(grace).await;
             let mut client = client.await;
             let Some(tier) = tier.upgrade() else { return };
+            // Only this withdrawal's tombstone: the run may have been advertised and
+            // withdrawn again since, under a tombstone whose grace is its own.
             if let Ok(Some((t, revision))) = gc::read_tombstone(&mut client, &tombstone_key).await
+                && t.advert.object == object
+                && t.at_ms == at_ms
                 && let Err(why) =
                     gc::finish(&mut client, &tier, &stats, &tombstone_key, &t, revision).await
             {

@@ -29,7 +29,17 @@ use crate::keys::prefix_end;
 use crate::member::{Membership, keep_alive};
 use crate::record::{Priority, Tombstone};
 use crate::stats::{ClusterStats, bump};
+use crate::status::read_pages;
 use crate::view::{Seen, View};
+
+/// What one leadership term remembers between sweeps.
+#[derive(Default)]
+struct Term {
+    /// Since when (wall ms) each absent owner has been seen absent.
+    absent: HashMap<String, u64>,
+    /// Records withdrawn by this term, by key, with the revision withdrawn.
+    withdrawn: HashMap<Vec<u8>, i64>,
+}
 
 /// A task aborted when this is dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -81,9 +91,9 @@ impl Leader {
                 bump(&self.stats.leader_changes);
                 self.stats.is_leader.store(1, Ordering::Relaxed);
                 tracing::info!(replica = %self.member.replica, "became the cluster's GC leader");
-                let mut absent = HashMap::new();
+                let mut term = Term::default();
                 while alive.load(Ordering::SeqCst) && self.tier.strong_count() > 0 {
-                    self.sweep(&mut client, &key, &mut absent).await;
+                    self.sweep(&mut client, &key, &mut term).await;
                     tokio::time::sleep(self.config.gc_interval).await;
                 }
                 self.stats.is_leader.store(0, Ordering::Relaxed);
@@ -121,7 +131,7 @@ impl Leader {
     }
 
     /// One sweep: due tombstones, orphans, budgets.
-    async fn sweep(&self, client: &mut Client, key: &LeaderKey, absent: &mut HashMap<String, u64>) {
+    async fn sweep(&self, client: &mut Client, key: &LeaderKey, term: &mut Term) {
         let Some(tier) = self.tier.upgrade() else {
             return;
         };
@@ -135,13 +145,22 @@ impl Leader {
         if let Err(e) = self.finish_due(client, &tier).await {
             tracing::debug!(error = %e, "GC sweep: cannot read tombstones");
         }
+        // Withdrawals of earlier sweeps that this replica's watch has not applied yet are
+        // still in the view: they must not count toward a budget again (that would
+        // withdraw more than needed) nor be tried twice.
         let records = self.view.all();
-        let mut withdrawn: HashSet<Vec<u8>> = HashSet::new();
+        term.withdrawn.retain(|k, revision| {
+            self.view
+                .get(k)
+                .is_some_and(|seen| seen.revision == *revision)
+        });
+        let withdrawn = &mut term.withdrawn;
+        let absent = &mut term.absent;
         if let Ok(live) = self.live_members(client).await {
             let now = (self.wall_ms)();
             absent.retain(|owner, _| !live.contains(owner));
             for (k, seen) in &records {
-                if live.contains(&seen.advert.owner) {
+                if live.contains(&seen.advert.owner) || withdrawn.contains_key(k) {
                     continue;
                 }
                 let since = *absent.entry(seen.advert.owner.clone()).or_insert(now);
@@ -151,14 +170,14 @@ impl Leader {
                         .await
                 {
                     bump(&self.stats.orphans_reclaimed);
-                    withdrawn.insert(k.clone());
+                    withdrawn.insert(k.clone(), seen.revision);
                 }
             }
         }
         for (namespace, budget) in &self.config.budgets {
             let mut members: Vec<&(Vec<u8>, Seen)> = records
                 .iter()
-                .filter(|(k, s)| &s.advert.namespace == namespace && !withdrawn.contains(k))
+                .filter(|(k, s)| &s.advert.namespace == namespace && !withdrawn.contains_key(k))
                 .collect();
             let mut total: u64 = members.iter().map(|(_, s)| s.advert.bytes()).sum();
             if total <= *budget {
@@ -175,6 +194,7 @@ impl Leader {
                     .await
                 {
                     bump(&self.stats.budget_evictions);
+                    withdrawn.insert(k.clone(), seen.revision);
                     total = total.saturating_sub(seen.advert.bytes());
                 }
             }
@@ -224,26 +244,25 @@ impl Leader {
         client: &mut Client,
         tier: &Arc<RemoteTier>,
     ) -> Result<(), etcd_client::Error> {
-        let prefix = self.member.keys.tombstones();
-        let got = client
-            .get(
-                prefix.as_str(),
-                Some(GetOptions::new().with_range(prefix_end(&prefix))),
-            )
-            .await?;
         let now = (self.wall_ms)();
         let grace = self.config.gc_grace.as_millis() as u64;
-        for kv in got.kvs() {
-            let Ok(t) = serde_json::from_slice::<Tombstone>(kv.value()) else {
-                continue;
-            };
-            if now < t.at_ms.saturating_add(grace) {
-                continue;
+        let mut due = Vec::new();
+        read_pages(client, &self.member.keys.tombstones(), |kvs| {
+            for kv in kvs {
+                if let Ok(t) = serde_json::from_slice::<Tombstone>(kv.value())
+                    && now >= t.at_ms.saturating_add(grace)
+                {
+                    due.push((
+                        kv.key_str().unwrap_or_default().to_owned(),
+                        t,
+                        kv.mod_revision(),
+                    ));
+                }
             }
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if let Err(why) =
-                gc::finish(client, tier, &self.stats, &key, &t, kv.mod_revision()).await
-            {
+        })
+        .await?;
+        for (key, t, revision) in due {
+            if let Err(why) = gc::finish(client, tier, &self.stats, &key, &t, revision).await {
                 tracing::warn!(object = %t.advert.object, reason = %why, "GC sweep: cannot delete a withdrawn object yet");
             }
         }
