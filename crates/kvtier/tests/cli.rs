@@ -105,6 +105,11 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "s3.gateway.range128KiB.c8.ops",
         "s3.moto.range128KiB.c8.ops",
         "s3.gateway_vs_moto.c8.ops",
+        "cluster.advertise.p50.ms",
+        "cluster.advertise.p99.ms",
+        "cluster.remote_hit.load.2MiB.ms",
+        "cluster.replay.100k.s",
+        "cluster.publish.ops",
     ];
     for name in expected {
         assert!(names.contains(&name), "row {name} missing; got {names:?}");
