@@ -119,11 +119,10 @@ impl Leader {
                 .campaign(election, self.member.replica.as_str(), lease)
                 .await
             {
-                Ok(r) => {
-                    if let Some(key) = r.leader() {
-                        return Some(key.clone());
-                    }
-                }
+                Ok(r) => match r.leader() {
+                    Some(key) => return Some(key.clone()),
+                    None => tokio::time::sleep(Duration::from_millis(100)).await,
+                },
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
