@@ -7,7 +7,7 @@
 //!
 //! Local tiers serve while this runs: it starts after the engine is up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -108,12 +108,12 @@ impl Follower {
     /// `None` if etcd could not be read.
     async fn full_read(&mut self, client: &mut Client, diff: bool) -> Option<i64> {
         let tier = self.tier.upgrade()?;
-        let mut seen: HashMap<Vec<u8>, ()> = HashMap::new();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let prefix = self.prefix.clone();
         let read = read_pages(client, &prefix, |kvs| {
             for kv in kvs {
                 bump(&self.stats.replay_records);
-                seen.insert(kv.key().to_vec(), ());
+                seen.insert(kv.key().to_vec());
                 self.apply_put(&tier, kv.key(), kv.value(), kv.mod_revision(), false);
             }
         })
@@ -130,13 +130,13 @@ impl Follower {
                 .applied
                 .known
                 .keys()
-                .filter(|k| !seen.contains_key(*k))
+                .filter(|k| !seen.contains(*k))
                 .cloned()
                 .collect();
             for key in gone {
                 self.apply_delete(&tier, &key);
             }
-            self.view.retain(|k| seen.contains_key(k));
+            self.view.retain(|k| seen.contains(k));
         }
         Some(revision)
     }
@@ -249,11 +249,10 @@ impl Follower {
         self.view.put(key, advert, revision);
         match tier.adopt_described(&info) {
             Adopted::Blocks(_) => {
+                // Not served before (objects already served took the path above): its
+                // manifest is checked now, so the first load is one GET.
                 if check_now {
                     self.stats.advertise_lag_ms.store(lag, Ordering::Relaxed);
-                }
-                // This replica's own objects (and those checked before) need no check.
-                if check_now && tier.unchecked(&info.name) {
                     let t = tier.clone();
                     let name = info.name.clone();
                     tokio::task::spawn_blocking(move || t.check(&name));

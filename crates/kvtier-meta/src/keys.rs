@@ -85,6 +85,15 @@ impl Keys {
         format!("{}{}", self.tombstones(), Self::run(layout, first, last))
     }
 
+    /// The advertisement and tombstone keys of `object`'s run, if it names blocks.
+    pub fn of_object(&self, object: &kvtier_remote::ObjectInfo) -> Option<(String, String)> {
+        let (first, last) = (object.blocks.first()?, object.blocks.last()?);
+        Some((
+            self.object(&object.layout, first, last),
+            self.tombstone(&object.layout, first, last),
+        ))
+    }
+
     /// The tombstone key that goes with an advertisement key.
     pub fn tombstone_of(&self, object_key: &str) -> Option<String> {
         object_key

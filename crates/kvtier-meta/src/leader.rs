@@ -147,21 +147,20 @@ impl Leader {
         // Withdrawals of earlier sweeps that this replica's watch has not applied yet are
         // still in the view: they must not count toward a budget again (that would
         // withdraw more than needed) nor be tried twice.
-        let records = self.view.all();
         term.withdrawn.retain(|k, revision| {
             self.view
                 .get(k)
                 .is_some_and(|seen| seen.revision == *revision)
         });
-        let withdrawn = &mut term.withdrawn;
-        let absent = &mut term.absent;
+        let (withdrawn, absent) = (&mut term.withdrawn, &mut term.absent);
         if let Ok(live) = self.live_members(client).await {
             let now = (self.wall_ms)();
             absent.retain(|owner, _| !live.contains(owner));
-            for (k, seen) in &records {
-                if live.contains(&seen.advert.owner) || withdrawn.contains_key(k) {
-                    continue;
-                }
+            // Only the records of absent owners are copied out of the view.
+            let orphans = self
+                .view
+                .select(|k, s| !live.contains(&s.advert.owner) && !withdrawn.contains_key(k));
+            for (k, seen) in &orphans {
                 let since = *absent.entry(seen.advert.owner.clone()).or_insert(now);
                 if now.saturating_sub(since) >= self.config.orphan_after.as_millis() as u64
                     && self
@@ -174,17 +173,18 @@ impl Leader {
             }
         }
         for (namespace, budget) in &self.config.budgets {
-            let mut members: Vec<&(Vec<u8>, Seen)> = records
-                .iter()
-                .filter(|(k, s)| &s.advert.namespace == namespace && !withdrawn.contains_key(k))
-                .collect();
-            let mut total: u64 = members.iter().map(|(_, s)| s.advert.bytes()).sum();
+            let counted =
+                |k: &[u8], s: &Seen| &s.advert.namespace == namespace && !withdrawn.contains_key(k);
+            let mut total = self.view.bytes(counted);
             if total <= *budget {
                 continue;
             }
-            members.retain(|(_, s)| s.advert.priority != Priority::Pinned);
-            members.sort_by(|a, b| (a.1.advert.ts_ms, &a.0).cmp(&(b.1.advert.ts_ms, &b.0)));
-            for (k, seen) in members {
+            // Over budget: the candidates, oldest first (pinned objects never are).
+            let mut candidates = self
+                .view
+                .select(|k, s| counted(k, s) && s.advert.priority != Priority::Pinned);
+            candidates.sort_by(|a, b| (a.1.advert.ts_ms, &a.0).cmp(&(b.1.advert.ts_ms, &b.0)));
+            for (k, seen) in &candidates {
                 if total <= *budget {
                     break;
                 }

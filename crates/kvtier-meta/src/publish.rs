@@ -125,6 +125,20 @@ impl Publisher {
         while in_flight.join_next().await.is_some() {}
     }
 
+    /// This replica's advertisement of `info`, held at `endpoint`, under `generation`.
+    fn advert(&self, info: &ObjectInfo, endpoint: String, generation: u64, ts_ms: u64) -> Advert {
+        let mut advert = Advert::of(
+            info,
+            endpoint,
+            &self.member.replica,
+            generation,
+            &self.namespace,
+            ts_ms,
+        );
+        advert.priority = self.priority;
+        advert
+    }
+
     /// Publishes `batch` in one transaction if it can, else one by one.
     async fn publish_batch(&self, mut client: Client, batch: Vec<(ObjectInfo, u64)>) {
         if batch.len() > 1 && self.publish_together(&mut client, &batch).await {
@@ -145,26 +159,15 @@ impl Publisher {
         let mut when = self.member.fence(id);
         let mut puts = Vec::with_capacity(batch.len());
         for (info, ts_ms) in batch {
-            let (Some(endpoint), Some(first), Some(last)) = (
+            let (Some(endpoint), Some((key, tombstone_key))) = (
                 tier.endpoint_id(info.name.endpoint),
-                info.blocks.first(),
-                info.blocks.last(),
+                self.member.keys.of_object(info),
             ) else {
                 return false;
             };
-            let key = self.member.keys.object(&info.layout, first, last);
-            let tombstone_key = self.member.keys.tombstone(&info.layout, first, last);
             when.push(Compare::version(key.as_str(), CompareOp::Equal, 0));
             when.push(Compare::version(tombstone_key, CompareOp::Equal, 0));
-            let mut advert = Advert::of(
-                info,
-                endpoint,
-                &self.member.replica,
-                id.generation,
-                &self.namespace,
-                *ts_ms,
-            );
-            advert.priority = self.priority;
+            let advert = self.advert(info, endpoint, id.generation, *ts_ms);
             let value = serde_json::to_string(&advert).unwrap_or_default();
             puts.push(TxnOp::put(key, value, None));
         }
@@ -179,14 +182,12 @@ impl Publisher {
             let Some(tier) = self.tier.upgrade() else {
                 return;
             };
-            let Some(endpoint) = tier.endpoint_id(info.name.endpoint) else {
+            let (Some(endpoint), Some((key, tombstone_key))) = (
+                tier.endpoint_id(info.name.endpoint),
+                self.member.keys.of_object(&info),
+            ) else {
                 return;
             };
-            let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
-                return;
-            };
-            let key = self.member.keys.object(&info.layout, first, last);
-            let tombstone_key = self.member.keys.tombstone(&info.layout, first, last);
             let mut backoff = Duration::from_millis(50);
             loop {
                 let Some(id) = self.member.identity() else {
@@ -195,15 +196,7 @@ impl Publisher {
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 };
-                let mut advert = Advert::of(
-                    &info,
-                    endpoint.clone(),
-                    &self.member.replica,
-                    id.generation,
-                    &self.namespace,
-                    ts_ms,
-                );
-                advert.priority = self.priority;
+                let advert = self.advert(&info, endpoint.clone(), id.generation, ts_ms);
                 match publish_once(&mut client, &self.member, id, &key, &tombstone_key, &advert)
                     .await
                 {
@@ -299,8 +292,7 @@ mod tests {
             );
             let old = member.register(&mut client, 1).await.unwrap();
             let info = object(1);
-            let key = keys.object(&info.layout, &info.blocks[0], &info.blocks[0]);
-            let tomb = keys.tombstone(&info.layout, &info.blocks[0], &info.blocks[0]);
+            let (key, tomb) = keys.of_object(&info).unwrap();
             let advert = Advert::of(&info, "e".into(), "b", old.generation, "default", 1);
             let done = publish_once(&mut client, &member, old, &key, &tomb, &advert).await;
             assert!(matches!(done.unwrap(), Published::Done));
@@ -308,8 +300,7 @@ mod tests {
             let new = member.register(&mut client, 2).await.unwrap();
             assert_eq!(new.generation, old.generation + 1);
             let info2 = object(2);
-            let key2 = keys.object(&info2.layout, &info2.blocks[0], &info2.blocks[0]);
-            let tomb2 = keys.tombstone(&info2.layout, &info2.blocks[0], &info2.blocks[0]);
+            let (key2, tomb2) = keys.of_object(&info2).unwrap();
             let stale = Advert::of(&info2, "e".into(), "b", old.generation, "default", 2);
             let refused = publish_once(&mut client, &member, old, &key2, &tomb2, &stale).await;
             assert!(matches!(refused.unwrap(), Published::Fenced));

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::keys::Keys;
 use crate::record::{Advert, Tombstone};
-use crate::status::read_prefix;
+use crate::status::read_pages;
 
 /// The catalog of a tier opened only to survey its bucket: it adopts nothing at open.
 #[derive(Debug, Default, Clone, Copy)]
@@ -76,26 +76,31 @@ pub async fn reconcile(
     let listed = tokio::task::spawn_blocking(move || t.list_objects())
         .await
         .map_err(|e| e.to_string())?;
-    let (_, adverts) = read_prefix(client, &keys.objects())
-        .await
-        .map_err(|e| e.to_string())?;
-    let (_, tombstones) = read_prefix(client, &keys.tombstones())
-        .await
-        .map_err(|e| e.to_string())?;
     let place = |endpoint: &str, object: &str| {
         tier.endpoint_index(endpoint)
             .map(|i| (i, object.to_owned()))
     };
-    let advertised: HashSet<(usize, String)> = adverts
-        .iter()
-        .filter_map(|e| serde_json::from_slice::<Advert>(&e.value).ok())
-        .filter_map(|a| place(&a.endpoint, &a.object))
-        .collect();
-    let tombstoned: HashSet<(usize, String)> = tombstones
-        .iter()
-        .filter_map(|e| serde_json::from_slice::<Tombstone>(&e.value).ok())
-        .filter_map(|t| place(&t.advert.endpoint, &t.advert.object))
-        .collect();
+    // Only the objects the records name are kept, page by page.
+    let mut advertised: HashSet<(usize, String)> = HashSet::new();
+    read_pages(client, &keys.objects(), |kvs| {
+        advertised.extend(
+            kvs.iter()
+                .filter_map(|kv| serde_json::from_slice::<Advert>(kv.value()).ok())
+                .filter_map(|a| place(&a.endpoint, &a.object)),
+        );
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut tombstoned: HashSet<(usize, String)> = HashSet::new();
+    read_pages(client, &keys.tombstones(), |kvs| {
+        tombstoned.extend(
+            kvs.iter()
+                .filter_map(|kv| serde_json::from_slice::<Tombstone>(kv.value()).ok())
+                .filter_map(|t| place(&t.advert.endpoint, &t.advert.object)),
+        );
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     let manifests: HashSet<(usize, String)> = listed
         .iter()
         .filter(|o| o.name.ends_with(".kvm"))
@@ -171,10 +176,9 @@ async fn advertise(
     info: &ObjectInfo,
     options: &Options,
 ) -> Result<bool, String> {
-    let (Some(first), Some(last)) = (info.blocks.first(), info.blocks.last()) else {
-        return Ok(false);
-    };
-    let Some(endpoint) = tier.endpoint_id(info.name.endpoint) else {
+    let (Some(endpoint), Some((key, tombstone))) =
+        (tier.endpoint_id(info.name.endpoint), keys.of_object(info))
+    else {
         return Ok(false);
     };
     // The writer's tag is `REPLICA.GENERATION.SEQUENCE`; an object named by content only
@@ -196,8 +200,6 @@ async fn advertise(
         &options.namespace,
         options.now_ms,
     );
-    let key = keys.object(&info.layout, first, last);
-    let tombstone = keys.tombstone(&info.layout, first, last);
     if options.dry_run {
         let free = client
             .get(key.as_str(), None)

@@ -123,10 +123,8 @@ pub struct Status {
 /// Reads the status of `cluster`.
 pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_client::Error> {
     let keys = Keys::new(cluster);
-    let (revision, objects) = read_prefix(client, &keys.objects()).await?;
     let (_, members) = read_prefix(client, &keys.members()).await?;
     let (_, generations) = read_prefix(client, &keys.generations()).await?;
-    let (_, tombstones) = read_prefix(client, &keys.tombstones()).await?;
     let leader = client
         .leader(keys.election())
         .await
@@ -134,13 +132,13 @@ pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_c
         .and_then(|r| r.kv().and_then(|kv| kv.value_str().ok().map(str::to_owned)));
     let mut status = Status {
         cluster: cluster.to_owned(),
-        revision,
+        revision: 0,
         replicas: Vec::new(),
         generations: BTreeMap::new(),
         leader,
         owners: BTreeMap::new(),
         namespaces: BTreeMap::new(),
-        tombstones: tombstones.len() as u64,
+        tombstones: 0,
         unreadable: 0,
     };
     for e in &members {
@@ -168,19 +166,28 @@ pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_c
             _ => status.unreadable += 1,
         }
     }
-    for e in &objects {
-        let Ok(a) = serde_json::from_slice::<Advert>(&e.value) else {
-            status.unreadable += 1;
-            continue;
-        };
-        for usage in [
-            status.owners.entry(a.owner.clone()).or_default(),
-            status.namespaces.entry(a.namespace.clone()).or_default(),
-        ] {
-            usage.objects += 1;
-            usage.bytes += a.bytes();
-            usage.pinned += u64::from(a.priority == Priority::Pinned);
+    // Advertisements and tombstones may number in the hundreds of thousands: counted
+    // page by page, never held whole.
+    status.revision = read_pages(client, &keys.objects(), |kvs| {
+        for kv in kvs {
+            let Ok(a) = serde_json::from_slice::<Advert>(kv.value()) else {
+                status.unreadable += 1;
+                continue;
+            };
+            for usage in [
+                status.owners.entry(a.owner.clone()).or_default(),
+                status.namespaces.entry(a.namespace.clone()).or_default(),
+            ] {
+                usage.objects += 1;
+                usage.bytes += a.bytes();
+                usage.pinned += u64::from(a.priority == Priority::Pinned);
+            }
         }
-    }
+    })
+    .await?;
+    read_pages(client, &keys.tombstones(), |kvs| {
+        status.tombstones += kvs.len() as u64;
+    })
+    .await?;
     Ok(status)
 }

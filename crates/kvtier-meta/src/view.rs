@@ -56,7 +56,27 @@ impl View {
         self.records.read().get(key).cloned()
     }
 
-    /// Every record (key, summary), for a sweep.
+    /// The records `keep` says yes to (key, summary), copied out of the view.
+    pub fn select(&self, keep: impl Fn(&[u8], &Seen) -> bool) -> Vec<(Vec<u8>, Seen)> {
+        self.records
+            .read()
+            .iter()
+            .filter(|(k, v)| keep(k, v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The bytes of the records `count` says yes to, without copying any.
+    pub fn bytes(&self, count: impl Fn(&[u8], &Seen) -> bool) -> u64 {
+        self.records
+            .read()
+            .iter()
+            .filter(|(k, v)| count(k, v))
+            .map(|(_, v)| v.advert.bytes())
+            .sum()
+    }
+
+    /// Every record (key, summary).
     pub fn all(&self) -> Vec<(Vec<u8>, Seen)> {
         self.records
             .read()

@@ -469,14 +469,6 @@ impl RemoteTier {
             .unwrap_or(false)
     }
 
-    /// Whether `name` is known from a record only: its manifest is still to be read and
-    /// checked ([`RemoteTier::check`]) before any of its bytes is served.
-    pub fn unchecked(&self, name: &ObjectName) -> bool {
-        data_of(&name.manifest)
-            .and_then(|d| self.objects.read().get(&d).map(|o| o.pending.is_some()))
-            .unwrap_or(false)
-    }
-
     /// Reads and checks the manifest of `name` if it is known from a record only, so its
     /// first load is one GET; true when the object is (now) servable. A manifest that
     /// does not match its record drops the object (counted); one that cannot be read in

@@ -167,10 +167,7 @@ fn a_prompt_stored_on_one_replica_is_a_hit_on_another_within_a_second() {
         assert_eq!(hit.tiers, "oooooooo");
         // B checks the object's manifest in the background once it learns of it; then
         // the load is one ranged GET.
-        let t = Instant::now();
-        while proxy.counts().0 < 1 && t.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(Duration::from_secs(5), async || proxy.counts().0 >= 1).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let before = proxy.counts();
         let got = load_all(&cb, &layout, &hit).await;
@@ -234,24 +231,17 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
             // The remote tier's write-behind queue drops when full (by design, so a slow
             // store never stalls); pace the stores so every one reaches the bucket.
             if seed % 100 == 99 {
-                let t = Instant::now();
-                while ca.stats().await.unwrap()["remote_writer_queue_depth"] > 0
-                    && t.elapsed() < Duration::from_secs(30)
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                eventually(Duration::from_secs(30), async || {
+                    ca.stats().await.unwrap()["remote_writer_queue_depth"] == 0
+                })
+                .await;
             }
         }
-        let t = Instant::now();
-        let stats = loop {
-            let stats = ca.stats().await.unwrap();
-            if stats["cluster_published"] >= u64::from(PROMPTS)
-                || t.elapsed() > Duration::from_secs(30)
-            {
-                break stats;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        eventually(Duration::from_secs(30), async || {
+            ca.stats().await.unwrap()["cluster_published"] >= u64::from(PROMPTS)
+        })
+        .await;
+        let stats = ca.stats().await.unwrap();
         assert_eq!(stats["remote_writer_dropped_full"], 0, "{stats:?}");
         assert_eq!(stats["cluster_published"], u64::from(PROMPTS), "{stats:?}");
     });
@@ -259,21 +249,7 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
     rt.block_on(async {
         let cb = b.client();
         assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
-        let t = Instant::now();
-        let mut missing: Vec<u32> = (0..PROMPTS).collect();
-        while !missing.is_empty() && t.elapsed() < Duration::from_secs(60) {
-            let mut still = Vec::new();
-            for seed in missing {
-                let hit = cb.lookup(&prompt(&layout, 1000 + seed, 1)).await.unwrap();
-                if hit.matched_tokens != 16 {
-                    still.push(seed);
-                }
-            }
-            missing = still;
-            if !missing.is_empty() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let missing = await_hits(&cb, &layout, 1000, PROMPTS, Duration::from_secs(60)).await;
         assert!(
             missing.is_empty(),
             "{} of {PROMPTS} prompts never hit on B",
@@ -317,6 +293,20 @@ async fn shared_layout(
     assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
     tokio::time::sleep(Duration::from_secs(2)).await;
     layout
+}
+
+/// Polls `check` every 20 ms until it holds or `within` passes; whether it held.
+async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let t = Instant::now();
+    loop {
+        if check().await {
+            return true;
+        }
+        if t.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Stores `n` one-block prompts from `seed` on `client`, one every `every`; the slowest
@@ -436,12 +426,10 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
     rt.block_on(async {
         let (ca, cb) = (a.client(), b.client());
         let layout = shared_layout(&ca, &cb).await;
-        let t = Instant::now();
-        while cb.stats().await.unwrap()["cluster_registrations"] == 0
-            && t.elapsed() < Duration::from_secs(20)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(Duration::from_secs(20), async || {
+            cb.stats().await.unwrap()["cluster_registrations"] > 0
+        })
+        .await;
         assert_eq!(cb.stats().await.unwrap()["cluster_registrations"], 1);
         cb.store(&prompt(&layout, 7000, 1), payloads(&layout, 7000, 1))
             .await
@@ -533,12 +521,10 @@ fn only_the_owner_deletes_through_the_admin_api() {
         let layout = shared_layout(&ca, &cb).await;
         let p = prompt(&layout, 8000, 4);
         ca.store(&p, payloads(&layout, 8000, 4)).await.unwrap();
-        let t = Instant::now();
-        while cb.lookup(&p).await.unwrap().matched_tokens != 64
-            && t.elapsed() < Duration::from_secs(10)
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(Duration::from_secs(10), async || {
+            cb.lookup(&p).await.unwrap().matched_tokens == 64
+        })
+        .await;
         let object = proxy
             .manifests
             .lock()
@@ -565,23 +551,19 @@ fn only_the_owner_deletes_through_the_admin_api() {
 
         let done = a.admin().admin_cluster_withdraw(&object).await.unwrap();
         assert_eq!(done["withdrawn"], object.as_str(), "{done}");
-        let t = Instant::now();
-        while cb.lookup(&p).await.unwrap().matched_tokens != 0
-            && t.elapsed() < Duration::from_secs(5)
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(Duration::from_secs(5), async || {
+            cb.lookup(&p).await.unwrap().matched_tokens == 0
+        })
+        .await;
         assert_eq!(
             cb.lookup(&p).await.unwrap().matched_tokens,
             0,
             "B still serves a withdrawn object"
         );
-        let t = Instant::now();
-        while ca.stats().await.unwrap()["cluster_gc_deleted"] == 0
-            && t.elapsed() < Duration::from_secs(10)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(Duration::from_secs(10), async || {
+            ca.stats().await.unwrap()["cluster_gc_deleted"] > 0
+        })
+        .await;
         assert_eq!(ca.stats().await.unwrap()["cluster_gc_deleted"], 1);
         let unknown = a
             .admin()

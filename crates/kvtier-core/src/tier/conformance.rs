@@ -14,7 +14,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::{BlockMeta, PutOutcome, RemovalCause, ResidencySink, Tier, TierKind};
-use crate::hash::{self, BlockHash, ExtraKeys};
+use crate::hash::BlockHash;
 use crate::layout::{KvDtype, Layout, LayoutKey};
 
 /// Smallest capacity, in bytes, a tier under test must offer.
@@ -80,28 +80,14 @@ impl ResidencySink for RecordingSink {
 
 /// A chain of `n` test blocks with distinct payloads of `layout`'s size.
 pub fn test_chain(layout: &Layout, n: usize, seed: u32) -> Vec<(BlockMeta, Bytes)> {
-    let tpb = layout.tokens_per_block();
-    let tokens: Vec<u32> = (0..(n * tpb) as u32)
+    let tokens: Vec<u32> = (0..(n * layout.tokens_per_block()) as u32)
         .map(|t| t.wrapping_mul(31) ^ seed)
         .collect();
-    let hashes = hash::chain(layout, &tokens, &ExtraKeys::none());
     let size = layout.block_bytes() as usize;
-    hashes
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let meta = BlockMeta {
-                layout: layout.digest(),
-                hash: *h,
-                parent: if i == 0 {
-                    hash::chain_root(layout)
-                } else {
-                    hashes[i - 1]
-                },
-                position: i as u32,
-                tokens: tokens[i * tpb..(i + 1) * tpb].into(),
-                extra_tag: None,
-            };
+    BlockMeta::chain(layout, &tokens)
+        .into_iter()
+        .map(|meta| {
+            let h = meta.hash;
             let payload: Vec<u8> = (0..size)
                 .map(|b| (b as u32 ^ h.low64() as u32 ^ (b as u32 >> 8)) as u8)
                 .collect();

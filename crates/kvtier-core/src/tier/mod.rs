@@ -107,6 +107,30 @@ impl BlockMeta {
         }
     }
 
+    /// The blocks of `tokens` (whole blocks only, no extra keys) as one chain of `layout`
+    /// from its root: what a store of that prompt would write.
+    pub fn chain(layout: &crate::layout::Layout, tokens: &[u32]) -> Vec<BlockMeta> {
+        let tpb = layout.tokens_per_block();
+        let hashes = crate::hash::chain(layout, tokens, &crate::hash::ExtraKeys::none());
+        let mut parent = crate::hash::chain_root(layout);
+        hashes
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let meta = BlockMeta {
+                    layout: layout.digest(),
+                    hash: *h,
+                    parent,
+                    position: i as u32,
+                    tokens: tokens[i * tpb..(i + 1) * tpb].into(),
+                    extra_tag: None,
+                };
+                parent = *h;
+                meta
+            })
+            .collect()
+    }
+
     /// Whether the block's tokens are known (always, except for [`BlockMeta::described`]).
     pub fn tokens_known(&self) -> bool {
         !self.tokens.is_empty()

@@ -531,27 +531,13 @@ impl kvtier_remote::Catalog for Recorder {
 
 /// `n` blocks of one chain under `layout`, payloads from `seed`.
 fn chain(layout: &Layout, n: usize, seed: u32) -> Vec<(BlockMeta, bytes::Bytes)> {
-    let tpb = layout.tokens_per_block();
-    let tokens: Vec<u32> = (0..(n * tpb) as u32)
+    let tokens: Vec<u32> = (0..(n * layout.tokens_per_block()) as u32)
         .map(|t| t.wrapping_mul(2_654_435_761) ^ seed)
         .collect();
-    let hashes = kvtier_core::hash::chain(layout, &tokens, &kvtier_core::hash::ExtraKeys::none());
-    hashes
-        .iter()
+    BlockMeta::chain(layout, &tokens)
+        .into_iter()
         .enumerate()
-        .map(|(i, h)| {
-            let meta = BlockMeta {
-                layout: layout.digest(),
-                hash: *h,
-                parent: if i == 0 {
-                    kvtier_core::hash::chain_root(layout)
-                } else {
-                    hashes[i - 1]
-                },
-                position: i as u32,
-                tokens: tokens[i * tpb..(i + 1) * tpb].into(),
-                extra_tag: None,
-            };
+        .map(|(i, meta)| {
             let payload = pattern(layout.block_bytes() as usize, (seed as u8) ^ (i as u8));
             (meta, bytes::Bytes::from(payload))
         })
