@@ -2,7 +2,7 @@
 //! ports, each with its own data directory, started and stopped by the test (never the
 //! system's etcd, which the package may have started on 2379).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -27,11 +27,19 @@ pub struct EtcdCluster {
     members: Vec<Option<Process>>,
     initial: String,
     dir: std::path::PathBuf,
+    /// Addresses clients may also use besides 127.0.0.1 (a [`crate::Link`]'s outside).
+    also: Vec<Ipv4Addr>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members with data under `dir` and waits until each accepts clients.
     pub fn start(dir: &Path, n: usize) -> Result<Self> {
+        Self::start_also_on(dir, n, &[])
+    }
+
+    /// [`EtcdCluster::start`] with every member also taking clients at `also` (the same
+    /// port as on 127.0.0.1): for a [`crate::Host`] that reaches them over a link.
+    pub fn start_also_on(dir: &Path, n: usize, also: &[Ipv4Addr]) -> Result<Self> {
         let mut specs = Vec::new();
         for i in 0..n {
             specs.push(Spec {
@@ -50,6 +58,7 @@ impl EtcdCluster {
             specs,
             initial,
             dir: dir.to_path_buf(),
+            also: also.to_vec(),
         };
         // All at once: each waits for the others to form a quorum.
         let mut commands = Vec::new();
@@ -68,13 +77,17 @@ impl EtcdCluster {
 
     fn command(&self, i: usize, state: &str) -> Command {
         let s = &self.specs[i];
+        let listen: Vec<String> = std::iter::once(Ipv4Addr::LOCALHOST)
+            .chain(self.also.iter().copied())
+            .map(|ip| format!("http://{ip}:{}", s.client))
+            .collect();
         let mut cmd = Command::new("etcd");
         cmd.arg("--name")
             .arg(&s.name)
             .arg("--data-dir")
             .arg(self.dir.join(&s.name))
             .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{}", s.client))
+            .arg(listen.join(","))
             .arg("--advertise-client-urls")
             .arg(format!("http://127.0.0.1:{}", s.client))
             .arg("--listen-peer-urls")
@@ -113,10 +126,16 @@ impl EtcdCluster {
 
     /// `etcd://127.0.0.1:A,127.0.0.1:B,…`, as `kvtier serve --cluster` takes it.
     pub fn url(&self) -> String {
+        self.url_at(Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`EtcdCluster::url`] through `ip`, one of the addresses given to
+    /// [`EtcdCluster::start_also_on`].
+    pub fn url_at(&self, ip: Ipv4Addr) -> String {
         let list: Vec<String> = self
             .specs
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.client))
+            .map(|s| format!("{ip}:{}", s.client))
             .collect();
         format!("etcd://{}", list.join(","))
     }

@@ -11,6 +11,8 @@
 //!   [`Process::terminate`] (SIGTERM, waited for within a bound), and killed when dropped.
 //! - [`free_port`], [`wait_for_port`]: for programs that must be told a port rather than
 //!   announcing the one they bound.
+//! - [`EtcdCluster`]: real etcd members on free ports; [`Host`]: a network namespace
+//!   joined by links the test can take down (a partition the kernel makes).
 //! - [`TestDir`]: a temporary directory that is kept, and its path printed, when the test
 //!   using it fails.
 //!
@@ -21,6 +23,7 @@ mod dir;
 mod error;
 mod etcd;
 mod net;
+mod netns;
 mod output;
 mod process;
 
@@ -28,5 +31,6 @@ pub use dir::{KEEP_ENV, TestDir, test_dir};
 pub use error::{Error, Result};
 pub use etcd::EtcdCluster;
 pub use net::{Cuttable, free_port, wait_for_port};
+pub use netns::{Host, Link};
 pub use process::{Process, Ready};
 pub use rustix::process::Signal;

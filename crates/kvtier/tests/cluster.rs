@@ -4,6 +4,9 @@
 //! - Propagation: a prompt stored on A is a hit on B within a second, and B's load is
 //!   one ranged GET at the gateway (counted by a proxy in front of it), byte-identical.
 //! - Replay: B is killed with SIGKILL, A stores 1,000 prompts, B restarts and hits them all.
+//! - The etcd raft leader is SIGKILLed during a store loop; nothing stalls, all is advertised.
+//! - Partition: B runs in a network namespace whose link to etcd the test takes down.
+//! - Ownership: only the owner withdraws through the admin API.
 
 #![allow(
     clippy::panic,
@@ -413,15 +416,29 @@ fn killing_the_etcd_leader_during_a_store_loop_stalls_no_store_and_loses_no_adve
 #[test]
 fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
-    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    // B reaches etcd through a link the test cuts: a partition between B and etcd (B
-    // still reaches the bucket and its clients).
-    let link = kvtier_testkit::Cuttable::start(&etcd.endpoints()[0]).unwrap();
-    let b_etcd = format!("etcd://{}", link.url.trim_start_matches("http://"));
+    // B is a host of its own: a network namespace with two links to the test's, one
+    // carrying its clients' and S3 traffic, one its etcd traffic. The partition takes
+    // the etcd link down: packets vanish and B's open connections hang, as on a real
+    // network (B still reaches the bucket and its clients).
+    const DATA: usize = 0;
+    const ETCD: usize = 1;
+    let host = kvtier_testkit::Host::create(2).unwrap_or_else(|e| {
+        panic!("{e} (this test runs B in a network namespace and needs root, as CI runs)")
+    });
+    let etcd = EtcdCluster::start_also_on(&dir.path().join("etcd"), 3, &[host.link(ETCD).outside])
+        .unwrap();
+    let gateway = Gateway::start_at(
+        &format!("{}:0", host.link(DATA).outside),
+        &dir.path().join("s3"),
+        &["--create-bucket", "shared"],
+    );
     let ttl = ["--cluster-lease-ttl", "2s"];
     let a = replica(dir.path(), "a", &gateway.endpoint, &etcd.url(), &ttl);
-    let b = replica(dir.path(), "b", &gateway.endpoint, &b_etcd, &ttl);
+    let b_etcd = etcd.url_at(host.link(ETCD).outside);
+    let b_config = config(dir.path(), "b", &gateway.endpoint, &b_etcd);
+    let mut b_args = vec!["--config", b_config.as_str()];
+    b_args.extend_from_slice(&ttl);
+    let b = Server::start_in(&host, DATA, &dir.path().join("b"), &b_args);
     let rt = runtime();
     rt.block_on(async {
         let (ca, cb) = (a.client(), b.client());
@@ -440,7 +457,7 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
                 .is_empty()
         );
 
-        link.cut();
+        host.cut(ETCD).unwrap();
         // Long enough for B's lease to lapse (2 s TTL).
         tokio::time::sleep(Duration::from_secs(4)).await;
         // B keeps serving: its own earlier prompt, and a new store, locally.
@@ -466,7 +483,7 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
             "B advertised while partitioned"
         );
 
-        link.heal();
+        host.heal(ETCD).unwrap();
         assert!(
             await_hits(&ca, &layout, 7001, 1, Duration::from_secs(20))
                 .await
@@ -477,10 +494,41 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
         let status = cluster_status(&etcd.url());
         assert_eq!(status["generations"]["b"], 2, "{status}");
         assert_eq!(status["owners"]["b"]["objects"], 2, "{status}");
+        // The fence: nothing was accepted under generation 1 once its lease was lost.
+        // The prompt stored before the cut is advertised under 1, the one stored while
+        // cut off (queued under 1) under 2.
+        let mut generations = advertised_generations(&etcd, "b").await;
+        generations.sort_unstable();
+        assert_eq!(generations, [1, 2], "{stats:?}");
+        eprintln!(
+            "publishes fenced after healing: {}",
+            stats["cluster_fenced"]
+        );
     });
     assert!(a.stop().success());
     assert!(b.stop().success());
     drop(etcd);
+    drop(host);
+}
+
+/// The owner generation of every advertisement `owner` has in cluster `test`, read
+/// from etcd directly.
+async fn advertised_generations(etcd: &EtcdCluster, owner: &str) -> Vec<u64> {
+    use kvtier_meta::etcd_client::{Client, GetOptions};
+    let mut client = Client::connect(etcd.endpoints(), None).await.unwrap();
+    let got = client
+        .get(
+            "kvtier/test/objects/",
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    got.kvs()
+        .iter()
+        .map(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).unwrap())
+        .filter(|advert| advert["owner"] == owner)
+        .map(|advert| advert["generation"].as_u64().unwrap())
+        .collect()
 }
 
 /// `kvtier cluster status --json` for cluster `test` at `etcd`.

@@ -24,15 +24,20 @@ const WITHIN: Duration = Duration::from_secs(60);
 
 pub struct Gateway {
     process: Process,
-    /// `http://127.0.0.1:PORT`.
+    /// `http://ADDRESS:PORT` (127.0.0.1 unless started elsewhere).
     pub endpoint: String,
 }
 
 impl Gateway {
     /// Starts it on the store in `dir` with `extra` arguments and waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
+        Self::start_at("127.0.0.1:0", dir, extra)
+    }
+
+    /// [`Gateway::start`] listening on `listen` (`ADDRESS:0`).
+    pub fn start_at(listen: &str, dir: &Path, extra: &[&str]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-        cmd.args(["gateway", "--listen", "127.0.0.1:0"])
+        cmd.args(["gateway", "--listen", listen])
             .args(["--access-key", ACCESS, "--secret-key", SECRET])
             .arg("--dir")
             .arg(dir)

@@ -26,7 +26,7 @@ const WITHIN: Duration = Duration::from_secs(60);
 /// A running server; killed (SIGKILL) when dropped unless stopped before.
 pub struct Server {
     process: Process,
-    /// `http://127.0.0.1:PORT`.
+    /// `http://ADDRESS:PORT` (127.0.0.1 unless started in a namespace).
     pub url: String,
 }
 
@@ -34,8 +34,29 @@ impl Server {
     /// Starts `kvtier serve` on `data_dir` with `extra` arguments and waits until it
     /// listens.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        let cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        Self::launch(cmd, &["--listen", "127.0.0.1:0"], data_dir, extra)
+    }
+
+    /// [`Server::start`] inside the network namespace `host`, listening on the inside
+    /// address of its link `link` (the test reaches it over that link).
+    pub fn start_in(
+        host: &kvtier_testkit::Host,
+        link: usize,
+        data_dir: &Path,
+        extra: &[&str],
+    ) -> Server {
+        let cmd = host.command(env!("CARGO_BIN_EXE_kvtier"));
+        let listen = format!("{}:0", host.link(link).inside);
+        // Not a loopback address, but only the test's namespace reaches it.
+        let listen = ["--listen", &listen, "--allow-insecure-listen"];
+        Self::launch(cmd, &listen, data_dir, extra)
+    }
+
+    /// Runs `serve` with the `listen` flags through `cmd` (the program, or a command
+    /// that runs it).
+    fn launch(mut cmd: Command, listen: &[&str], data_dir: &Path, extra: &[&str]) -> Server {
+        cmd.arg("serve").args(listen);
         // Test defaults, unless the test sets them: a small RAM, no free-space watermark
         // (the test machine's disk may be nearly full).
         for (flag, value) in [("--ram", "256MiB"), ("--ssd-min-free", "0")] {
