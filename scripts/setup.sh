@@ -20,6 +20,8 @@
 # - for cluster mode (crates/kvtier-meta): protobuf-compiler (etcd-client's build compiles
 #   etcd's protocol) and etcd-server (the cluster tests start their own members on free
 #   loopback ports; a system etcd the package may start is never used or stopped).
+# - iproute2 (`ip netns`, veth): the partition test runs a replica in a network namespace
+#   of its own and takes its link to etcd down (needs root, as CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,7 @@ python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 
 if ((${#need_apt[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
