@@ -39,6 +39,9 @@ pub struct ClusterCatalog {
     replayed: Arc<tokio::sync::Notify>,
     ready: Arc<std::sync::atomic::AtomicBool>,
     slow_consumer: Duration,
+    /// A test hook: while true, the follower applies no watch response (a stalled
+    /// consumer: etcd's buffers for it fill and etcd parks its watcher).
+    hold: tokio::sync::watch::Sender<bool>,
     view: Arc<View>,
     /// The etcd client, once connected.
     client: Arc<tokio::sync::OnceCell<Client>>,
@@ -103,6 +106,7 @@ impl ClusterCatalog {
             replayed: Arc::new(tokio::sync::Notify::new()),
             ready: Arc::default(),
             slow_consumer,
+            hold: tokio::sync::watch::Sender::new(false),
             view: Arc::new(View::default()),
             client: Arc::new(tokio::sync::OnceCell::new()),
             tasks: parking_lot::Mutex::new(Vec::new()),
@@ -123,6 +127,13 @@ impl ClusterCatalog {
     /// The advertisements this replica knows (the GC leader's view).
     pub fn view(&self) -> &Arc<View> {
         &self.view
+    }
+
+    /// A test hook: `true` stalls the watch consumer (no response is applied, so etcd's
+    /// buffers fill and it parks this replica's watcher as slow) until `false`.
+    #[doc(hidden)]
+    pub fn hold_watch(&self, held: bool) {
+        self.hold.send_replace(held);
     }
 
     /// The settings.
@@ -150,6 +161,7 @@ impl ClusterCatalog {
             stats: self.stats.clone(),
             wall_ms: wall_ms.clone(),
             slow_consumer: self.slow_consumer,
+            hold: self.hold.subscribe(),
             applied: Applied::default(),
             replayed: self.replayed.clone(),
             ready: self.ready.clone(),

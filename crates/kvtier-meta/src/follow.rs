@@ -18,7 +18,7 @@ use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 
 use crate::record::Advert;
 use crate::stats::{ClusterStats, bump};
-use crate::status::read_pages;
+use crate::status::{MAX_MESSAGE, read_pages};
 use crate::view::View;
 
 /// What the follower applied, by advertisement key.
@@ -35,6 +35,8 @@ pub(crate) struct Follower {
     pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// A test hook: each watch response is applied this much later (a slow consumer).
     pub(crate) slow_consumer: Duration,
+    /// A test hook: while it holds true, no response is applied (a stalled consumer).
+    pub(crate) hold: tokio::sync::watch::Receiver<bool>,
     pub(crate) applied: Applied,
     /// Every advertisement read, whether the tier could use it or not (the GC leader's
     /// view of the cluster).
@@ -52,7 +54,8 @@ pub(crate) struct Follower {
 enum WatchEnd {
     /// The start revision was compacted away: resync.
     Compacted,
-    /// The stream broke after applying up to this revision: resume after it.
+    /// The stream broke: resume from this revision (the last one applied, whose events
+    /// a fragmented response may have split, or the next after a progress notification).
     Broken(i64),
     /// The tier is gone: stop.
     Stopped,
@@ -93,9 +96,9 @@ impl Follower {
                         );
                         break;
                     }
-                    WatchEnd::Broken(last) => {
+                    WatchEnd::Broken(resume) => {
                         bump(&self.stats.watch_resumes);
-                        from = last + 1;
+                        from = resume;
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -142,18 +145,26 @@ impl Follower {
     }
 
     async fn watch(&mut self, client: &mut Client, from: i64) -> WatchEnd {
+        // Fragmented, under a decode bound well above etcd's own bound on a record: a
+        // watch catching up after a gap gets up to 1,000 revisions in one response,
+        // which gRPC's default bound (4 MiB) would refuse on every resume, forever.
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from)
-            .with_progress_notify();
-        let mut stream = match client.watch(self.prefix.as_str(), Some(options)).await {
+            .with_progress_notify()
+            .with_fragment();
+        let mut watch = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+        let mut stream = match watch.watch(self.prefix.as_str(), Some(options)).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot open the cluster watch; retrying");
-                return WatchEnd::Broken(from - 1);
+                return WatchEnd::Broken(from);
             }
         };
-        let mut last = from - 1;
+        // Where to resume if the stream breaks. The last applied revision itself, not
+        // the next: a fragmented response may have split its events, and applying the
+        // ones already seen again changes nothing (records are idempotent).
+        let mut resume = from;
         loop {
             let next = tokio::select! {
                 m = stream.message() => m,
@@ -164,16 +175,19 @@ impl Follower {
             };
             let message = match next {
                 Ok(Some(m)) => m,
-                Ok(None) | Err(_) => return WatchEnd::Broken(last),
+                Ok(None) | Err(_) => return WatchEnd::Broken(resume),
             };
             if message.canceled() {
                 if message.compact_revision() > 0 {
                     return WatchEnd::Compacted;
                 }
-                return WatchEnd::Broken(last);
+                return WatchEnd::Broken(resume);
             }
             if !self.slow_consumer.is_zero() && !message.events().is_empty() {
                 tokio::time::sleep(self.slow_consumer).await;
+            }
+            if self.hold.wait_for(|held| !held).await.is_err() {
+                return WatchEnd::Stopped;
             }
             let Some(tier) = self.tier.upgrade() else {
                 return WatchEnd::Stopped;
@@ -191,11 +205,18 @@ impl Follower {
                         self.apply_delete(&tier, kv.key());
                     }
                 }
-                last = last.max(kv.mod_revision());
+                resume = resume.max(kv.mod_revision());
             }
-            if let Some(h) = message.header() {
-                // Progress notifications move the revision on without events.
-                last = last.max(h.revision());
+            if message.events().is_empty()
+                && !message.created()
+                && let Some(h) = message.header()
+            {
+                // A progress notification (etcd sends them only to a watcher that has
+                // seen everything) moves the revision on without events. Not any other
+                // header: a catch-up batch is capped at 1,000 revisions but carries the
+                // store's current revision, and so does the answer that creates a watch
+                // starting in the past.
+                resume = resume.max(h.revision() + 1);
             }
         }
     }

@@ -10,8 +10,17 @@ use serde::Serialize;
 use crate::keys::{Keys, prefix_end};
 use crate::record::{Advert, Member, Priority};
 
-/// Records per page when reading a whole prefix.
+/// Records per page when reading a whole prefix (fewer when a page of them is larger
+/// than [`MAX_MESSAGE`]).
 pub const PAGE: i64 = 2_000;
+
+/// The largest etcd response this crate decodes. gRPC's default is 4 MiB, which a page
+/// of 2,000 advertisements of runs of 32 blocks or more passes (each lists its blocks'
+/// hashes), and so would a watch catching up after a gap: a replica would then fail its
+/// replay, or resume its watch, forever. etcd itself bounds one record (its
+/// `--max-request-bytes`, 1.5 MiB by default); pages shrink and watches fragment to stay
+/// under this bound.
+pub const MAX_MESSAGE: usize = 64 << 20;
 
 /// One key and value with the revision it was last written at.
 #[derive(Debug, Clone)]
@@ -26,7 +35,8 @@ pub struct Entry {
 
 /// Reads every key under `prefix` at one revision, [`PAGE`] keys at a time, handing each
 /// page to `page` as it arrives (so a large prefix is never held whole); returns the
-/// revision read at.
+/// revision read at. A page whose response would pass [`MAX_MESSAGE`] is asked for again
+/// with half as many keys.
 pub async fn read_pages(
     client: &mut Client,
     prefix: &str,
@@ -35,15 +45,23 @@ pub async fn read_pages(
     let end = prefix_end(prefix);
     let mut start = prefix.as_bytes().to_vec();
     let mut revision = 0;
+    let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+    let mut limit = PAGE;
     loop {
         let mut options = GetOptions::new()
             .with_range(end.clone())
-            .with_limit(PAGE)
+            .with_limit(limit)
             .with_sort(SortTarget::Key, SortOrder::Ascend);
         if revision > 0 {
             options = options.with_revision(revision);
         }
-        let got = client.get(start.clone(), Some(options)).await?;
+        let got = match kv.get(start.clone(), Some(options)).await {
+            Err(e) if limit > 1 && too_large(&e) => {
+                limit /= 2;
+                continue;
+            }
+            got => got?,
+        };
         if revision == 0 {
             revision = got.header().map_or(0, |h| h.revision());
         }
@@ -55,6 +73,20 @@ pub async fn read_pages(
             }
             _ => return Ok(revision),
         }
+    }
+}
+
+/// Whether etcd's answer was refused for passing the decode bound (gRPC's
+/// `OUT_OF_RANGE` from the client's own decoder, or etcd's own limit on a response).
+pub(crate) fn too_large(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(
+                status.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            )
+        }
+        _ => false,
     }
 }
 

@@ -239,3 +239,60 @@ impl Throttle {
         Self { url }
     }
 }
+
+/// Records no replica can use, written under the advertisement prefix by [`flood`].
+pub struct Flood {
+    /// How many.
+    pub records: u64,
+    prefix: String,
+    endpoints: Vec<String>,
+}
+
+impl Flood {
+    /// Deletes them.
+    pub async fn delete(&self) {
+        let mut c = kvtier_meta::connect_once(&self.endpoints).await.unwrap();
+        c.delete(
+            self.prefix.as_str(),
+            Some(kvtier_meta::etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Writes `count` records of `value` bytes under `objects/NAME/` (8 writers, each record
+/// its own revision): at 64 KiB as large as the advertisement of a run of about 1,000
+/// blocks, but not advertisements, so every replica refuses them (`records_refused`).
+pub fn flood(
+    rt: &tokio::runtime::Runtime,
+    endpoints: &[String],
+    name: &str,
+    count: usize,
+    value: usize,
+) -> Flood {
+    let prefix = format!("{}{name}/", kvtier_meta::Keys::new(CLUSTER).objects());
+    rt.block_on(async {
+        let client = kvtier_meta::connect_once(endpoints).await.unwrap();
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let (mut c, prefix) = (client.clone(), prefix.clone());
+                tokio::spawn(async move {
+                    for i in (w..count).step_by(8) {
+                        c.put(format!("{prefix}{i}"), vec![b'x'; value], None)
+                            .await
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+    });
+    Flood {
+        records: count as u64,
+        prefix,
+        endpoints: endpoints.to_vec(),
+    }
+}
