@@ -13,6 +13,7 @@ pub mod catalog;
 mod config;
 pub mod object;
 pub mod placement;
+mod recv;
 mod runtime;
 mod tier;
 

@@ -36,7 +36,8 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+    BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload,
+    RetryConfig,
 };
 use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
@@ -45,6 +46,7 @@ use crate::catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectNa
 use crate::config::RemoteConfig;
 use crate::object::{Manifest, RunObject, crc, data_of, manifest_of, names};
 use crate::placement::{Placement, Target};
+use crate::recv::RecvPool;
 use crate::runtime::IoRuntime;
 
 /// Where a block is: an object and its slot in it.
@@ -85,6 +87,8 @@ pub struct RemoteTier {
     sink: Arc<dyn ResidencySink>,
     catalog: Arc<dyn Catalog>,
     counters: Counters,
+    /// Receive buffers of ranged GETs, reused.
+    recv: Arc<RecvPool>,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -184,6 +188,7 @@ impl RemoteTier {
             sink,
             catalog,
             counters: Counters::default(),
+            recv: Arc::default(),
         };
         tier.recover();
         Ok(tier)
@@ -705,7 +710,20 @@ impl RemoteTier {
         let store = self.stores[object.target].clone();
         let path = Path::from(object.data_name.as_str());
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        match self.call(async move { store.get_range(&path, bytes_range).await }) {
+        let pool = self.recv.clone();
+        let want = (bytes_range.end - bytes_range.start) as usize;
+        let get = async move {
+            let options = GetOptions::new().with_range(Some(bytes_range));
+            let mut body = store.get_opts(&path, options).await?.into_stream();
+            // Into a reused buffer (see `recv.rs`); a body longer or shorter than asked
+            // for is caught by the length check below.
+            let mut buf = pool.take(want);
+            while let Some(chunk) = body.next().await {
+                buf.extend_from_slice(&chunk?);
+            }
+            Ok(pool.freeze(buf))
+        };
+        match self.call(get) {
             Fetch::Got(bytes) => {
                 if bytes.len() as u64 != (range.end - range.start) as u64 * b {
                     tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");
