@@ -36,8 +36,7 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload,
-    RetryConfig,
+    BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
 };
 use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
