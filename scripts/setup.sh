@@ -108,3 +108,13 @@ if ! s3_tools_ok; then
         exit 1
     }
 fi
+
+# The Python package's tests and wheel build: a virtual environment of the project's own
+# (.venv, ignored by git) with pinned versions.
+py_reqs=crates/kvtier-py/requirements-test.txt
+if [[ ! -x .venv/bin/python ]] || ! cmp -s "$py_reqs" .venv/.kvtier-requirements; then
+    echo "setup: preparing .venv for the Python package ($py_reqs)" >&2
+    python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$py_reqs"
+    cp "$py_reqs" .venv/.kvtier-requirements
+fi

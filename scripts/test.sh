@@ -15,4 +15,19 @@ cargo test --workspace --all-targets "$@" 2>&1 | tee -a "$log"
 # The model tests through `kvtier serve` need the `models` feature of the kvtier crate
 # (kvtier-candle does not depend on the server, so they cannot live there).
 cargo test -p kvtier --features models --test models_served 2>&1 | tee -a "$log"
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
+# The Python package (crates/kvtier-py): pytest against the extension built above.
+stage=$(scripts/python-stage.sh)
+py_status=0
+PYTHONPATH="$stage" .venv/bin/python -m pytest -q -p no:cacheprovider crates/kvtier-py/tests 2>&1 |
+    tee -a "$log" || py_status=$?
+awk '
+    /^test result:/ { passed += $4; failed += $6 }
+    # pytest: "5 passed, 1 failed in 3.2s" (with or without = borders)
+    !/^test result:/ && /[0-9]+ (passed|failed).* in [0-9.]+s/ {
+        for (i = 1; i < NF; i++) {
+            if ($(i + 1) ~ /^passed/) passed += $i
+            if ($(i + 1) ~ /^failed/ || $(i + 1) ~ /^errors?/) failed += $i
+        }
+    }
+    END { printf "%d passed, %d failed\n", passed, failed }' "$log"
+exit "$py_status"

@@ -273,6 +273,14 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The settings a TOML file gives (missing keys take their defaults): what
+    /// `kvtier serve --config` and the Python package's `config_file` read.
+    pub fn from_file(path: &std::path::Path) -> Result<Settings, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// The SSD store directory.
     pub fn ssd_dir(&self) -> PathBuf {
         self.ssd.dir_under(&self.data_dir)
@@ -545,11 +553,7 @@ impl ServeArgs {
     /// Defaults, then the file, then these arguments.
     pub fn settings(&self) -> Result<Settings, String> {
         let mut s = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
-            }
+            Some(path) => Settings::from_file(path)?,
             None => Settings::default(),
         };
         fn set<T: Clone>(slot: &mut T, v: &Option<T>) {

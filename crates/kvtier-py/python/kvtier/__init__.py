@@ -1,0 +1,37 @@
+"""kvtier: a tiered, persistent, shareable KV-cache store for LLM inference.
+
+>>> import kvtier
+>>> kv = kvtier.Engine({"ram": "256MiB", "ssd": {"enabled": False}})
+>>> layout = kv.register_layout("my-model", "f16", 16, 2, 2, 64)
+>>> kv.store(layout, tokens, payload)       # one buffer of whole blocks, or a list
+>>> hit = kv.lookup(layout, tokens)          # memory only
+>>> blocks = kv.load(hit)                    # read-only views of kvtier's bytes
+"""
+
+from __future__ import annotations
+
+from kvtier._kvtier import Block, Engine, Hit, Layout, __version__
+from kvtier.errors import (
+    ClosedError,
+    CorruptError,
+    InternalError,
+    InvalidError,
+    KvtierError,
+    NoSpaceError,
+    UnavailableError,
+)
+
+__all__ = [
+    "Block",
+    "ClosedError",
+    "CorruptError",
+    "Engine",
+    "Hit",
+    "InternalError",
+    "InvalidError",
+    "KvtierError",
+    "Layout",
+    "NoSpaceError",
+    "UnavailableError",
+    "__version__",
+]

@@ -1,0 +1,105 @@
+"""Type stubs of the extension module (see the Rust sources in crates/kvtier-py/src)."""
+
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from types import TracebackType
+from typing import Any, Literal
+
+from typing_extensions import Buffer
+
+__version__: str
+
+class Layout:
+    """A layout registered with an engine: what every block under it is computed for."""
+
+    @property
+    def digest(self) -> str: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def tokens_per_block(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+
+class Hit:
+    """How much of a prompt is cached: the leading whole blocks found, and where."""
+
+    @property
+    def matched_tokens(self) -> int: ...
+    @property
+    def blocks(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def tiers(self) -> list[str]: ...
+    def __bool__(self) -> bool: ...
+
+class Block(Buffer):
+    """A loaded block: a read-only buffer over kvtier's own bytes (no copy)."""
+
+    @property
+    def address(self) -> int: ...
+    def tobytes(self) -> bytes: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+class Engine:
+    """An engine in this process, with the settings (and defaults) of ``kvtier serve``."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        *,
+        config_file: str | PathLike[str] | None = None,
+    ) -> None: ...
+    def register_layout(
+        self,
+        model: str,
+        dtype: str,
+        tokens_per_block: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        pp_stage: int = 0,
+        pp_size: int = 1,
+        lora_id: str | None = None,
+        tenant_salt: bytes | None = None,
+        weights_digest: str | None = None,
+        tokenizer_digest: str | None = None,
+    ) -> Layout: ...
+    def lookup(self, layout: Layout, tokens: Sequence[int]) -> Hit: ...
+    def store(
+        self,
+        layout: Layout,
+        tokens: Sequence[int],
+        blocks: Buffer | Sequence[Buffer],
+    ) -> dict[str, Any]: ...
+    def load(self, hit: Hit) -> list[Block]: ...
+    def load_into(self, hit: Hit, out: Buffer) -> int: ...
+    def snapshot_put(
+        self,
+        layout: Layout,
+        tokens: Sequence[int],
+        state: Buffer,
+        session: bytes | None = None,
+    ) -> Literal["stored", "replaced", "rejected"]: ...
+    def snapshot_get(
+        self, layout: Layout, tokens: Sequence[int], session: bytes | None = None
+    ) -> Block | None: ...
+    def stats(self) -> dict[str, int]: ...
+    def flush(self, timeout: float = 30.0) -> bool: ...
+    def close(self, timeout: float = 30.0) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Engine: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...

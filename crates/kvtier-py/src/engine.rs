@@ -1,0 +1,377 @@
+//! The embedded engine: a kvtier node in this process, assembled by `kvtier-node` from
+//! the same settings as `kvtier serve` (with the same defaults), used without HTTP.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvtier_core::hash::ExtraKeys;
+use kvtier_core::index::Lookup;
+use kvtier_core::layout::{KvDtype, LayoutDigest, LayoutKey};
+use kvtier_core::snapshot::SnapshotPut;
+use kvtier_core::tier::RejectReason;
+use kvtier_core::{Engine as CoreEngine, StoreReport};
+use kvtier_node::{Node, Settings};
+use parking_lot::RwLock;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::block::Block;
+use crate::errors::{self, from_core, invalid};
+use crate::input::{Exported, check_item};
+use crate::layout::{Hit, Layout};
+
+/// How long `close()` (and a garbage-collected engine) waits for queued writes.
+const CLOSE_WITHIN: Duration = Duration::from_secs(30);
+
+/// An engine in this process. Settings are those of `kvtier serve`, defaults included:
+/// `settings`, a dict in the settings file's shape (`{"ram": "2GiB", "ssd": {"enabled":
+/// False}}`), or `config_file`, a settings file (TOML).
+#[pyclass(frozen, module = "kvtier._kvtier")]
+pub struct Engine {
+    /// `None` once closed.
+    node: RwLock<Option<Arc<Node>>>,
+}
+
+impl Engine {
+    fn engine(&self) -> PyResult<Arc<CoreEngine>> {
+        self.node
+            .read()
+            .as_ref()
+            .map(|n| n.engine.clone())
+            .ok_or_else(|| errors::raise("closed", "the engine is closed"))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.get_mut().take() {
+            node.engine.shutdown(CLOSE_WITHIN);
+        }
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (settings=None, *, config_file=None))]
+    fn new(
+        py: Python<'_>,
+        settings: Option<&Bound<'_, PyDict>>,
+        config_file: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let settings: Settings = match (settings, config_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("give settings or a config file, not both"));
+            }
+            (Some(dict), None) => {
+                // Through JSON: the same serde definitions (names, units, defaults) as
+                // the settings file.
+                let json: String = py
+                    .import("json")?
+                    .call_method1("dumps", (dict,))?
+                    .extract()?;
+                serde_json::from_str(&json).map_err(|e| invalid(format!("settings: {e}")))?
+            }
+            (None, Some(path)) => Settings::from_file(&path).map_err(invalid)?,
+            (None, None) => Settings::default(),
+        };
+        settings.validate().map_err(invalid)?;
+        let node = py
+            .detach(|| Node::open(settings))
+            .map_err(|e| errors::raise("unavailable", e))?;
+        Ok(Self {
+            node: RwLock::new(Some(node)),
+        })
+    }
+
+    /// Registers a layout (registering the same one again returns it again).
+    #[pyo3(signature = (
+        model, dtype, tokens_per_block, num_layers, num_kv_heads, head_dim, *,
+        tp_rank=0, tp_size=1, pp_stage=0, pp_size=1, lora_id=None, tenant_salt=None,
+        weights_digest=None, tokenizer_digest=None
+    ))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one keyword per part of the layout key"
+    )]
+    fn register_layout(
+        &self,
+        model: &str,
+        dtype: &str,
+        tokens_per_block: u32,
+        num_layers: u32,
+        num_kv_heads: u32,
+        head_dim: u32,
+        tp_rank: u32,
+        tp_size: u32,
+        pp_stage: u32,
+        pp_size: u32,
+        lora_id: Option<String>,
+        tenant_salt: Option<Vec<u8>>,
+        weights_digest: Option<String>,
+        tokenizer_digest: Option<String>,
+    ) -> PyResult<Layout> {
+        let dtype: KvDtype = dtype.parse().map_err(from_core)?;
+        let mut key = LayoutKey::new(
+            model,
+            dtype,
+            tokens_per_block,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+        );
+        key.tp_rank = tp_rank;
+        key.tp_size = tp_size;
+        key.pp_stage = pp_stage;
+        key.pp_size = pp_size;
+        key.lora_id = lora_id;
+        key.tenant_salt = tenant_salt.unwrap_or_default();
+        key.weights_digest = weights_digest.unwrap_or_default();
+        key.tokenizer_digest = tokenizer_digest.unwrap_or_default();
+        let inner = self.engine()?.register_layout(key).map_err(from_core)?;
+        Ok(Layout { inner })
+    }
+
+    /// How many leading whole blocks of `tokens` are cached under `layout`. Memory only:
+    /// no tier is read.
+    fn lookup(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Hit> {
+        let engine = self.engine()?;
+        let digest = layout.inner.digest();
+        let lookup = py
+            .detach(|| -> kvtier_core::Result<Lookup> {
+                let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
+                Ok(engine.lookup(&prompt))
+            })
+            .map_err(from_core)?;
+        Ok(Hit {
+            lookup,
+            block_bytes: layout.inner.block_bytes() as usize,
+        })
+    }
+
+    /// Stores the blocks of `tokens` under `layout`: `blocks` is one buffer holding whole
+    /// blocks back to back, or a list or tuple of buffers of one block each (bytes,
+    /// bytearray, contiguous numpy arrays, …; read in place, never kept).
+    fn store<'py>(
+        &self,
+        py: Python<'py>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let engine = self.engine()?;
+        let inner = &layout.inner;
+        let block = inner.block_bytes() as usize;
+        let dtype = inner.key().dtype;
+        let element = dtype.size_bytes() as usize;
+        let whole = tokens.len() / inner.key().tokens_per_block.max(1) as usize;
+        let exports = exports_of(blocks)?;
+        for (i, e) in exports.iter().enumerate() {
+            check_item(e, element, &dtype.to_string(), &format!("block buffer {i}"))?;
+        }
+        let mut payloads: Vec<&[u8]> = Vec::new();
+        if let [one] = exports.as_slice()
+            && !is_sequence(blocks)
+        {
+            let bytes = one.bytes();
+            if bytes.is_empty() || bytes.len() % block != 0 {
+                return Err(invalid(format!(
+                    "the buffer holds {} bytes: not a whole number of {block}-byte blocks",
+                    bytes.len()
+                )));
+            }
+            payloads.extend(bytes.chunks_exact(block));
+        } else {
+            for (i, e) in exports.iter().enumerate() {
+                if e.bytes().len() != block {
+                    return Err(invalid(format!(
+                        "block {i} has {} bytes; a block of this layout has {block}",
+                        e.bytes().len()
+                    )));
+                }
+                payloads.push(e.bytes());
+            }
+        }
+        if payloads.len() > whole {
+            return Err(invalid(format!(
+                "{} blocks given for {} tokens: at most {whole} whole blocks",
+                payloads.len(),
+                tokens.len()
+            )));
+        }
+        let digest = inner.digest();
+        let report = py
+            .detach(|| -> kvtier_core::Result<StoreReport> {
+                let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
+                engine.store(&prompt, &payloads)
+            })
+            .map_err(from_core)?;
+        drop(exports);
+        let out = PyDict::new(py);
+        out.set_item("stored", report.stored)?;
+        out.set_item("duplicates", report.duplicates)?;
+        out.set_item("stored_lower_only", report.stored_lower_only)?;
+        out.set_item("stopped", report.stopped.map(reject_name))?;
+        out.set_item("ack", report.ack.name())?;
+        Ok(out)
+    }
+
+    /// The matched blocks of `hit`, each a read-only view of kvtier's own bytes (no
+    /// copy). Fewer than `hit.blocks` when a block was lost since the lookup: recompute
+    /// from there.
+    fn load(&self, py: Python<'_>, hit: &Hit) -> PyResult<Vec<Block>> {
+        let engine = self.engine()?;
+        let loaded = py
+            .detach(|| engine.load(&hit.lookup.blocks))
+            .map_err(from_core)?;
+        Ok(loaded.blocks.into_iter().map(Block::new).collect())
+    }
+
+    /// Copies the matched blocks of `hit` back to back into `out` (a writable,
+    /// C-contiguous buffer of at least `hit.nbytes` bytes); the number of blocks written
+    /// (fewer than `hit.blocks` when a block was lost since the lookup).
+    fn load_into(&self, py: Python<'_>, hit: &Hit, out: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let engine = self.engine()?;
+        let mut target = Exported::get(out, true, "out")?;
+        let need = hit.lookup.blocks.len() * hit.block_bytes;
+        let dst = target.bytes_mut();
+        if dst.len() < need {
+            return Err(invalid(format!(
+                "out holds {} bytes; the hit's {} blocks need {need}",
+                dst.len(),
+                hit.lookup.blocks.len()
+            )));
+        }
+        let block = hit.block_bytes;
+        py.detach(|| -> kvtier_core::Result<usize> {
+            let loaded = engine.load(&hit.lookup.blocks)?;
+            for (i, b) in loaded.blocks.iter().enumerate() {
+                dst[i * block..(i + 1) * block].copy_from_slice(b);
+            }
+            Ok(loaded.blocks.len())
+        })
+        .map_err(from_core)
+    }
+
+    /// Stores the recurrent state reached after exactly `tokens` (and `session`);
+    /// `stored`, `replaced` or `rejected` (larger than the snapshot budget).
+    #[pyo3(signature = (layout, tokens, state, session=None))]
+    fn snapshot_put(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        state: &Bound<'_, PyAny>,
+        session: Option<Vec<u8>>,
+    ) -> PyResult<&'static str> {
+        let engine = self.engine()?;
+        let blob = Exported::get(state, false, "state")?;
+        let bytes = blob.bytes();
+        let digest = layout.inner.digest();
+        let put = py
+            .detach(|| engine.snapshot_put(digest, &tokens, session.as_deref(), bytes))
+            .map_err(from_core)?;
+        Ok(match put {
+            SnapshotPut::Stored => "stored",
+            SnapshotPut::Replaced => "replaced",
+            SnapshotPut::Rejected => "rejected",
+        })
+    }
+
+    /// The state stored for exactly `tokens` (and `session`), as a read-only view, or
+    /// `None`.
+    #[pyo3(signature = (layout, tokens, session=None))]
+    fn snapshot_get(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        session: Option<Vec<u8>>,
+    ) -> PyResult<Option<Block>> {
+        let engine = self.engine()?;
+        let digest: LayoutDigest = layout.inner.digest();
+        let got: Option<Bytes> = py
+            .detach(|| engine.snapshot_get(digest, &tokens, session.as_deref()))
+            .map_err(from_core)?;
+        Ok(got.map(Block::new))
+    }
+
+    /// Every counter, by the names `/v1/stats` uses.
+    fn stats(&self) -> PyResult<std::collections::BTreeMap<String, u64>> {
+        Ok(self.engine()?.stats().counters().into_iter().collect())
+    }
+
+    /// Writes everything queued for the persistent tier; whether it finished within
+    /// `timeout` seconds.
+    #[pyo3(signature = (timeout=30.0))]
+    fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let engine = self.engine()?;
+        let within = seconds(timeout)?;
+        Ok(py.detach(|| engine.flush(within)))
+    }
+
+    /// Flushes and stops the engine (idempotent); later calls raise `ClosedError`.
+    #[pyo3(signature = (timeout=30.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let within = seconds(timeout)?;
+        if let Some(node) = self.node.write().take() {
+            py.detach(|| node.engine.shutdown(within));
+        }
+        Ok(())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.node.read().is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py, CLOSE_WITHIN.as_secs_f64())?;
+        Ok(false)
+    }
+}
+
+/// Whether `obj` is a list or tuple (of per-block buffers).
+fn is_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
+}
+
+/// The buffers of `blocks`: each item of a list or tuple, or the object itself.
+fn exports_of(blocks: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
+    if is_sequence(blocks) {
+        let mut out = Vec::new();
+        for (i, item) in blocks.try_iter()?.enumerate() {
+            out.push(Exported::get(&item?, false, &format!("block {i}"))?);
+        }
+        if out.is_empty() {
+            return Err(invalid("no blocks given"));
+        }
+        Ok(out)
+    } else {
+        Ok(vec![Exported::get(blocks, false, "blocks")?])
+    }
+}
+
+/// A timeout in seconds, refused unless finite and not negative.
+fn seconds(s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| invalid(format!("timeout {s} is not a number of seconds ≥ 0")))
+}
+
+/// The server's name for why a store stopped.
+fn reject_name(r: RejectReason) -> &'static str {
+    match r {
+        RejectReason::NoSpace => "no_space",
+        RejectReason::ParentMissing => "parent_missing",
+        RejectReason::Collision => "collision",
+        RejectReason::Quarantined => "quarantined",
+    }
+}

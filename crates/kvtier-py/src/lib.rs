@@ -1,0 +1,32 @@
+//! kvtier for Python: the extension module `kvtier._kvtier`, wrapped by the pure-Python
+//! package `kvtier` (`crates/kvtier-py/python/kvtier`).
+//!
+//! - [`engine::Engine`]: an engine in this process, assembled by `kvtier-node` from the
+//!   same settings, with the same defaults, as `kvtier serve`.
+//! - [`layout`]: a registered layout and the answer to a lookup.
+//! - [`block::Block`]: a loaded block — a read-only buffer over kvtier's own memory, so
+//!   `memoryview(block)` and `numpy.frombuffer(block)` copy nothing.
+//! - [`input`]: buffer-protocol objects (bytes, bytearray, numpy arrays, …) read and
+//!   written in place, without copying them into Python objects first.
+//! - [`errors`]: every kvtier error as a Python exception carrying the server's error kind.
+//!
+//! Every call that copies bytes, hashes a prompt or touches a tier releases the GIL.
+
+mod block;
+mod engine;
+mod errors;
+mod input;
+mod layout;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<engine::Engine>()?;
+    m.add_class::<layout::Layout>()?;
+    m.add_class::<layout::Hit>()?;
+    m.add_class::<block::Block>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
