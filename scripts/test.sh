@@ -15,10 +15,11 @@ cargo test --workspace --all-targets "$@" 2>&1 | tee -a "$log"
 # The model tests through `kvtier serve` need the `models` feature of the kvtier crate
 # (kvtier-candle does not depend on the server, so they cannot live there).
 cargo test -p kvtier --features models --test models_served 2>&1 | tee -a "$log"
-# The Python package (crates/kvtier-py): pytest against the extension built above.
+# The Python package (crates/kvtier-py): pytest against the extension and the kvtier
+# binary built above (the client tests start `kvtier serve`).
 stage=$(scripts/python-stage.sh)
 py_status=0
-PYTHONPATH="$stage" .venv/bin/python -m pytest -q -p no:cacheprovider crates/kvtier-py/tests 2>&1 |
+KVTIER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}/debug/kvtier")" PYTHONPATH="$stage" .venv/bin/python -m pytest -q -p no:cacheprovider crates/kvtier-py/tests 2>&1 |
     tee -a "$log" || py_status=$?
 awk '
     /^test result:/ { passed += $4; failed += $6 }

@@ -15,12 +15,12 @@ use kvtier_core::{Engine as CoreEngine, StoreReport};
 use kvtier_node::{Node, Settings};
 use parking_lot::RwLock;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::block::Block;
 use crate::errors::{self, from_core, invalid};
-use crate::input::{Exported, check_item};
-use crate::layout::{Hit, Layout};
+use crate::input::{Exported, exports_of, payloads_of, room_for};
+use crate::layout::{Found, Hit, Layout};
 
 /// How long `close()` (and a garbage-collected engine) waits for queued writes.
 const CLOSE_WITHIN: Duration = Duration::from_secs(30);
@@ -130,25 +130,22 @@ impl Engine {
         key.tenant_salt = tenant_salt.unwrap_or_default();
         key.weights_digest = weights_digest.unwrap_or_default();
         key.tokenizer_digest = tokenizer_digest.unwrap_or_default();
-        let inner = self.engine()?.register_layout(key).map_err(from_core)?;
-        Ok(Layout { inner })
+        let core = self.engine()?.register_layout(key).map_err(from_core)?;
+        Ok(Layout::of_core(core))
     }
 
     /// How many leading whole blocks of `tokens` are cached under `layout`. Memory only:
     /// no tier is read.
     fn lookup(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Hit> {
         let engine = self.engine()?;
-        let digest = layout.inner.digest();
+        let digest = layout.core()?.digest();
         let lookup = py
             .detach(|| -> kvtier_core::Result<Lookup> {
                 let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
                 Ok(engine.lookup(&prompt))
             })
             .map_err(from_core)?;
-        Ok(Hit {
-            lookup,
-            block_bytes: layout.inner.block_bytes() as usize,
-        })
+        Ok(Hit::local(lookup, layout))
     }
 
     /// Stores the blocks of `tokens` under `layout`: `blocks` is one buffer holding whole
@@ -162,46 +159,9 @@ impl Engine {
         blocks: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let engine = self.engine()?;
-        let inner = &layout.inner;
-        let block = inner.block_bytes() as usize;
-        let dtype = inner.key().dtype;
-        let element = dtype.size_bytes() as usize;
-        let whole = tokens.len() / inner.key().tokens_per_block.max(1) as usize;
+        let digest = layout.core()?.digest();
         let exports = exports_of(blocks)?;
-        for (i, e) in exports.iter().enumerate() {
-            check_item(e, element, &dtype.to_string(), &format!("block buffer {i}"))?;
-        }
-        let mut payloads: Vec<&[u8]> = Vec::new();
-        if let [one] = exports.as_slice()
-            && !is_sequence(blocks)
-        {
-            let bytes = one.bytes();
-            if bytes.is_empty() || bytes.len() % block != 0 {
-                return Err(invalid(format!(
-                    "the buffer holds {} bytes: not a whole number of {block}-byte blocks",
-                    bytes.len()
-                )));
-            }
-            payloads.extend(bytes.chunks_exact(block));
-        } else {
-            for (i, e) in exports.iter().enumerate() {
-                if e.bytes().len() != block {
-                    return Err(invalid(format!(
-                        "block {i} has {} bytes; a block of this layout has {block}",
-                        e.bytes().len()
-                    )));
-                }
-                payloads.push(e.bytes());
-            }
-        }
-        if payloads.len() > whole {
-            return Err(invalid(format!(
-                "{} blocks given for {} tokens: at most {whole} whole blocks",
-                payloads.len(),
-                tokens.len()
-            )));
-        }
-        let digest = inner.digest();
+        let payloads = payloads_of(layout, &exports, blocks, tokens.len())?;
         let report = py
             .detach(|| -> kvtier_core::Result<StoreReport> {
                 let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
@@ -223,9 +183,8 @@ impl Engine {
     /// from there.
     fn load(&self, py: Python<'_>, hit: &Hit) -> PyResult<Vec<Block>> {
         let engine = self.engine()?;
-        let loaded = py
-            .detach(|| engine.load(&hit.lookup.blocks))
-            .map_err(from_core)?;
+        let refs = local(hit)?;
+        let loaded = py.detach(|| engine.load(refs)).map_err(from_core)?;
         Ok(loaded.blocks.into_iter().map(Block::new).collect())
     }
 
@@ -234,19 +193,12 @@ impl Engine {
     /// (fewer than `hit.blocks` when a block was lost since the lookup).
     fn load_into(&self, py: Python<'_>, hit: &Hit, out: &Bound<'_, PyAny>) -> PyResult<usize> {
         let engine = self.engine()?;
+        let refs = local(hit)?;
         let mut target = Exported::get(out, true, "out")?;
-        let need = hit.lookup.blocks.len() * hit.block_bytes;
-        let dst = target.bytes_mut();
-        if dst.len() < need {
-            return Err(invalid(format!(
-                "out holds {} bytes; the hit's {} blocks need {need}",
-                dst.len(),
-                hit.lookup.blocks.len()
-            )));
-        }
+        let dst = room_for(hit, &mut target)?;
         let block = hit.block_bytes;
         py.detach(|| -> kvtier_core::Result<usize> {
-            let loaded = engine.load(&hit.lookup.blocks)?;
+            let loaded = engine.load(refs)?;
             for (i, b) in loaded.blocks.iter().enumerate() {
                 dst[i * block..(i + 1) * block].copy_from_slice(b);
             }
@@ -269,7 +221,7 @@ impl Engine {
         let engine = self.engine()?;
         let blob = Exported::get(state, false, "state")?;
         let bytes = blob.bytes();
-        let digest = layout.inner.digest();
+        let digest = layout.core()?.digest();
         let put = py
             .detach(|| engine.snapshot_put(digest, &tokens, session.as_deref(), bytes))
             .map_err(from_core)?;
@@ -291,7 +243,7 @@ impl Engine {
         session: Option<Vec<u8>>,
     ) -> PyResult<Option<Block>> {
         let engine = self.engine()?;
-        let digest: LayoutDigest = layout.inner.digest();
+        let digest: LayoutDigest = layout.core()?.digest();
         let got: Option<Bytes> = py
             .detach(|| engine.snapshot_get(digest, &tokens, session.as_deref()))
             .map_err(from_core)?;
@@ -339,24 +291,13 @@ impl Engine {
     }
 }
 
-/// Whether `obj` is a list or tuple (of per-block buffers).
-fn is_sequence(obj: &Bound<'_, PyAny>) -> bool {
-    obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
-}
-
-/// The buffers of `blocks`: each item of a list or tuple, or the object itself.
-fn exports_of(blocks: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
-    if is_sequence(blocks) {
-        let mut out = Vec::new();
-        for (i, item) in blocks.try_iter()?.enumerate() {
-            out.push(Exported::get(&item?, false, &format!("block {i}"))?);
-        }
-        if out.is_empty() {
-            return Err(invalid("no blocks given"));
-        }
-        Ok(out)
-    } else {
-        Ok(vec![Exported::get(blocks, false, "blocks")?])
+/// The engine's lookup behind `hit`; an error for a server's hit.
+fn local(hit: &Hit) -> PyResult<&[kvtier_core::BlockRef]> {
+    match &hit.found {
+        Found::Local(lookup) => Ok(&lookup.blocks),
+        Found::Remote { .. } => Err(invalid(
+            "this hit came from a Client: load it with the Client",
+        )),
     }
 }
 

@@ -20,12 +20,21 @@ pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
 
 /// A Python exception of the class for `kind` with `message`.
 pub(crate) fn raise(kind: &str, message: impl Into<String>) -> PyErr {
+    raise_with_code(kind, message, None)
+}
+
+/// [`raise`] with the server's error code (`unknown_layout`, `bad_json`, …) as `code`.
+pub(crate) fn raise_with_code(
+    kind: &str,
+    message: impl Into<String>,
+    code: Option<String>,
+) -> PyErr {
     let message = message.into();
     Python::attach(|py| {
         let made = py
             .import("kvtier.errors")
             .and_then(|m| m.getattr("error_for"))
-            .and_then(|f| f.call1((kind, message.as_str())));
+            .and_then(|f| f.call1((kind, message.as_str(), code)));
         match made {
             Ok(value) => PyErr::from_value(value),
             // The package is not importable (the module used on its own): still an error.

@@ -14,8 +14,10 @@ use std::ffi::CStr;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
 use crate::errors;
+use crate::layout::{Hit, Layout};
 
 /// A buffer exported by a Python object; released when dropped.
 pub(crate) struct Exported {
@@ -100,7 +102,7 @@ impl Drop for Exported {
 /// Refuses items whose size cannot belong to a layout with `element` bytes per value
 /// (a float32 array for an f16 layout, say): plain bytes (`B`, `b`, `c`, no format) are
 /// always accepted.
-pub(crate) fn check_item(e: &Exported, element: usize, dtype: &str, what: &str) -> PyResult<()> {
+fn check_item(e: &Exported, element: usize, dtype: &str, what: &str) -> PyResult<()> {
     let (size, format) = e.item();
     let raw = matches!(
         format.as_deref(),
@@ -113,4 +115,90 @@ pub(crate) fn check_item(e: &Exported, element: usize, dtype: &str, what: &str) 
         "{what} holds items of {size} bytes (format {}) but the layout's dtype {dtype} has {element}-byte values",
         format.unwrap_or_default()
     )))
+}
+
+/// Whether `obj` is a list or tuple (of per-block buffers).
+fn is_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
+}
+
+/// The buffers of a store's `blocks`: each item of a list or tuple, or the object itself.
+pub(crate) fn exports_of(blocks: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
+    if is_sequence(blocks) {
+        let mut out = Vec::new();
+        for (i, item) in blocks.try_iter()?.enumerate() {
+            out.push(Exported::get(&item?, false, &format!("block {i}"))?);
+        }
+        if out.is_empty() {
+            return Err(errors::invalid("no blocks given"));
+        }
+        Ok(out)
+    } else {
+        Ok(vec![Exported::get(blocks, false, "blocks")?])
+    }
+}
+
+/// The payloads of a store of `tokens` tokens under `layout`: one slice per block of the
+/// exported buffers (one buffer of whole blocks back to back, or one buffer a block),
+/// each checked for its size and item type.
+pub(crate) fn payloads_of<'a>(
+    layout: &Layout,
+    exports: &'a [Exported],
+    blocks: &Bound<'_, PyAny>,
+    tokens: usize,
+) -> PyResult<Vec<&'a [u8]>> {
+    let block = layout.bytes_per_block();
+    let dtype = layout.dtype_name();
+    let element = dtype
+        .parse::<kvtier_core::KvDtype>()
+        .map(|d| d.size_bytes() as usize)
+        .unwrap_or(1);
+    for (i, e) in exports.iter().enumerate() {
+        check_item(e, element, dtype, &format!("block buffer {i}"))?;
+    }
+    let mut payloads: Vec<&[u8]> = Vec::new();
+    if let [one] = exports
+        && !is_sequence(blocks)
+    {
+        let bytes = one.bytes();
+        if bytes.is_empty() || bytes.len() % block != 0 {
+            return Err(errors::invalid(format!(
+                "the buffer holds {} bytes: not a whole number of {block}-byte blocks",
+                bytes.len()
+            )));
+        }
+        payloads.extend(bytes.chunks_exact(block));
+    } else {
+        for (i, e) in exports.iter().enumerate() {
+            if e.bytes().len() != block {
+                return Err(errors::invalid(format!(
+                    "block {i} has {} bytes; a block of this layout has {block}",
+                    e.bytes().len()
+                )));
+            }
+            payloads.push(e.bytes());
+        }
+    }
+    let whole = layout.whole_blocks(tokens);
+    if payloads.len() > whole {
+        return Err(errors::invalid(format!(
+            "{} blocks given for {tokens} tokens: at most {whole} whole blocks",
+            payloads.len()
+        )));
+    }
+    Ok(payloads)
+}
+
+/// The first `hit.nbytes` bytes of `out`, checked to be there.
+pub(crate) fn room_for<'a>(hit: &Hit, out: &'a mut Exported) -> PyResult<&'a mut [u8]> {
+    let need = hit.blocks * hit.block_bytes;
+    let dst = out.bytes_mut();
+    if dst.len() < need {
+        return Err(errors::invalid(format!(
+            "out holds {} bytes; the hit's {} blocks need {need}",
+            dst.len(),
+            hit.blocks
+        )));
+    }
+    Ok(&mut dst[..need])
 }

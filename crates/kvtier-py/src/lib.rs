@@ -3,7 +3,8 @@
 //!
 //! - [`engine::Engine`]: an engine in this process, assembled by `kvtier-node` from the
 //!   same settings, with the same defaults, as `kvtier serve`.
-//! - [`layout`]: a registered layout and the answer to a lookup.
+//! - [`client::Client`]: a client of `kvtier serve` with the same calls.
+//! - [`layout`]: a registered layout and the answer to a lookup (of either).
 //! - [`block::Block`]: a loaded block — a read-only buffer over kvtier's own memory, so
 //!   `memoryview(block)` and `numpy.frombuffer(block)` copy nothing.
 //! - [`input`]: buffer-protocol objects (bytes, bytearray, numpy arrays, …) read and
@@ -13,6 +14,7 @@
 //! Every call that copies bytes, hashes a prompt or touches a tier releases the GIL.
 
 mod block;
+mod client;
 mod engine;
 mod errors;
 mod input;
@@ -24,6 +26,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
+    m.add_class::<client::Client>()?;
     m.add_class::<layout::Layout>()?;
     m.add_class::<layout::Hit>()?;
     m.add_class::<block::Block>()?;

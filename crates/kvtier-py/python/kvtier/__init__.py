@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from kvtier._kvtier import Block, Engine, Hit, Layout, __version__
+from kvtier._kvtier import Block, Client, Engine, Hit, Layout, __version__
 from kvtier.errors import (
     ClosedError,
     CorruptError,
@@ -23,6 +23,7 @@ from kvtier.errors import (
 
 __all__ = [
     "Block",
+    "Client",
     "ClosedError",
     "CorruptError",
     "Engine",

@@ -3,12 +3,13 @@
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 from typing_extensions import Buffer
 
 __version__: str
 
+@final
 class Layout:
     """A layout registered with an engine: what every block under it is computed for."""
 
@@ -23,6 +24,7 @@ class Layout:
     @property
     def dtype(self) -> str: ...
 
+@final
 class Hit:
     """How much of a prompt is cached: the leading whole blocks found, and where."""
 
@@ -36,6 +38,7 @@ class Hit:
     def tiers(self) -> list[str]: ...
     def __bool__(self) -> bool: ...
 
+@final
 class Block(Buffer):
     """A loaded block: a read-only buffer over kvtier's own bytes (no copy)."""
 
@@ -43,8 +46,8 @@ class Block(Buffer):
     def address(self) -> int: ...
     def tobytes(self) -> bytes: ...
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
 
+@final
 class Engine:
     """An engine in this process, with the settings (and defaults) of ``kvtier serve``."""
 
@@ -103,3 +106,47 @@ class Engine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool: ...
+
+@final
+class Client:
+    """A client of ``kvtier serve`` with the engine's calls (``url``: ``http://HOST:PORT``)."""
+
+    def __init__(self, url: str, token: str | None = None) -> None: ...
+    def register_layout(
+        self,
+        model: str,
+        dtype: str,
+        tokens_per_block: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        pp_stage: int = 0,
+        pp_size: int = 1,
+        lora_id: str | None = None,
+        tenant_salt: bytes | None = None,
+        weights_digest: str | None = None,
+        tokenizer_digest: str | None = None,
+    ) -> Layout: ...
+    def lookup(self, layout: Layout, tokens: Sequence[int]) -> Hit: ...
+    def store(
+        self,
+        layout: Layout,
+        tokens: Sequence[int],
+        blocks: Buffer | Sequence[Buffer],
+    ) -> dict[str, Any]: ...
+    def load(self, hit: Hit) -> list[Block]: ...
+    def load_into(self, hit: Hit, out: Buffer) -> int: ...
+    def snapshot_put(
+        self,
+        layout: Layout,
+        tokens: Sequence[int],
+        state: Buffer,
+        session: bytes | None = None,
+    ) -> Literal["stored"]: ...
+    def snapshot_get(
+        self, layout: Layout, tokens: Sequence[int], session: bytes | None = None
+    ) -> Block | None: ...
+    def stats(self) -> dict[str, int]: ...

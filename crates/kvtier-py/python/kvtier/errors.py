@@ -7,11 +7,15 @@ class KvtierError(Exception):
     """Any kvtier error. ``kind`` says what to do about it (the server's error kind)."""
 
     kind: str = "internal"
+    #: The server's error code (``unknown_layout``, ``bad_json``, …), for errors a
+    #: server answered; ``None`` otherwise.
+    code: str | None = None
 
-    def __init__(self, message: str, kind: str | None = None) -> None:
+    def __init__(self, message: str, kind: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         if kind is not None:
             self.kind = kind
+        self.code = code
 
 
 class InvalidError(KvtierError, ValueError):
@@ -63,6 +67,6 @@ _BY_KIND: dict[str, type[KvtierError]] = {
 }
 
 
-def error_for(kind: str, message: str) -> KvtierError:
+def error_for(kind: str, message: str, code: str | None = None) -> KvtierError:
     """The exception for an error of ``kind`` (called by the extension module)."""
-    return _BY_KIND.get(kind, KvtierError)(message, kind)
+    return _BY_KIND.get(kind, KvtierError)(message, kind, code)

@@ -1,0 +1,156 @@
+"""The client of `kvtier serve` through Python, against a real server process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvtier
+
+TPB = 16
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def kvtier_binary() -> str:
+    path = os.environ.get("KVTIER_BIN") or str(ROOT / "target" / "debug" / "kvtier")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no kvtier binary at {path}: build it (cargo build -p kvtier) or set KVTIER_BIN")
+    return path
+
+
+class Server:
+    """`kvtier serve` on an ephemeral loopback port, stopped when the test ends."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.process = subprocess.Popen(
+            [kvtier_binary(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+             "--ram", "128MiB", "--ssd-min-free", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
+        )
+        self.url = None
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        if self.url is None:
+            self.process.kill()
+            raise RuntimeError(f"kvtier serve did not start: {self.process.stderr.read()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def kill9(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path / "data", "--ssd-enabled", "false")
+    yield s
+    s.stop()
+
+
+def tokens(seed, blocks):
+    return [(seed * 1_000_003 + t) % (1 << 31) for t in range(blocks * TPB)]
+
+
+def payload(layout, seed, blocks):
+    return np.random.default_rng(seed).integers(0, 256, blocks * layout.block_bytes, dtype=np.uint8)
+
+
+def test_store_lookup_load_through_the_server(server):
+    c = kvtier.Client(server.url)
+    layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    assert layout.block_bytes == 16 << 10
+    data = payload(layout, 1, 4)
+    report = c.store(layout, tokens(1, 4), data)
+    assert report["stored"] == 4 and report["stopped"] is None
+    hit = c.lookup(layout, tokens(1, 4) + [5] * TPB)
+    assert hit.matched_tokens == 4 * TPB and hit.tiers == ["ram"] * 4
+    blocks = c.load(hit)
+    assert b"".join(b.tobytes() for b in blocks) == data.tobytes()
+    out = np.zeros(hit.nbytes, dtype=np.uint8)
+    assert c.load_into(hit, out) == 4
+    assert np.array_equal(out, data)
+    assert c.stats()["ram_resident_blocks"] == 4
+    # A list of one-block buffers works the same.
+    parts = [bytes(data[i * layout.block_bytes : (i + 1) * layout.block_bytes]) for i in range(2)]
+    assert c.store(layout, tokens(2, 2), parts)["stored"] == 2
+
+
+def test_the_engine_and_the_client_agree_on_layouts_and_keys(server, tmp_path):
+    # The same layout and tokens give the same digest and the same blocks in both.
+    c = kvtier.Client(server.url)
+    remote = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    with kvtier.Engine({"ram": "64MiB", "data_dir": str(tmp_path / "e"), "ssd": {"enabled": False}}) as kv:
+        local = kv.register_layout("py-client", "f16", TPB, 2, 2, 64)
+        assert local.digest == remote.digest
+        with pytest.raises(kvtier.InvalidError, match="Client"):
+            kv.lookup(remote, tokens(3, 1))
+        kv.store(local, tokens(3, 1), payload(local, 3, 1))
+        with pytest.raises(kvtier.InvalidError, match="Engine"):
+            c.load(kv.lookup(local, tokens(3, 1)))
+
+
+def test_snapshots_through_the_server(server):
+    c = kvtier.Client(server.url)
+    layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    state = np.arange(500, dtype=np.float32)
+    c.snapshot_put(layout, tokens(4, 1), state)
+    got = c.snapshot_get(layout, tokens(4, 1))
+    assert np.array_equal(np.frombuffer(got, dtype=np.float32), state)
+    assert c.snapshot_get(layout, tokens(4, 1), session=b"s") is None
+
+
+def test_server_errors_keep_their_kind_and_code(server):
+    c = kvtier.Client(server.url)
+    layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    with pytest.raises(kvtier.InvalidError) as bad:
+        c.register_layout("m", "f17", TPB, 2, 2, 64)
+    assert bad.value.kind == "invalid" and bad.value.code
+    with pytest.raises(kvtier.InvalidError, match="has 10 bytes"):
+        c.store(layout, tokens(5, 1), [b"x" * 10])
+    ghost = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    server.kill9()
+    with pytest.raises(kvtier.UnavailableError) as gone:
+        c.lookup(ghost, tokens(5, 1))
+    assert isinstance(gone.value, ConnectionError) and gone.value.kind == "unavailable"
+
+
+def test_a_restarted_server_serves_what_it_acknowledged_durably(tmp_path):
+    data_dir = tmp_path / "data"
+    s = Server(data_dir)
+    c = kvtier.Client(s.url)
+    layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    data = payload(layout, 6, 3)
+    c.store(layout, tokens(6, 3), data)
+    assert s.stop() == 0
+    s = Server(data_dir)
+    try:
+        c = kvtier.Client(s.url)
+        layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+        hit = c.lookup(layout, tokens(6, 3))
+        assert hit.matched_tokens == 3 * TPB and hit.tiers == ["ssd"] * 3
+        out = np.zeros(hit.nbytes, dtype=np.uint8)
+        assert c.load_into(hit, out) == 3
+        assert np.array_equal(out, data)
+    finally:
+        s.stop()
