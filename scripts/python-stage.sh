@@ -6,10 +6,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
-cargo build -q -p kvtier-py -p kvtier >&2
-stage="$target/python"
+# --release: an optimised build, for the Python bench rows (scripts/bench-py.sh).
+if [[ ${1:-} == --release ]]; then
+    cargo build -q --release -p kvtier-py >&2
+    profile=release
+else
+    cargo build -q -p kvtier-py -p kvtier >&2
+    profile=debug
+fi
+stage="$target/python-$profile"
 rm -rf "$stage"
 mkdir -p "$stage"
 cp -r crates/kvtier-py/python/kvtier "$stage/"
-cp "$target/debug/lib_kvtier.so" "$stage/kvtier/_kvtier.abi3.so"
+cp "$target/$profile/lib_kvtier.so" "$stage/kvtier/_kvtier.abi3.so"
 realpath "$stage"
