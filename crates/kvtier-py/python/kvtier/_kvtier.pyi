@@ -3,9 +3,14 @@
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal, final
+from typing import Any, Literal, TypeAlias, final
 
 from typing_extensions import Buffer
+
+#: Any object with the buffer protocol (bytes, bytearray, memoryview, numpy arrays):
+#: checked when called. Not `Buffer` alone: numpy's arrays meet that protocol in type
+#: checkers only from Python 3.12.
+_BufferLike: TypeAlias = Buffer | Any
 
 __version__: str
 
@@ -80,15 +85,15 @@ class Engine:
         self,
         layout: Layout,
         tokens: Sequence[int],
-        blocks: Buffer | Sequence[Buffer],
+        blocks: _BufferLike | Sequence[_BufferLike],
     ) -> dict[str, Any]: ...
     def load(self, hit: Hit) -> list[Block]: ...
-    def load_into(self, hit: Hit, out: Buffer) -> int: ...
+    def load_into(self, hit: Hit, out: _BufferLike) -> int: ...
     def snapshot_put(
         self,
         layout: Layout,
         tokens: Sequence[int],
-        state: Buffer,
+        state: _BufferLike,
         session: bytes | None = None,
     ) -> Literal["stored", "replaced", "rejected"]: ...
     def snapshot_get(
@@ -135,15 +140,15 @@ class Client:
         self,
         layout: Layout,
         tokens: Sequence[int],
-        blocks: Buffer | Sequence[Buffer],
+        blocks: _BufferLike | Sequence[_BufferLike],
     ) -> dict[str, Any]: ...
     def load(self, hit: Hit) -> list[Block]: ...
-    def load_into(self, hit: Hit, out: Buffer) -> int: ...
+    def load_into(self, hit: Hit, out: _BufferLike) -> int: ...
     def snapshot_put(
         self,
         layout: Layout,
         tokens: Sequence[int],
-        state: Buffer,
+        state: _BufferLike,
         session: bytes | None = None,
     ) -> Literal["stored"]: ...
     def snapshot_get(

@@ -1,0 +1,1 @@
+"""Shared by the Python tests: this folder on sys.path (for `serve`)."""

@@ -1,0 +1,56 @@
+"""`kvtier serve` as a child process for the Python tests: an ephemeral loopback port,
+stopped (SIGTERM, then SIGKILL) by the test that started it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def kvtier_binary() -> str:
+    path = os.environ.get("KVTIER_BIN") or str(ROOT / "target" / "debug" / "kvtier")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"no kvtier binary at {path}: build it (cargo build -p kvtier) or set KVTIER_BIN")
+    return path
+
+
+class Server:
+    """`kvtier serve` on an ephemeral loopback port."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.process = subprocess.Popen(
+            [kvtier_binary(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+             "--ram", "256MiB", "--ssd-min-free", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
+        )
+        self.url: str | None = None
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        if self.url is None:
+            self.process.kill()
+            raise RuntimeError(f"kvtier serve did not start: {self.process.stderr.read() if self.process.stderr else ''}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def kill9(self) -> None:
+        self.process.kill()
+        self.process.wait()

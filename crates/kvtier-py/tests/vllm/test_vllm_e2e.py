@@ -1,0 +1,195 @@
+"""A real vLLM engine (V1, CPU backend) with kvtier as its KV connector, end to end.
+
+Each engine run is a process of its own (`engine_run.py`) on a seeded random Llama-shaped
+checkpoint the test writes (no model hub), talking to a real `kvtier serve`. A fresh
+engine must get exactly the block-aligned prefix from kvtier and produce the same tokens
+with bit-identical logprobs as a cold run; whatever goes wrong with kvtier, the engine
+must still answer exactly as cold. A negative control (wrong KV stored under the
+prompt's keys) proves the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kvtier
+from serve import Server
+
+HERE = Path(__file__).resolve().parent
+PROMPT = 200  # tokens; 6 whole blocks of 32 can come from kvtier (one token is left to compute)
+BLOCK = 32
+EXPECTED = (PROMPT - 1) // BLOCK * BLOCK
+
+
+def make_model(path: Path, seed: int) -> None:
+    """A small Llama-shaped checkpoint with seeded random weights (bf16)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        torch_dtype="bfloat16",
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    a, b = root / "seeded-a", root / "seeded-b"
+    make_model(a, 0)
+    make_model(b, 1)
+    return a, b
+
+
+def engine(model: Path, url: str | None, dtype: str = "bfloat16", between=None) -> dict:
+    """One engine run; its result. ``between`` runs once the engine is up, before it
+    generates."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    args = [sys.executable, str(HERE / "engine_run.py"), str(model), url or "none", str(PROMPT), dtype]
+    if between is not None:
+        ready, go = model.parent / f"ready-{time.time_ns()}", model.parent / f"go-{time.time_ns()}"
+        args += [str(ready), str(go)]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        if between is not None:
+            deadline = time.time() + 300
+            while not ready.exists():
+                assert child.poll() is None, child.communicate()[1][-4000:]
+                assert time.time() < deadline, "the engine did not start"
+                time.sleep(0.1)
+            between()
+            go.touch()
+        out, err = child.communicate(timeout=600)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err[-4000:]
+    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def same(a: dict, b: dict) -> bool:
+    return a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
+
+
+@pytest.fixture(scope="module")
+def cold(models, tmp_path_factory):
+    """A cold run — the engine with the connector, against a kvtier that holds nothing —
+    is what every run must answer. (vLLM computes a run with a KV connector configured
+    very slightly differently from one without: one logprob differed by 5e-6 here; the
+    reference is therefore the same configuration, as in production.)"""
+    server = Server(tmp_path_factory.mktemp("cold"), "--ssd-enabled", "false")
+    try:
+        result = engine(models[0], server.url)
+    finally:
+        server.stop()
+    assert result["cached"] == 0
+    assert len(set(result["tokens"])) > 1, "degenerate output: the comparison would prove nothing"
+    return result
+
+
+def test_a_fresh_engine_gets_the_prefix_from_kvtier_bit_identically(models, cold, tmp_path):
+    server = Server(tmp_path / "data")
+    try:
+        first = engine(models[0], server.url)
+        assert first["cached"] == 0 and same(first, cold)
+        second = engine(models[0], server.url)
+        assert second["cached"] == EXPECTED
+        assert same(second, cold), (second, cold)
+        # The same after kvtier serve restarts between two engines (blocks from the SSD).
+        assert server.stop() == 0
+        server = Server(tmp_path / "data")
+        third = engine(models[0], server.url)
+        assert third["cached"] == EXPECTED
+        assert same(third, cold)
+        # Another model or another dtype gets nothing of it.
+        assert engine(models[1], server.url)["cached"] == 0
+        assert engine(models[0], server.url, dtype="float16")["cached"] == 0
+    finally:
+        server.stop()
+
+
+def test_the_engine_recomputes_when_kvtier_serve_dies_mid_run(models, cold, tmp_path):
+    server = Server(tmp_path / "data")
+    try:
+        assert same(engine(models[0], server.url), cold)
+        result = engine(models[0], server.url, between=server.kill9)
+    finally:
+        server.stop()
+    assert result["cached"] == 0
+    assert same(result, cold)
+
+
+def test_a_flipped_byte_on_disk_is_a_miss(models, cold, tmp_path):
+    data = tmp_path / "data"
+    server = Server(data)
+    try:
+        assert same(engine(models[0], server.url), cold)
+        # The first block's bytes, as kvtier holds them.
+        c = kvtier.Client(server.url)
+        stats_before = c.stats()
+        assert stats_before["ram_resident_blocks"] >= EXPECTED // BLOCK
+    finally:
+        assert server.stop() == 0
+    flipped = flip_one_payload_byte(data)
+    assert flipped, "found no block payload on disk to damage"
+    server = Server(data)
+    try:
+        result = engine(models[0], server.url)
+        assert same(result, cold), (result, cold)
+        assert kvtier.Client(server.url).stats()["ssd_evictions_corrupt"] >= 1
+    finally:
+        server.stop()
+
+
+def flip_one_payload_byte(data: Path) -> bool:
+    """Flips one byte in the middle of the largest segment file (block payloads are most
+    of its bytes): what a bad sector does."""
+    segments = sorted((p for p in data.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    if not segments:
+        return False
+    target = segments[-1]
+    size = target.stat().st_size
+    with open(target, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    return True
+
+
+def test_a_perturbed_store_changes_the_answer(models, cold, tmp_path):
+    # The negative control: wrong bytes stored under exactly the prompt's keys (the
+    # connector's own layout) make the engine answer differently — so a comparison of
+    # logprobs can fail, and the equalities above mean something.
+    server = Server(tmp_path / "data", "--ssd-enabled", "false")
+    try:
+        c = kvtier.Client(server.url)
+        layout = c.register_layout(str(models[0]), "bf16", BLOCK, 2, 2, 64)
+        tokens = [(i * 7919) % 2000 + 5 for i in range(PROMPT)][:EXPECTED]
+        import torch
+
+        torch.manual_seed(3)
+        noise = torch.randn(EXPECTED // BLOCK * layout.block_bytes // 2, dtype=torch.bfloat16)
+        c.store(layout, tokens, noise.view(torch.uint8).numpy())
+        result = engine(models[0], server.url)
+    finally:
+        server.stop()
+    assert result["cached"] == EXPECTED
+    assert not same(result, cold)
