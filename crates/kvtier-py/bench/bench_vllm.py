@@ -1,0 +1,149 @@
+"""The vLLM rows: time to first token of a 2,048-token prompt on a real vLLM engine (CPU
+backend) with kvtier as its KV connector, cold and when the prefix comes from kvtier.
+
+A seeded random Llama-shaped model sized so that a cold prefill of 2,048 tokens takes
+more than a second here (8 layers, hidden 1,024, 4 KV heads of 64) is written to a
+temporary folder; `kvtier serve` (release build) runs beside it. One engine process
+answers pairs of requests: a new prompt cold (nothing in kvtier; vLLM's own prefix cache
+is off, so a repeat can only come from kvtier), then a second prompt that shares its
+first 2,048 tokens (the prefix from kvtier, a few new tokens computed). Each time is one
+`generate` of one token. Medians over the pairs.
+
+- engine.vllm.ttft.cold.ms: the cold request (the baseline).
+- engine.vllm.ttft.hit.ms: the request whose prefix comes from kvtier. Target: at least
+  5x faster than cold.
+
+Run with scripts/bench-vllm.sh [--json FILE] [--pairs N].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = 2048
+BLOCK = 32
+
+
+def make_model(path: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        torch_dtype="bfloat16",
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+
+
+def engine_main(model: str, url: str, pairs: int) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        block_size=BLOCK,
+        max_model_len=4096,
+        max_num_batched_tokens=4096,
+        enforce_eager=True,
+        max_num_seqs=2,
+        gpu_memory_utilization=0.1,
+        enable_prefix_caching=False,
+        kv_transfer_config={
+            "kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.vllm_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"url": url},
+        },
+    )
+    params = SamplingParams(max_tokens=1, temperature=0, detokenize=False)
+
+    def ttft(tokens: list[int]) -> tuple[float, int]:
+        t = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0]
+        return (time.perf_counter() - t) * 1e3, out.num_cached_tokens
+
+    # One warm-up pair (first calls compile and allocate).
+    for p in range(pairs + 1):
+        base = [(p * 104_729 + i * 7_919) % 4000 + 5 for i in range(PREFIX)]
+        cold, c0 = ttft(base + [11, 12, 13])
+        hit, c1 = ttft(base + [21, 22, 23])
+        if p > 0:
+            print("PAIR " + json.dumps({"cold": cold, "hit": hit, "cold_cached": c0, "hit_cached": c1}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--engine", nargs=3, metavar=("MODEL", "URL", "PAIRS"))
+    args = ap.parse_args()
+    if args.engine:
+        engine_main(args.engine[0], args.engine[1], int(args.engine[2]))
+        return
+    kvtier_bin = os.environ.get("KVTIER_BIN", "target/release/kvtier")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"
+        make_model(model)
+        server = subprocess.Popen(
+            [kvtier_bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(Path(tmp) / "kv"),
+             "--ram", "2GiB", "--ssd-enabled", "false"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            url = None
+            assert server.stdout is not None
+            for line in server.stdout:
+                found = re.search(r"listening on (http://\S+)", line)
+                if found:
+                    url = found.group(1)
+                    break
+            assert url, "kvtier serve did not start"
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+            done = subprocess.run(
+                [sys.executable, __file__, "--engine", str(model), url, str(args.pairs)],
+                capture_output=True, text=True, env=env, timeout=3600,
+            )
+            if done.returncode != 0:
+                raise SystemExit(done.stderr[-4000:])
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    pairs = [json.loads(l[5:]) for l in done.stdout.splitlines() if l.startswith("PAIR ")]
+    assert pairs and all(p["cold_cached"] == 0 and p["hit_cached"] == PREFIX for p in pairs), pairs
+    cold = statistics.median(p["cold"] for p in pairs)
+    hit = statistics.median(p["hit"] for p in pairs)
+    rows = [
+        {"name": "engine.vllm.ttft.cold.ms", "value": cold, "baseline": cold, "ratio": 1.0, "unit": "ms",
+         "baseline_what": "itself: the cold request is the baseline"},
+        {"name": "engine.vllm.ttft.hit.ms", "value": hit, "baseline": cold, "ratio": hit / cold, "unit": "ms",
+         "baseline_what": f"the cold request of the same pair (speed-up {cold / hit:.1f}x)"},
+    ]
+    for r in rows:
+        print(f"{r['name']:<28} {r['value']:10.1f} ms   baseline {r['baseline']:10.1f} ms   ratio {r['ratio']:6.3f}  ({r['baseline_what']})")
+    print("pairs (cold ms, hit ms): " + ", ".join(f"{p['cold']:.0f}/{p['hit']:.0f}" for p in pairs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "pairs": pairs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
