@@ -128,6 +128,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layer_names: list[str] | None = None
         self._saving: dict[str, list[torch.Tensor | None]] = {}
         self._load_errors: set[int] = set()
+        # Requests whose load came back short in this step: their blocks in vLLM's cache
+        # are not what kvtier's keys name until vLLM recomputes them, so nothing of them
+        # is stored in this step.
+        self._short: set[str] = set()
 
     # ---- scheduler side ----
 
@@ -230,6 +234,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        self._short = set()
         jobs = [j for j in meta.jobs if j.load]
         if not jobs:
             return
@@ -251,7 +256,9 @@ class KvtierConnector(KVConnectorBase_V1):
                     dst = torch.tensor(job.block_ids[job.skip : loaded], dtype=torch.long)
                     cache[dst] = per_block.view(cache.dtype).view(loaded - job.skip, *cache.shape[1:])
             # Whatever did not arrive is recomputed by vLLM.
-            self._load_errors.update(job.block_ids[max(loaded, job.skip) :])
+            if loaded < n:
+                self._short.add(job.req_id)
+                self._load_errors.update(job.block_ids[max(loaded, job.skip) :])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Loads complete in start_load_kv (before the first layer runs).
@@ -262,7 +269,7 @@ class KvtierConnector(KVConnectorBase_V1):
     ) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
-        jobs = [j for j in meta.jobs if not j.load]
+        jobs = [j for j in meta.jobs if not j.load and j.req_id not in self._short]
         if not jobs:
             return
         names = self._layers_in_order(get_forward_context())
@@ -275,8 +282,11 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        short, self._short = self._short, set()
         for job in (j for j in meta.jobs if not j.load):
             parts = self._saving.pop(job.req_id, None)
+            if job.req_id in short:
+                continue
             if parts is None or any(p is None for p in parts):
                 continue
             # [blocks, layers, ...]: each block's payload layer-major, contiguous.
