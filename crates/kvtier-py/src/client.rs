@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 
 use crate::block::Block;
 use crate::errors::{self, invalid};
-use crate::input::{Exported, exports_of, payloads_of, room_for};
+use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
 
 /// A client of one `kvtier serve` (`url`: `http://HOST:PORT`; `token`: the data token,
@@ -126,13 +126,14 @@ impl Client {
         let prompt = PromptSpec::new(layout.digest_hex(), tokens);
         let answer = self.call(py, self.http.store_from(&prompt, &payloads, None))?;
         drop(exports);
-        let out = PyDict::new(py);
-        out.set_item("stored", answer.stored)?;
-        out.set_item("duplicates", answer.duplicates)?;
-        out.set_item("stored_lower_only", answer.stored_lower_only)?;
-        out.set_item("stopped", answer.stopped)?;
-        out.set_item("ack", answer.durability)?;
-        Ok(out)
+        store_report(
+            py,
+            answer.stored,
+            answer.duplicates,
+            answer.stored_lower_only,
+            answer.stopped.as_deref(),
+            &answer.durability,
+        )
     }
 
     /// The matched blocks of `hit`, each a read-only view of the bytes received (fewer

@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::block::Block;
 use crate::errors::{self, from_core, invalid};
-use crate::input::{Exported, exports_of, payloads_of, room_for};
+use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
 
 /// How long `close()` (and a garbage-collected engine) waits for queued writes.
@@ -169,13 +169,14 @@ impl Engine {
             })
             .map_err(from_core)?;
         drop(exports);
-        let out = PyDict::new(py);
-        out.set_item("stored", report.stored)?;
-        out.set_item("duplicates", report.duplicates)?;
-        out.set_item("stored_lower_only", report.stored_lower_only)?;
-        out.set_item("stopped", report.stopped.map(reject_name))?;
-        out.set_item("ack", report.ack.name())?;
-        Ok(out)
+        store_report(
+            py,
+            report.stored,
+            report.duplicates,
+            report.stored_lower_only,
+            report.stopped.map(reject_name),
+            report.ack.name(),
+        )
     }
 
     /// The matched blocks of `hit`, each a read-only view of kvtier's own bytes (no

@@ -202,3 +202,21 @@ pub(crate) fn room_for<'a>(hit: &Hit, out: &'a mut Exported) -> PyResult<&'a mut
     }
     Ok(&mut dst[..need])
 }
+
+/// A store's answer as the dict both the engine and the client return.
+pub(crate) fn store_report<'py>(
+    py: Python<'py>,
+    stored: usize,
+    duplicates: usize,
+    stored_lower_only: usize,
+    stopped: Option<&str>,
+    ack: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let out = pyo3::types::PyDict::new(py);
+    out.set_item("stored", stored)?;
+    out.set_item("duplicates", duplicates)?;
+    out.set_item("stored_lower_only", stored_lower_only)?;
+    out.set_item("stopped", stopped)?;
+    out.set_item("ack", ack)?;
+    Ok(out)
+}

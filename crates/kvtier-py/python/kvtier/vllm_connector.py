@@ -136,7 +136,9 @@ class KvtierConnector(KVConnectorBase_V1):
     # ---- scheduler side ----
 
     @staticmethod
-    def _keyable(request: Request) -> bool:
+    def _keyable(request: Any) -> bool:
+        """Whether kvtier can key the request exactly (a scheduler `Request` or a newly
+        scheduled request's data: both carry these fields)."""
         return not (
             getattr(request, "lora_request", None)
             or getattr(request, "cache_salt", None)
@@ -186,7 +188,7 @@ class KvtierConnector(KVConnectorBase_V1):
             # kvtier holds them all already (a request it cannot key is never stored).
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             whole = min(done, len(tokens)) // bs
-            if whole * bs > matched and self._keyable_new(new):
+            if whole * bs > matched and self._keyable(new):
                 meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], block_ids[:whole], 0, False))
         # A request resumed after preemption loads into its new blocks.
         cached = scheduler_output.scheduled_cached_reqs
@@ -202,14 +204,6 @@ class KvtierConnector(KVConnectorBase_V1):
             meta.jobs.append(_Job(req_id, tokens, block_ids, local // bs, True))
         self._to_load.clear()
         return meta
-
-    @staticmethod
-    def _keyable_new(new: Any) -> bool:
-        return not (
-            getattr(new, "lora_request", None)
-            or getattr(new, "cache_salt", None)
-            or getattr(new, "mm_features", None)
-        )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._matched.pop(request.request_id, None)
