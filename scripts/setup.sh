@@ -38,6 +38,8 @@ done
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+# C++ too: the KV-event publisher links libzmq, built from source (crates/kvtier-events).
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)

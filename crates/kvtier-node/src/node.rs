@@ -105,6 +105,9 @@ fn default_replica(port: u16) -> String {
     format!("{host}-{port}")
 }
 
+/// How long a start that fails after the engine is built waits for its queued writes.
+const SHUTDOWN_ON_FAILED_START: Duration = Duration::from_secs(30);
+
 /// How often the SSD tier enforces budgets and TTL in the background.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
 
@@ -122,6 +125,8 @@ pub struct Node {
     pub previous_shutdown_clean: Option<bool>,
     /// The cluster catalog, in cluster mode.
     pub cluster: Option<Arc<kvtier_meta::ClusterCatalog>>,
+    /// The KV-event publisher, when `kv_events.endpoint` is set.
+    pub kv_events: Option<kvtier_events::KvEventPublisher>,
     /// The clock and runtime every part was given (a reattached SSD tier gets the same).
     components: Components,
 }
@@ -145,6 +150,15 @@ impl Node {
     /// the remote tier running on `components.runtime` (started here, once, if none is
     /// given and a remote tier needs one).
     pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, String> {
+        // Bound first: a taken port fails the start before any tier is opened.
+        let kv_sockets = if settings.kv_events.enabled() {
+            Some(
+                kvtier_events::KvEventPublisher::bind(&settings.kv_events.config())
+                    .map_err(|e| format!("KV events: {e}"))?,
+            )
+        } else {
+            None
+        };
         let recovery = Arc::new(Mutex::new(None));
         let mut cluster = None;
         let mut builder = Engine::builder()
@@ -210,8 +224,19 @@ impl Node {
             None if existed => Some(false),
             None => None,
         };
+        let kv_events = match kv_sockets {
+            Some(sockets) => Some(
+                kvtier_events::KvEventPublisher::start(&engine, sockets, components.clock.clone())
+                    .map_err(|e| {
+                        engine.shutdown(SHUTDOWN_ON_FAILED_START);
+                        format!("KV events: {e}")
+                    })?,
+            ),
+            None => None,
+        };
         Ok(Arc::new(Self {
             previous_shutdown_clean,
+            kv_events,
             engine,
             settings: RwLock::new(settings),
             recovery,

@@ -198,6 +198,66 @@ impl ClusterSettings {
     }
 }
 
+/// KV events for routers, in vLLM's ZeroMQ wire format (docs/kv-events.md). Off unless
+/// `endpoint` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvEventsSettings {
+    /// The PUB socket's ZeroMQ endpoint, e.g. `tcp://*:5557` (port 0: any free port).
+    /// Empty: no events.
+    pub endpoint: String,
+    /// Connect to `endpoint` (a router's bound SUB socket) instead of binding it.
+    pub connect: bool,
+    /// The replay socket's endpoint (a ROUTER, always bound); none: no replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_endpoint: Option<String>,
+    /// The topic frame of every message.
+    pub topic: String,
+    /// Batches kept for replay.
+    pub buffer_steps: usize,
+    /// The PUB socket's high-water mark, in messages per subscriber.
+    pub hwm: u32,
+    /// Residency events queued for the publisher; when it falls further behind it
+    /// re-lists everything instead.
+    pub queue_len: usize,
+}
+
+impl Default for KvEventsSettings {
+    /// The publisher's defaults (one place: `KvEventsConfig`), events off.
+    fn default() -> Self {
+        let c = kvtier_events::KvEventsConfig::default();
+        Self {
+            endpoint: String::new(),
+            connect: c.connect,
+            replay_endpoint: c.replay_endpoint,
+            topic: c.topic,
+            buffer_steps: c.buffer_steps,
+            hwm: u32::try_from(c.hwm).unwrap_or(0),
+            queue_len: c.queue_len,
+        }
+    }
+}
+
+impl KvEventsSettings {
+    /// Whether events are published.
+    pub fn enabled(&self) -> bool {
+        !self.endpoint.trim().is_empty()
+    }
+
+    /// The publisher's configuration.
+    pub fn config(&self) -> kvtier_events::KvEventsConfig {
+        kvtier_events::KvEventsConfig {
+            endpoint: self.endpoint.trim().to_string(),
+            connect: self.connect,
+            replay_endpoint: self.replay_endpoint.clone(),
+            topic: self.topic.clone(),
+            buffer_steps: self.buffer_steps,
+            hwm: i32::try_from(self.hwm).unwrap_or(i32::MAX),
+            queue_len: self.queue_len,
+        }
+    }
+}
+
 /// Bearer tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -246,6 +306,8 @@ pub struct Settings {
     pub remote: RemoteSettings,
     /// Cluster mode.
     pub cluster: ClusterSettings,
+    /// KV events for routers.
+    pub kv_events: KvEventsSettings,
     /// Tokens.
     pub auth: AuthSettings,
 }
@@ -267,6 +329,7 @@ impl Default for Settings {
             ssd: SsdSettings::default(),
             remote: RemoteSettings::default(),
             cluster: ClusterSettings::default(),
+            kv_events: KvEventsSettings::default(),
             auth: AuthSettings::default(),
         }
     }
@@ -340,6 +403,16 @@ impl Settings {
         }
         if self.max_connections == 0 {
             return Err("max_connections must be at least 1".into());
+        }
+        if self.kv_events.enabled() {
+            if self.kv_events.buffer_steps == 0 {
+                return Err("kv_events.buffer_steps must be at least 1".into());
+            }
+            if self.kv_events.queue_len == 0 {
+                return Err("kv_events.queue_len must be at least 1".into());
+            }
+        } else if self.kv_events.replay_endpoint.is_some() {
+            return Err("kv_events.replay_endpoint needs kv_events.endpoint".into());
         }
         for (name, d) in [
             ("header_timeout", self.header_timeout),
@@ -528,6 +601,32 @@ pub struct ServeArgs {
     /// [default: none, unbounded].
     #[arg(long, value_name = "NAMESPACE=SIZE", value_parser = parse_budget)]
     pub cluster_budget: Vec<(String, ByteSize)>,
+    /// ZeroMQ endpoint KV events are published on, e.g. tcp://*:5557 [default: none, no
+    /// events].
+    #[arg(long, env = "KVTIER_KV_EVENTS_ENDPOINT", value_name = "ENDPOINT")]
+    pub kv_events_endpoint: Option<String>,
+    /// Connect the KV-event socket to the endpoint instead of binding it [default: false].
+    #[arg(long, env = "KVTIER_KV_EVENTS_CONNECT", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub kv_events_connect: Option<bool>,
+    /// ZeroMQ endpoint of the KV-event replay socket [default: none, no replay].
+    #[arg(
+        long,
+        env = "KVTIER_KV_EVENTS_REPLAY_ENDPOINT",
+        value_name = "ENDPOINT"
+    )]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Topic frame of KV-event messages [default: empty].
+    #[arg(long, env = "KVTIER_KV_EVENTS_TOPIC", value_name = "TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// KV-event batches kept for replay [default: 10000].
+    #[arg(long, env = "KVTIER_KV_EVENTS_BUFFER_STEPS", value_name = "N")]
+    pub kv_events_buffer_steps: Option<usize>,
+    /// High-water mark of the KV-event socket, messages per subscriber [default: 100000].
+    #[arg(long, env = "KVTIER_KV_EVENTS_HWM", value_name = "N")]
+    pub kv_events_hwm: Option<u32>,
+    /// Residency events queued for the KV-event publisher [default: 65536].
+    #[arg(long, env = "KVTIER_KV_EVENTS_QUEUE_LEN", value_name = "N")]
+    pub kv_events_queue_len: Option<usize>,
     /// Bearer token for the admin endpoints; without one they are disabled.
     #[arg(
         long,
@@ -591,6 +690,15 @@ impl ServeArgs {
         for (namespace, size) in &self.cluster_budget {
             s.cluster.budgets.insert(namespace.clone(), *size);
         }
+        set(&mut s.kv_events.endpoint, &self.kv_events_endpoint);
+        set(&mut s.kv_events.connect, &self.kv_events_connect);
+        if self.kv_events_replay_endpoint.is_some() {
+            s.kv_events.replay_endpoint = self.kv_events_replay_endpoint.clone();
+        }
+        set(&mut s.kv_events.topic, &self.kv_events_topic);
+        set(&mut s.kv_events.buffer_steps, &self.kv_events_buffer_steps);
+        set(&mut s.kv_events.hwm, &self.kv_events_hwm);
+        set(&mut s.kv_events.queue_len, &self.kv_events_queue_len);
         set(&mut s.data_dir, &self.data_dir);
         set(&mut s.ram, &self.ram);
         set(&mut s.max_tokens, &self.max_tokens);

@@ -35,12 +35,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    fn engine(&self) -> PyResult<Arc<CoreEngine>> {
+    fn node(&self) -> PyResult<Arc<Node>> {
         self.node
             .read()
-            .as_ref()
-            .map(|n| n.engine.clone())
+            .clone()
             .ok_or_else(|| errors::raise("closed", "the engine is closed"))
+    }
+
+    fn engine(&self) -> PyResult<Arc<CoreEngine>> {
+        Ok(self.node()?.engine.clone())
     }
 }
 
@@ -253,7 +256,32 @@ impl Engine {
 
     /// Every counter, by the names `/v1/stats` uses.
     fn stats(&self) -> PyResult<std::collections::BTreeMap<String, u64>> {
-        Ok(self.engine()?.stats().counters().into_iter().collect())
+        let node = self.node()?;
+        let mut all: std::collections::BTreeMap<String, u64> =
+            node.engine.stats().counters().into_iter().collect();
+        if let Some(k) = &node.kv_events {
+            all.extend(
+                k.stats()
+                    .counters()
+                    .into_iter()
+                    .map(|(name, v)| (format!("kv_events_{name}"), v)),
+            );
+        }
+        Ok(all)
+    }
+
+    /// Where KV events are published: `{"endpoint": ..., "replay_endpoint": ... or None,
+    /// "epoch": ...}` (ports filled in), or `None` without `kv_events.endpoint`.
+    fn kv_events<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let node = self.node()?;
+        let Some(k) = &node.kv_events else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("endpoint", k.endpoint())?;
+        d.set_item("replay_endpoint", k.replay_endpoint())?;
+        d.set_item("epoch", k.epoch())?;
+        Ok(Some(d))
     }
 
     /// Writes everything queued for the persistent tier; whether it finished within
@@ -270,7 +298,11 @@ impl Engine {
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let within = seconds(timeout)?;
         if let Some(node) = self.node.write().take() {
-            py.detach(|| node.engine.shutdown(within));
+            // The node goes here too (its KV-event publisher sends what is queued).
+            py.detach(move || {
+                node.engine.shutdown(within);
+                drop(node);
+            });
         }
         Ok(())
     }

@@ -32,8 +32,14 @@ class Server:
             env={k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
         )
         self.url: str | None = None
+        # With --kv-events-endpoint: where events are published (ports filled in).
+        self.kv_events: str | None = None
+        self.kv_replay: str | None = None
         assert self.process.stdout is not None
         for line in self.process.stdout:
+            events = re.search(r"KV events on (\S+)(?: \(replay on (\S+)\))?", line)
+            if events:
+                self.kv_events, self.kv_replay = events.group(1), events.group(2)
             found = re.search(r"listening on (http://\S+)", line)
             if found:
                 self.url = found.group(1)

@@ -120,6 +120,15 @@ pub async fn signal() {
 /// requests are accepted (tests and scripts wait for that line).
 pub async fn run(settings: Settings) -> Result<Stopped, String> {
     let running = Running::start(settings).await?;
+    if let Some(k) = &running.app.node.kv_events {
+        match k.replay_endpoint() {
+            Some(replay) => println!(
+                "kvtier serve: KV events on {} (replay on {replay})",
+                k.endpoint()
+            ),
+            None => println!("kvtier serve: KV events on {}", k.endpoint()),
+        }
+    }
     println!("kvtier serve: listening on http://{}", running.addr);
     let _ = std::io::stdout().flush();
     let stopped = running.serve(signal()).await;

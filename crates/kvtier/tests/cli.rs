@@ -174,7 +174,7 @@ fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::
         };
         let flag = match section.as_str() {
             "" | "auth" => format!("--{}", key.replace('_', "-")),
-            s => format!("--{s}-{}", key.replace('_', "-")),
+            s => format!("--{}-{}", s.replace('_', "-"), key.replace('_', "-")),
         };
         let at = help
             .find(&format!("{flag} "))

@@ -106,6 +106,13 @@ impl ResidencyEvent {
 pub trait ResidencyObserver: Send + Sync + 'static {
     /// A batch of events, oldest first.
     fn observe(&self, events: &[ResidencyEvent]);
+
+    /// `count` events were dropped (the queue was full) since the last batch: called
+    /// before the next batch, so an observer that must be exact resynchronises (from
+    /// [`crate::Engine::index`], whose state is at least as new as anything dropped).
+    fn missed(&self, count: u64) {
+        let _ = count;
+    }
 }
 
 /// One observer's counters.

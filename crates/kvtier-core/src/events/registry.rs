@@ -17,7 +17,7 @@ struct Subscription {
     name: String,
     tx: Sender<ResidencyEvent>,
     delivered: Arc<AtomicU64>,
-    dropped: AtomicU64,
+    dropped: Arc<AtomicU64>,
 }
 
 /// The engine's observers. Publishing costs one relaxed load when nobody observes.
@@ -82,12 +82,13 @@ impl Observers {
         }
         let (tx, rx) = bounded(queue_len);
         let delivered = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(AtomicU64::new(0));
         let sub = Arc::new(Subscription {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.to_string(),
             tx,
             delivered: delivered.clone(),
-            dropped: AtomicU64::new(0),
+            dropped: dropped.clone(),
         });
         {
             let mut subs = self.subs.write();
@@ -98,7 +99,7 @@ impl Observers {
             }
             std::thread::Builder::new()
                 .name(format!("kvtier-observer-{name}"))
-                .spawn(move || deliver(&rx, observer.as_ref(), &delivered))
+                .spawn(move || deliver(&rx, observer.as_ref(), &delivered, &dropped))
                 .map_err(|e| {
                     Error::new(
                         crate::ErrorKind::Unavailable,
@@ -153,9 +154,16 @@ impl Subscription {
 }
 
 /// The observer's thread: takes what is queued, up to [`MAX_BATCH`] at a time, and hands
-/// it over. Ends when the observer is unregistered and its queue is empty.
-fn deliver(rx: &Receiver<ResidencyEvent>, observer: &dyn ResidencyObserver, delivered: &AtomicU64) {
+/// it over — after telling it how many were dropped since the last batch, if any. Ends
+/// when the observer is unregistered and its queue is empty.
+fn deliver(
+    rx: &Receiver<ResidencyEvent>,
+    observer: &dyn ResidencyObserver,
+    delivered: &AtomicU64,
+    dropped: &AtomicU64,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut missed_told = 0;
     while let Ok(first) = rx.recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -165,9 +173,14 @@ fn deliver(rx: &Receiver<ResidencyEvent>, observer: &dyn ResidencyObserver, deli
             }
         }
         let n = batch.len() as u64;
+        let missed = dropped.load(Ordering::Relaxed);
         let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if missed > missed_told {
+                observer.missed(missed - missed_told);
+            }
             observer.observe(&batch);
         }));
+        missed_told = missed;
         batch.clear();
         if ok.is_err() {
             tracing::error!("a residency observer panicked; it receives no more events");

@@ -257,6 +257,22 @@ impl PrefixIndex {
         cleared
     }
 
+    /// Every block the index knows of, with the tiers holding it (a mask of
+    /// [`TierKind::bit`]s): a listing for an observer that resynchronises. One shard at a
+    /// time, so not atomic across shards (an observer applies the events that follow).
+    pub fn entries(&self) -> Vec<(BlockMeta, u8)> {
+        let mut out = Vec::with_capacity(self.len());
+        self.map.for_each_mut(|shard| {
+            out.extend(
+                shard
+                    .values()
+                    .filter(|e| e.tiers != 0)
+                    .map(|e| (e.cold.meta.clone(), e.tiers)),
+            );
+        });
+        out
+    }
+
     /// Every block of `layout` the index knows of (for deleting a namespace).
     pub fn hashes_of_layout(&self, layout: LayoutDigest) -> Vec<BlockHash> {
         let mut out = Vec::new();

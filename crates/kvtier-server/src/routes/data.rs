@@ -388,5 +388,13 @@ pub async fn stats(State(app): App) -> Json<BTreeMap<String, u64>> {
                 .map(|(name, v)| (format!("cluster_{name}"), v)),
         );
     }
+    if let Some(k) = &app.node.kv_events {
+        all.extend(
+            k.stats()
+                .counters()
+                .into_iter()
+                .map(|(name, v)| (format!("kv_events_{name}"), v)),
+        );
+    }
     Json(all)
 }
