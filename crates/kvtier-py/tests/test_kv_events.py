@@ -298,3 +298,47 @@ def test_a_publisher_that_falls_behind_relists_instead_of_leaving_holes(tmp_path
             assert len(cleared) == after["kv_events_relistings"]
         finally:
             c.close()
+
+
+def test_the_remote_tier_is_its_own_medium_and_remote_locality(tmp_path):
+    import re
+    import subprocess
+
+    from serve import kvtier_binary
+
+    gateway = subprocess.Popen(
+        [kvtier_binary(), "gateway", "--dir", str(tmp_path / "s3"), "--listen", "127.0.0.1:0",
+         "--access-key", "kvtier-test", "--secret-key", "kvtier-test-secret", "--create-bucket", "kvcache"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = None
+        assert gateway.stdout is not None
+        for line in gateway.stdout:
+            if found := re.search(r"listening on (http://\S+)", line):
+                url = found.group(1)
+                break
+        assert url, "kvtier gateway did not start"
+        settings = {
+            "ram": "256MiB", "data_dir": str(tmp_path / "kv"), "ssd": {"enabled": False},
+            "remote": {"endpoints": [url], "bucket": "kvcache", "access_key": "kvtier-test",
+                       "secret_key": "kvtier-test-secret"},
+            "kv_events": {"endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"},
+        }
+        with kvtier.Engine(settings) as kv:
+            where = kv.kv_events()
+            c = Consumer(where["endpoint"], where["replay_endpoint"])
+            try:
+                c.sync()
+                layout = layout_of(kv)
+                kv.store(layout, tokens(9, 3), payload(layout, 9, 3))
+                assert kv.flush(30)
+                c.wait_for(lambda: c.count("REMOTE") == 3 and c.count("CPU") == 3)
+                remote = [e for _, b in c.log for e in b.events if isinstance(e, BlockStored) and e.medium == "REMOTE"]
+                assert all(e.locality == "REMOTE" for e in remote)
+                assert c.held["REMOTE"] == c.held["CPU"]
+            finally:
+                c.close()
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=30)
