@@ -30,6 +30,6 @@ mod translate;
 pub mod wire;
 
 pub use config::KvEventsConfig;
-pub use publisher::{BoundSockets, KvEventPublisher, PublisherStats};
+pub use publisher::{BoundSockets, KvEventPublisher, PublisherStats, StatsReader};
 pub use sockets::EPOCH_SHIFT;
 pub use translate::Medium;

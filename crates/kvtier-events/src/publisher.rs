@@ -267,7 +267,24 @@ impl KvEventPublisher {
 
     /// The counters.
     pub fn stats(&self) -> PublisherStats {
-        let s = &self.shared;
+        self.stats_reader().read()
+    }
+
+    /// A reader of the counters for a metrics collector (it outlives the publisher; its
+    /// counters then stay as they were).
+    pub fn stats_reader(&self) -> StatsReader {
+        StatsReader(self.shared.clone())
+    }
+}
+
+/// Reads a publisher's counters ([`KvEventPublisher::stats_reader`]).
+#[derive(Debug, Clone)]
+pub struct StatsReader(Arc<Shared>);
+
+impl StatsReader {
+    /// The counters now.
+    pub fn read(&self) -> PublisherStats {
+        let s = &self.0;
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         PublisherStats {
             epoch: get(&s.epoch),

@@ -54,6 +54,7 @@ impl Metrics {
         engine: &Arc<Engine>,
         recovery: Arc<Mutex<Option<RecoveryReport>>>,
         cluster: Option<Arc<kvtier_meta::ClusterStats>>,
+        kv_events: Option<kvtier_events::StatsReader>,
     ) {
         let mut registry = Registry::with_prefix("kvtier");
         registry.register(
@@ -65,6 +66,7 @@ impl Metrics {
             engine: Arc::downgrade(engine),
             recovery,
             cluster,
+            kv_events,
         }));
         *self.registry.lock() = Some(registry);
     }
@@ -93,6 +95,7 @@ struct EngineCollector {
     engine: Weak<Engine>,
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
     cluster: Option<Arc<kvtier_meta::ClusterStats>>,
+    kv_events: Option<kvtier_events::StatsReader>,
 }
 
 /// Metric families collected from the counter tables, in first-seen order, then written
@@ -242,6 +245,19 @@ impl Collector for EngineCollector {
             w.gauges(
                 "cluster",
                 "The cluster metadata plane: replay, watch, publishing, fencing (docs/cluster.md)",
+                series,
+            );
+        }
+        if let Some(k) = &self.kv_events {
+            let series = k
+                .read()
+                .counters()
+                .into_iter()
+                .map(|(what, v)| (l(&[("what", what)]), v))
+                .collect();
+            w.gauges(
+                "kv_events",
+                "The KV-event publisher: epoch, batches, replays, misses, re-listings (docs/kv-events.md)",
                 series,
             );
         }

@@ -28,6 +28,7 @@ impl AppState {
             &node.engine,
             node.recovery.clone(),
             node.cluster.as_ref().map(|c| c.stats().clone()),
+            node.kv_events.as_ref().map(|k| k.stats_reader()),
         );
         Ok(Arc::new(Self {
             engine: node.engine.clone(),
