@@ -145,11 +145,21 @@ impl Client {
     }
 
     /// Reads the matched blocks of `hit` straight into `out` (writable, C-contiguous, at
-    /// least `hit.nbytes`); the number of blocks written.
-    fn load_into(&self, py: Python<'_>, hit: &Hit, out: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let request = load_request(hit)?;
+    /// least `hit.nbytes`, or the share of `layers`); the number of blocks written.
+    /// `layers=(start, end)`: only those layers of each block, back to back.
+    #[pyo3(signature = (hit, out, layers=None))]
+    fn load_into(
+        &self,
+        py: Python<'_>,
+        hit: &Hit,
+        out: &Bound<'_, PyAny>,
+        layers: Option<(u32, u32)>,
+    ) -> PyResult<usize> {
+        let mut request = load_request(hit)?;
+        let per_block = hit.bytes_per_block(layers)?;
+        request.layers = layers.map(|(start, end)| [start, end]);
         let mut target = Exported::get(out, true, "out")?;
-        let dst = room_for(hit, &mut target)?;
+        let dst = room_for(hit, per_block, &mut target)?;
         let (n, _status) = self.call(py, self.http.load_into(&request, dst))?;
         Ok(n)
     }

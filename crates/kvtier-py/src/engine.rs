@@ -193,16 +193,31 @@ impl Engine {
     }
 
     /// Copies the matched blocks of `hit` back to back into `out` (a writable,
-    /// C-contiguous buffer of at least `hit.nbytes` bytes); the number of blocks written
-    /// (fewer than `hit.blocks` when a block was lost since the lookup).
-    fn load_into(&self, py: Python<'_>, hit: &Hit, out: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// C-contiguous buffer of at least `hit.nbytes` bytes, or the share of `layers`); the
+    /// number of blocks written (fewer than `hit.blocks` when a block was lost since the
+    /// lookup). `layers=(start, end)`: only those layers of each block, back to back.
+    #[pyo3(signature = (hit, out, layers=None))]
+    fn load_into(
+        &self,
+        py: Python<'_>,
+        hit: &Hit,
+        out: &Bound<'_, PyAny>,
+        layers: Option<(u32, u32)>,
+    ) -> PyResult<usize> {
         let engine = self.engine()?;
-        let refs = local(hit)?;
+        let Found::Local(lookup) = &hit.found else {
+            return Err(invalid(
+                "this hit came from a Client: load it with the Client",
+            ));
+        };
+        let block = hit.bytes_per_block(layers)?;
         let mut target = Exported::get(out, true, "out")?;
-        let dst = room_for(hit, &mut target)?;
-        let block = hit.block_bytes;
+        let dst = room_for(hit, block, &mut target)?;
         py.detach(|| -> kvtier_core::Result<usize> {
-            let loaded = engine.load(refs)?;
+            let loaded = match layers {
+                None => engine.load(&lookup.blocks)?,
+                Some((start, end)) => engine.load_layers(lookup, start..end)?,
+            };
             for (i, b) in loaded.blocks.iter().enumerate() {
                 dst[i * block..(i + 1) * block].copy_from_slice(b);
             }

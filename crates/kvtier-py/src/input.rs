@@ -190,8 +190,12 @@ pub(crate) fn payloads_of<'a>(
 }
 
 /// The first `hit.nbytes` bytes of `out`, checked to be there.
-pub(crate) fn room_for<'a>(hit: &Hit, out: &'a mut Exported) -> PyResult<&'a mut [u8]> {
-    let need = hit.blocks * hit.block_bytes;
+pub(crate) fn room_for<'a>(
+    hit: &Hit,
+    per_block: usize,
+    out: &'a mut Exported,
+) -> PyResult<&'a mut [u8]> {
+    let need = hit.blocks * per_block;
     let dst = out.bytes_mut();
     if dst.len() < need {
         return Err(errors::invalid(format!(

@@ -130,17 +130,35 @@ pub struct Hit {
     pub(crate) found: Found,
     pub(crate) layout: String,
     pub(crate) block_bytes: usize,
+    pub(crate) num_layers: u32,
     pub(crate) matched_tokens: usize,
     pub(crate) blocks: usize,
     pub(crate) tiers: Vec<String>,
 }
 
 impl Hit {
+    /// Bytes of one block a load of `layers` fills: the whole block, or its pages of
+    /// layers `start..end` (every layer's page is the same size). An error for an empty
+    /// range or one past the layout's layers.
+    pub(crate) fn bytes_per_block(&self, layers: Option<(u32, u32)>) -> PyResult<usize> {
+        match layers {
+            None => Ok(self.block_bytes),
+            Some((start, end)) if start < end && end <= self.num_layers => {
+                Ok(self.block_bytes / self.num_layers as usize * (end - start) as usize)
+            }
+            Some((start, end)) => Err(crate::errors::invalid(format!(
+                "layers ({start}, {end}) is empty or past the layout's {} layers",
+                self.num_layers
+            ))),
+        }
+    }
+
     /// The answer of the embedded engine.
     pub(crate) fn local(lookup: Lookup, layout: &Layout) -> Self {
         Self {
             layout: layout.digest.clone(),
             block_bytes: layout.block_bytes,
+            num_layers: layout.num_layers,
             matched_tokens: lookup.matched_tokens,
             blocks: lookup.blocks.len(),
             tiers: lookup
@@ -157,6 +175,7 @@ impl Hit {
         Self {
             layout: layout.digest.clone(),
             block_bytes: layout.block_bytes,
+            num_layers: layout.num_layers,
             matched_tokens: answer.matched_tokens,
             blocks: answer.blocks(),
             // One letter per block: r RAM, s SSD, o object storage.

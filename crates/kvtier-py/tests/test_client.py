@@ -104,3 +104,19 @@ def test_a_restarted_server_serves_what_it_acknowledged_durably(tmp_path):
         assert np.array_equal(out, data)
     finally:
         s.stop()
+
+
+def test_load_into_one_layer_range_through_the_server(server):
+    c = kvtier.Client(server.url)
+    layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
+    data = payload(layout, 41, 3)
+    c.store(layout, tokens(41, 3), data)
+    hit = c.lookup(layout, tokens(41, 3))
+    page = layout.block_bytes // 2
+    blocks = data.reshape(3, 2, page)
+    for start, end in ((0, 1), (1, 2)):
+        out = np.zeros(3 * page, dtype=np.uint8)
+        assert c.load_into(hit, out, layers=(start, end)) == 3
+        assert np.array_equal(out.reshape(3, 1, page), blocks[:, start:end])
+    with pytest.raises(kvtier.InvalidError, match="layers"):
+        c.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8), layers=(0, 3))

@@ -298,3 +298,21 @@ def test_load_into_allocates_nothing_large(tmp_path):
     assert done.returncode == 0, done.stderr
     grew = int(done.stdout.strip().splitlines()[-1])
     assert grew < 8 << 20, f"the load's peak memory grew by {grew} bytes"
+
+
+def test_load_into_one_layer_range_fills_only_those_pages(kv, layout):
+    # 2 layers: each block is layer 0's page then layer 1's page (8 KiB each).
+    data = payload(layout, 31, 3)
+    kv.store(layout, tokens(31, 3), data)
+    hit = kv.lookup(layout, tokens(31, 3))
+    page = layout.block_bytes // 2
+    blocks = data.reshape(3, 2, page)
+    for start, end in ((0, 1), (1, 2), (0, 2)):
+        out = np.zeros(3 * (end - start) * page, dtype=np.uint8)
+        assert kv.load_into(hit, out, layers=(start, end)) == 3
+        assert np.array_equal(out.reshape(3, end - start, page), blocks[:, start:end])
+    for bad in ((1, 1), (0, 3), (2, 3)):
+        with pytest.raises(kvtier.InvalidError, match="layers"):
+            kv.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8), layers=bad)
+    with pytest.raises(kvtier.InvalidError, match="out holds"):
+        kv.load_into(hit, np.zeros(3 * page - 1, dtype=np.uint8), layers=(1, 2))
