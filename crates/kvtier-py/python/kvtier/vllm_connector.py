@@ -7,22 +7,29 @@ Select it with::
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"url": "http://127.0.0.1:7700"}}'
 
-vLLM runs a connector's scheduler side in its engine-core process and its worker side in
-a worker process, so both talk to one ``kvtier serve`` (``url``) through
-``kvtier.Client``. kvtier keys every block by its own verified token chain under a layout
+The cache is either a ``kvtier serve`` (``url``, through ``kvtier.Client``: any number of
+vLLM processes and replicas share it) or an engine embedded in vLLM's engine-core process
+(``engine``: ``kvtier serve``'s settings as a dict, or the path of its settings file),
+shared by the connector's scheduler and worker sides — which needs both in that one
+process (a single worker: vLLM's ``uni`` executor). kvtier keys every block by its own verified token chain under a layout
 built from vLLM's model config (model, revision, dtype, block size, layers, KV heads,
 head size, tensor-parallel rank and size), so a block is only ever served to the same
 model, dtype and geometry, after exactly the same tokens.
 
 - Scheduler side: how many leading whole blocks of a prompt kvtier holds (a lookup, which
   the server answers from memory), leaving at least one prompt token to compute.
-- Worker side: a load fills the request's blocks in vLLM's paged cache, every layer;
-  a load that comes back short (the server gone, a block evicted or failing its
-  checksum since the lookup) reports those blocks through vLLM's load-error path and vLLM
-  recomputes them. A save gathers every layer of the prompt's whole blocks computed in
-  this step and stores them once the forward pass is done.
-- Requests kvtier cannot key exactly are never served and never stored: a LoRA adapter, a
-  cache salt, multimodal inputs (when in doubt, miss).
+- Worker side: loads run layer by layer on a thread of their own — one request per
+  layer, in the order the forward pass needs them — and each layer is written into vLLM's
+  paged cache just before that layer's attention runs (``wait_for_layer_load``), so the
+  transfer of later layers overlaps the computation of earlier ones. A load that comes
+  back short (the server gone, a block evicted or failing its checksum since the lookup,
+  a deadline passed) reports those blocks through vLLM's load-error path and vLLM
+  recomputes them. A save gathers each layer of the prompt's whole blocks computed in
+  this step as its attention finishes, and stores them once the forward pass is done.
+- A request's cache salt is part of its key (the layout's tenant salt): a salted prefix
+  is only ever served to requests with the same salt. Requests kvtier cannot key exactly
+  are never served and never stored: a LoRA adapter, multimodal inputs (when in doubt,
+  miss).
 
 Each block's payload is layer-major: for each layer, vLLM's cache slice of that block
 (``[kv_heads, block_size, 2 * head_size]`` on the CPU backend: keys and values side by
@@ -31,8 +38,12 @@ side).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import json
 import logging
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,6 +68,10 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
+#: The longest a forward pass waits for one step's loads, in seconds (default); past it,
+#: the blocks not arrived are recomputed. ``kv_connector_extra_config.load_deadline``.
+LOAD_DEADLINE = 30.0
+
 
 @dataclasses.dataclass
 class _Job:
@@ -70,6 +85,92 @@ class _Job:
     #: Blocks at the start already in vLLM's cache (not written again by a load).
     skip: int
     load: bool
+    #: The request's cache salt (part of its layout's key), if it has one.
+    salt: str | None = None
+
+
+_EMBEDDED: dict[str, kvtier.Engine] = {}
+_EMBEDDED_LOCK = threading.Lock()
+
+
+def _embedded(settings: dict[str, Any] | str) -> kvtier.Engine:
+    """The process's engine for `settings` (a dict, or a settings file's path): the
+    scheduler side and the worker side of one vLLM process share it. Closed (flushed) at
+    exit."""
+    key = json.dumps(settings, sort_keys=True)
+    with _EMBEDDED_LOCK:
+        engine = _EMBEDDED.get(key)
+        if engine is None or engine.closed:
+            if isinstance(settings, str):
+                engine = kvtier.Engine(config_file=settings)
+            else:
+                engine = kvtier.Engine(settings)
+            _EMBEDDED[key] = engine
+            atexit.register(engine.close)
+        return engine
+
+
+class _LayerLoads:
+    """One step's loads, fetched layer by layer on a thread of their own.
+
+    The thread asks kvtier for layer 0 of every load, then layer 1, …, each into a buffer
+    of its own, and signals each layer when all of that layer's requests have answered.
+    It never touches vLLM's cache: the forward pass's thread writes a layer into the cache
+    when it reaches it (``take``), so a thread that is late or stuck can only be waited
+    for (up to the deadline), never write into a cache that is in use.
+    """
+
+    def __init__(self, client: Any, plan: list[tuple[_Job, Any]], layers: int, page: int) -> None:
+        self._client = client
+        self.plan = plan
+        self._page = page
+        self._ready = [threading.Event() for _ in range(layers)]
+        #: Per layer, per job: (buffer, blocks it holds).
+        self._got: list[list[tuple[torch.Tensor, int] | None]] = [[None] * len(plan) for _ in range(layers)]
+        #: Per job: the fewest blocks any layer delivered so far.
+        self.delivered = [len(job.block_ids) for job, _ in plan]
+        self.failed = False
+        self._thread = threading.Thread(target=self._run, name="kvtier-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for li in range(len(self._ready)):
+                for j, (job, hit) in enumerate(self.plan):
+                    if self.delivered[j] <= job.skip:
+                        continue  # nothing left of this load to write
+                    buf = torch.empty(hit.blocks * self._page, dtype=torch.uint8)
+                    try:
+                        n = min(self._client.load_into(hit, buf.numpy(), layers=(li, li + 1)), len(job.block_ids))
+                    except kvtier.KvtierError as e:
+                        logger.warning("kvtier load of layer %d failed; vLLM recomputes: %s", li, e)
+                        n = 0
+                    self.delivered[j] = min(self.delivered[j], n)
+                    self._got[li][j] = (buf, n)
+                self._ready[li].set()
+        except Exception:  # noqa: BLE001 - whatever it was, the blocks are recomputed
+            logger.exception("kvtier loader failed; vLLM recomputes")
+            self.failed = True
+        finally:
+            for e in self._ready:
+                e.set()
+
+    def take(self, li: int, deadline: float) -> list[tuple[_Job, torch.Tensor, int]] | None:
+        """Layer `li` of every load: (job, buffer, blocks) — or None past the deadline."""
+        if not self._ready[li].wait(max(0.0, deadline - time.monotonic())) or self.failed:
+            self.failed = True
+            return None
+        out = []
+        for (job, _), got in zip(self.plan, self._got[li]):
+            if got is not None:
+                out.append((job, got[0], got[1]))
+        return out
+
+    def finish(self, deadline: float) -> None:
+        """Waits for the thread (up to the deadline); past it, every load counts as failed."""
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self.failed = True
 
 
 @dataclasses.dataclass
@@ -90,10 +191,28 @@ class KvtierConnector(KVConnectorBase_V1):
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        url = extra.get("url")
-        if not url:
-            raise ValueError("KvtierConnector needs kv_connector_extra_config.url (kvtier serve)")
-        self._client = kvtier.Client(url, extra.get("token"))
+        url, embedded = extra.get("url"), extra.get("engine")
+        if bool(url) == (embedded is not None):
+            raise ValueError(
+                "KvtierConnector needs kv_connector_extra_config.url (a kvtier serve) or "
+                ".engine (kvtier settings for an engine in this process), one of them"
+            )
+        self._client: kvtier.Client | kvtier.Engine
+        if embedded is not None:
+            backend = vllm_config.parallel_config.distributed_executor_backend
+            if backend != "uni":
+                raise ValueError(
+                    f"KvtierConnector: an embedded kvtier engine serves the scheduler and the "
+                    f"workers only when they run in one process (executor 'uni', one worker); "
+                    f"this engine uses {backend!r}: use kvtier serve (url), or run vLLM with "
+                    f"--distributed-executor-backend uni (on CPU also VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+                )
+            if not isinstance(embedded, (dict, str)):
+                raise ValueError("KvtierConnector: engine must be a dict of kvtier settings or a settings file path")
+            self._client = _embedded(embedded)
+        else:
+            self._client = kvtier.Client(url, extra.get("token"))
+        self._load_deadline = float(extra.get("load_deadline", LOAD_DEADLINE))
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
             logger.warning(
                 "kv_load_failure_policy is not 'recompute': a block kvtier cannot deliver "
@@ -109,51 +228,69 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layers = model.get_num_layers(parallel)
         self._kv_heads = model.get_num_kv_heads(parallel)
         self._head_size = model.get_head_size()
-        self._layout = self._client.register_layout(
-            model.model,
-            dtype,
-            self._block_size,
-            self._layers,
-            self._kv_heads,
-            self._head_size,
-            tp_rank=parallel.rank % max(parallel.tensor_parallel_size, 1),
-            tp_size=parallel.tensor_parallel_size,
-            weights_digest=str(model.revision or ""),
-            tokenizer_digest=str(model.tokenizer_revision or ""),
-        )
-        # Scheduler side: matched tokens by request, and requests to load this step.
+        self._layout_args = (model.model, dtype, self._block_size, self._layers, self._kv_heads, self._head_size)
+        self._layout_kwargs = {
+            "tp_rank": parallel.rank % max(parallel.tensor_parallel_size, 1),
+            "tp_size": parallel.tensor_parallel_size,
+            "weights_digest": str(model.revision or ""),
+            "tokenizer_digest": str(model.tokenizer_revision or ""),
+        }
+        # One layout per cache salt (None: unsalted), registered on first use.
+        self._layouts: dict[str | None, Any] = {}
+        self._layout(None)
+        # Scheduler side: the cache salt of each request kvtier can key (a request it
+        # cannot key has no entry: never loaded, never stored), matched tokens by request,
+        # and requests to load this step.
+        self._salt: dict[str, str | None] = {}
         self._matched: dict[str, int] = {}
         self._to_load: dict[str, tuple[Request, int]] = {}
         # Worker side: layer order, gathered saves, failed loads.
         self._layer_names: list[str] | None = None
         self._saving: dict[str, list[torch.Tensor | None]] = {}
         self._load_errors: set[int] = set()
+        # This step's loads, their deadline, and the layers written into vLLM's cache.
+        self._loads: _LayerLoads | None = None
+        self._loads_until = 0.0
+        self._written: set[int] = set()
         # Requests whose load came back short in this step: their blocks in vLLM's cache
         # are not what kvtier's keys name until vLLM recomputes them, so nothing of them
         # is stored in this step.
         self._short: set[str] = set()
 
+    def _layout(self, salt: str | None) -> Any:
+        """The layout of requests with cache salt `salt`: the model's, with the salt as the
+        tenant salt, so a salted prefix is only ever served to requests with that salt."""
+        layout = self._layouts.get(salt)
+        if layout is None:
+            tenant = None if salt is None else salt.encode("utf-8")
+            layout = self._client.register_layout(*self._layout_args, **self._layout_kwargs, tenant_salt=tenant)
+            self._layouts[salt] = layout
+        return layout
+
     # ---- scheduler side ----
 
     @staticmethod
     def _keyable(request: Any) -> bool:
-        """Whether kvtier can key the request exactly (a scheduler `Request` or a newly
-        scheduled request's data: both carry these fields)."""
-        return not (
-            getattr(request, "lora_request", None)
-            or getattr(request, "cache_salt", None)
-            or getattr(request, "mm_features", None)
-        )
+        """Whether kvtier can key the request exactly: not with a LoRA adapter or
+        multimodal inputs (a cache salt is keyed: it is part of the layout)."""
+        return not (getattr(request, "lora_request", None) or getattr(request, "mm_features", None))
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         tokens = list(request.prompt_token_ids or [])
         usable = (len(tokens) - 1) // self._block_size * self._block_size
-        if not self._keyable(request) or usable <= num_computed_tokens:
+        if not self._keyable(request):
+            self._salt.pop(request.request_id, None)
+            return 0, False
+        # Decided here, from the scheduler's request: what the step's plan sees of a new
+        # request does not carry its cache salt.
+        salt = request.cache_salt
+        self._salt[request.request_id] = salt
+        if usable <= num_computed_tokens:
             return 0, False
         try:
-            hit = self._client.lookup(self._layout, tokens[:usable])
+            hit = self._client.lookup(self._layout(salt), tokens[:usable])
         except kvtier.KvtierError as e:
             logger.warning("kvtier lookup failed, computing instead: %s", e)
             return 0, False
@@ -179,17 +316,19 @@ class KvtierConnector(KVConnectorBase_V1):
             block_ids = list(new.block_ids[0])
             loading = self._to_load.pop(new.req_id, None)
             matched = self._matched.pop(new.req_id, 0) if loading else 0
+            keyable = new.req_id in self._salt and self._keyable(new)
+            salt = self._salt.get(new.req_id)
             if loading is not None:
                 _, local = loading
                 meta.jobs.append(
-                    _Job(new.req_id, tokens[:matched], block_ids[: matched // bs], local // bs, True)
+                    _Job(new.req_id, tokens[:matched], block_ids[: matched // bs], local // bs, True, salt)
                 )
             # Store the prompt's whole blocks computed by the end of this step, unless
             # kvtier holds them all already (a request it cannot key is never stored).
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             whole = min(done, len(tokens)) // bs
-            if whole * bs > matched and self._keyable(new):
-                meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], block_ids[:whole], 0, False))
+            if whole * bs > matched and keyable:
+                meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], block_ids[:whole], 0, False, salt))
         # A request resumed after preemption loads into its new blocks.
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -201,13 +340,14 @@ class KvtierConnector(KVConnectorBase_V1):
             matched = self._matched.pop(req_id, 0)
             tokens = list(request.all_token_ids[:matched])
             block_ids = list(new_ids[0])[: matched // bs]
-            meta.jobs.append(_Job(req_id, tokens, block_ids, local // bs, True))
+            meta.jobs.append(_Job(req_id, tokens, block_ids, local // bs, True, request.cache_salt))
         self._to_load.clear()
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._matched.pop(request.request_id, None)
         self._to_load.pop(request.request_id, None)
+        self._salt.pop(request.request_id, None)
         return False, None
 
     # ---- worker side ----
@@ -229,34 +369,68 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         self._short = set()
+        self._written = set()
         jobs = [j for j in meta.jobs if j.load]
         if not jobs:
             return
         names = self._layers_in_order(forward_context)
+        # One lookup per load (memory only on the server), then every layer on the loader.
+        plan = []
         for job in jobs:
-            n = len(job.block_ids)
-            loaded = 0
             try:
-                hit = self._client.lookup(self._layout, job.tokens)
-                if hit.blocks >= n:
-                    buf = torch.empty(hit.nbytes, dtype=torch.uint8)
-                    loaded = min(self._client.load_into(hit, buf.numpy()), n)
+                hit = self._client.lookup(self._layout(job.salt), job.tokens)
             except kvtier.KvtierError as e:
-                logger.warning("kvtier load failed; vLLM recomputes: %s", e)
-            if loaded > job.skip:
-                for li, name in enumerate(names):
-                    cache = forward_context.no_compile_layers[name].kv_cache
-                    per_block = buf.view(hit.blocks, self._layers, -1)[job.skip : loaded, li]
-                    dst = torch.tensor(job.block_ids[job.skip : loaded], dtype=torch.long)
-                    cache[dst] = per_block.view(cache.dtype).view(loaded - job.skip, *cache.shape[1:])
-            # Whatever did not arrive is recomputed by vLLM.
-            if loaded < n:
-                self._short.add(job.req_id)
-                self._load_errors.update(job.block_ids[max(loaded, job.skip) :])
+                logger.warning("kvtier lookup before a load failed; vLLM recomputes: %s", e)
+                hit = None
+            if hit is not None and hit.blocks >= len(job.block_ids):
+                plan.append((job, hit))
+            else:
+                self._fail(job, job.skip)
+        if plan:
+            cache = forward_context.no_compile_layers[names[0]].kv_cache
+            page = cache[0].numel() * cache.element_size()
+            self._loads_until = time.monotonic() + self._load_deadline
+            self._loads = _LayerLoads(self._client, plan, self._layers, page)
+
+    def _fail(self, job: _Job, delivered: int) -> None:
+        """Blocks `delivered`.. of `job` did not arrive: vLLM recomputes them, and nothing
+        of the request is stored in this step."""
+        self._short.add(job.req_id)
+        self._load_errors.update(job.block_ids[max(delivered, job.skip) :])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Loads complete in start_load_kv (before the first layer runs).
-        return
+        loads = self._loads
+        if loads is None:
+            return
+        li = self._layers_in_order(get_forward_context()).index(layer_name)
+        got = loads.take(li, self._loads_until)
+        self._written.add(li)
+        if got is None:
+            return  # past the deadline: every load of this step is recomputed (_settle)
+        cache = get_forward_context().no_compile_layers[layer_name].kv_cache
+        for job, buf, n in got:
+            if n <= job.skip:
+                continue
+            # The buffer holds this layer's page of each block the hit matched, in order.
+            per_block = buf.view(cache.dtype).view(-1, *cache.shape[1:])
+            dst = torch.tensor(job.block_ids[job.skip : n], dtype=torch.long)
+            cache[dst] = per_block[job.skip : n]
+
+    def _settle(self) -> None:
+        """After the forward pass: waits for the loader (up to the deadline) and reports
+        every block that did not arrive in every layer — or whose layer was never written
+        into vLLM's cache — as a load error."""
+        loads, self._loads = self._loads, None
+        if loads is None:
+            return
+        loads.finish(self._loads_until)
+        all_written = len(self._written) == self._layers
+        if not all_written:
+            logger.error("KvtierConnector: vLLM ran layers without waiting for their loads; recomputing them")
+        for j, (job, _) in enumerate(loads.plan):
+            delivered = 0 if loads.failed or not all_written else loads.delivered[j]
+            if delivered < len(job.block_ids):
+                self._fail(job, delivered)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -276,6 +450,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        self._settle()
         short, self._short = self._short, set()
         for job in (j for j in meta.jobs if not j.load):
             parts = self._saving.pop(job.req_id, None)
@@ -287,10 +462,11 @@ class KvtierConnector(KVConnectorBase_V1):
             blocks = torch.stack([p for p in parts if p is not None], dim=1).contiguous()
             raw = blocks.view(torch.uint8).reshape(-1).numpy()
             try:
-                self._client.store(self._layout, job.tokens, raw)
+                self._client.store(self._layout(job.salt), job.tokens, raw)
             except kvtier.KvtierError as e:
                 logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        self._settle()  # (done already when vLLM called wait_for_save)
         failed, self._load_errors = self._load_errors, set()
         return failed

@@ -56,10 +56,13 @@ def models(tmp_path_factory):
     return a, b
 
 
-def engine(model: Path, url: str | None, dtype: str = "bfloat16", between=None) -> dict:
+def engine(model: Path, url: str | None, dtype: str = "bfloat16", between=None, salt: str | None = None) -> dict:
     """One engine run; its result. ``between`` runs once the engine is up, before it
-    generates."""
+    generates; ``salt`` is the prompt's cache salt."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.pop("KVTIER_TEST_CACHE_SALT", None)
+    if salt is not None:
+        env["KVTIER_TEST_CACHE_SALT"] = salt
     args = [sys.executable, str(HERE / "engine_run.py"), str(model), url or "none", str(PROMPT), dtype]
     if between is not None:
         ready, go = model.parent / f"ready-{time.time_ns()}", model.parent / f"go-{time.time_ns()}"
@@ -82,6 +85,18 @@ def engine(model: Path, url: str | None, dtype: str = "bfloat16", between=None) 
     assert child.returncode == 0, err[-4000:]
     line = next(l for l in out.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
+
+
+def load_requests(server: Server) -> int:
+    """`POST /v1/load` requests the server has answered (its request histogram)."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    return sum(
+        int(float(m.group(1)))
+        for m in re.finditer(r'kvtier_request_duration_seconds_count\{[^}]*endpoint="/v1/load"[^}]*\} (\S+)', text)
+    )
 
 
 def same(a: dict, b: dict) -> bool:
@@ -109,9 +124,12 @@ def test_a_fresh_engine_gets_the_prefix_from_kvtier_bit_identically(models, cold
     try:
         first = engine(models[0], server.url)
         assert first["cached"] == 0 and same(first, cold)
+        before = load_requests(server)
         second = engine(models[0], server.url)
         assert second["cached"] == EXPECTED
         assert same(second, cold), (second, cold)
+        # Loaded layer by layer: one request per attention layer (the model has two).
+        assert load_requests(server) - before == 2
         # The same after kvtier serve restarts between two engines (blocks from the SSD).
         assert server.stop() == 0
         server = Server(tmp_path / "data")
@@ -123,6 +141,30 @@ def test_a_fresh_engine_gets_the_prefix_from_kvtier_bit_identically(models, cold
         assert engine(models[0], server.url, dtype="float16")["cached"] == 0
     finally:
         server.stop()
+
+
+def test_a_cache_salt_is_part_of_the_key(models, cold, tmp_path):
+    server = Server(tmp_path / "data", "--ssd-enabled", "false")
+    try:
+        a = engine(models[0], server.url, salt="tenant-a")
+        assert a["cached"] == 0 and same(a, cold)
+        # Neither an unsalted request nor another salt sees tenant a's prefix (the
+        # unsalted run stores its own blocks, which tenant b does not see either).
+        assert engine(models[0], server.url)["cached"] == 0
+        assert engine(models[0], server.url, salt="tenant-b")["cached"] == 0
+        again = engine(models[0], server.url, salt="tenant-a")
+        assert again["cached"] == EXPECTED and same(again, cold), (again, cold)
+    finally:
+        server.stop()
+
+
+def test_over_an_embedded_engine_a_fresh_process_gets_the_prefix_from_its_ssd(models, cold, tmp_path):
+    where = f"embedded:{tmp_path / 'kv'}"
+    first = engine(models[0], where)
+    assert first["cached"] == 0 and same(first, cold)
+    second = engine(models[0], where)
+    assert second["cached"] == EXPECTED
+    assert same(second, cold), (second, cold)
 
 
 def test_the_engine_recomputes_when_kvtier_serve_dies_mid_run(models, cold, tmp_path):
