@@ -152,8 +152,8 @@ class _LayerLoads:
             logger.exception("kvtier loader failed; vLLM recomputes")
             self.failed = True
         finally:
-            for e in self._ready:
-                e.set()
+            for ready in self._ready:
+                ready.set()
 
     def take(self, li: int, deadline: float) -> list[tuple[_Job, torch.Tensor, int]] | None:
         """Layer `li` of every load: (job, buffer, blocks) — or None past the deadline."""
@@ -211,7 +211,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 raise ValueError("KvtierConnector: engine must be a dict of kvtier settings or a settings file path")
             self._client = _embedded(embedded)
         else:
-            self._client = kvtier.Client(url, extra.get("token"))
+            self._client = kvtier.Client(str(url), extra.get("token"))
         self._load_deadline = float(extra.get("load_deadline", LOAD_DEADLINE))
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
             logger.warning(
@@ -228,13 +228,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layers = model.get_num_layers(parallel)
         self._kv_heads = model.get_num_kv_heads(parallel)
         self._head_size = model.get_head_size()
-        self._layout_args = (model.model, dtype, self._block_size, self._layers, self._kv_heads, self._head_size)
-        self._layout_kwargs = {
-            "tp_rank": parallel.rank % max(parallel.tensor_parallel_size, 1),
-            "tp_size": parallel.tensor_parallel_size,
-            "weights_digest": str(model.revision or ""),
-            "tokenizer_digest": str(model.tokenizer_revision or ""),
-        }
+        self._model_name, self._dtype = str(model.model), dtype
+        self._tp = (parallel.rank % max(parallel.tensor_parallel_size, 1), parallel.tensor_parallel_size)
+        self._revisions = (str(model.revision or ""), str(model.tokenizer_revision or ""))
         # One layout per cache salt (None: unsalted), registered on first use.
         self._layouts: dict[str | None, Any] = {}
         self._layout(None)
@@ -263,7 +259,19 @@ class KvtierConnector(KVConnectorBase_V1):
         layout = self._layouts.get(salt)
         if layout is None:
             tenant = None if salt is None else salt.encode("utf-8")
-            layout = self._client.register_layout(*self._layout_args, **self._layout_kwargs, tenant_salt=tenant)
+            layout = self._client.register_layout(
+                self._model_name,
+                self._dtype,
+                self._block_size,
+                self._layers,
+                self._kv_heads,
+                self._head_size,
+                tp_rank=self._tp[0],
+                tp_size=self._tp[1],
+                tenant_salt=tenant,
+                weights_digest=self._revisions[0],
+                tokenizer_digest=self._revisions[1],
+            )
             self._layouts[salt] = layout
         return layout
 
