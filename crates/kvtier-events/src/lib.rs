@@ -16,8 +16,9 @@
 //!   within a process) and `n` counts its batches from 0. Every epoch opens with
 //!   `AllBlocksCleared` followed by a listing of every block held, so a consumer that sees
 //!   a new epoch (a restart) drops what it knew and relearns; one that ignores epochs
-//!   still converges by applying batches in order. A new subscription is answered with an
-//!   empty batch, so a subscriber learns the current sequence (and any gap or new epoch)
+//!   still converges by applying batches in order. After 2^21 batches the next listing
+//!   opens a new epoch (numbers never run out). A new subscription is answered with an
+//!   empty batch (never before the epoch's listing), so a subscriber learns the current sequence (and any gap or new epoch)
 //!   at once.
 //! - **Never stale.** When the engine drops events because this publisher fell behind, the
 //!   publisher re-lists (`AllBlocksCleared` and the listing) instead of publishing a view

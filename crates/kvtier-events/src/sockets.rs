@@ -20,11 +20,15 @@ const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 const REPLAY_POLL: Duration = Duration::from_millis(10);
 
 /// A sequence number is `epoch << EPOCH_SHIFT | n`: `n` counts an epoch's batches in the
-/// low 22 bits (4,194,304 of them; then a new epoch begins, with a listing).
+/// low 22 bits (4,194,304 of them; a new epoch begins, with a listing, after half).
 pub const EPOCH_SHIFT: u32 = 22;
 
 /// Batches in one epoch.
 const BATCHES_PER_EPOCH: u64 = 1 << EPOCH_SHIFT;
+
+/// After this many batches of an epoch the observer is asked to re-list, and the listing
+/// opens a new epoch (long before the epoch's numbers run out).
+const RENEW_EPOCH_AT: u64 = BATCHES_PER_EPOCH / 2;
 
 /// Epochs count milliseconds from 2020-01-01T00:00:00Z: 41 bits last until 2089, and
 /// `epoch << 22` stays below 2^63, so a consumer that reads sequences as signed 64-bit
@@ -66,8 +70,8 @@ pub(crate) struct Shared {
     pub missed: AtomicU64,
     pub relistings: AtomicU64,
     pub welcomes: AtomicU64,
-    /// Set when a new epoch begins mid-run (the batch counter ran out): the observer
-    /// re-lists before its next batch.
+    /// Set when an epoch is half used (or, as a last resort, ran out): the observer re-lists
+    /// before its next batch, and that listing opens a new epoch.
     pub relist: AtomicBool,
 }
 
@@ -90,12 +94,21 @@ impl SocketLoop {
         loop {
             match batches.recv_timeout(REPLAY_POLL) {
                 Ok(events) => {
-                    if n == BATCHES_PER_EPOCH {
-                        // An epoch's batches are used up: a new epoch, opened by a listing.
+                    // Epochs change only where a listing starts (so every epoch opens
+                    // with `AllBlocksCleared`): once half an epoch's numbers are used,
+                    // the observer is asked for a listing, which opens the next one. The
+                    // last resort, never reached while listings flow, keeps numbers from
+                    // running into the epoch's bits.
+                    let listing = matches!(events.first(), Some(WireEvent::AllCleared));
+                    if (listing && n >= RENEW_EPOCH_AT) || n == BATCHES_PER_EPOCH {
                         let epoch = next_epoch(self.clock.as_ref());
                         self.shared.epoch.store(epoch, Ordering::Relaxed);
-                        self.shared.relist.store(true, Ordering::Relaxed);
+                        if !listing {
+                            self.shared.relist.store(true, Ordering::Relaxed);
+                        }
                         n = 0;
+                    } else if n == RENEW_EPOCH_AT {
+                        self.shared.relist.store(true, Ordering::Relaxed);
                     }
                     let seq = (self.shared.epoch.load(Ordering::Relaxed) << EPOCH_SHIFT) | n;
                     n += 1;
@@ -104,7 +117,8 @@ impl SocketLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            if self.new_subscriber() {
+            // Not before the epoch's listing has gone out: its first batch is the listing.
+            if n > 0 && self.new_subscriber() {
                 let seq = (self.shared.epoch.load(Ordering::Relaxed) << EPOCH_SHIFT) | n;
                 n += 1;
                 self.publish(seq, &[], &mut buffer);
