@@ -4,6 +4,7 @@ filled by replay, a restart seen as a new epoch. Published by the embedded engin
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -51,13 +52,22 @@ def kv(tmp_path):
         yield e
 
 
-@pytest.fixture
-def consumer(kv):
+@contextlib.contextmanager
+def consumer_of(kv):
+    """A consumer of `kv`'s events, caught up with what was published so far."""
     where = kv.kv_events()
     c = Consumer(where["endpoint"], where["replay_endpoint"])
-    c.sync()
-    yield c
-    c.close()
+    try:
+        c.sync()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def consumer(kv):
+    with consumer_of(kv) as c:
+        yield c
 
 
 def layout_of(kv):
@@ -112,10 +122,7 @@ def test_a_store_is_one_block_stored_chain_with_its_tokens(kv, consumer):
 def test_evictions_are_block_removed_and_the_view_matches_what_ram_holds(tmp_path):
     # 512 KiB of RAM holds 32 blocks of 16 KiB: 64 stored blocks evict about half.
     with engine(tmp_path, ram="512KiB") as kv:
-        where = kv.kv_events()
-        c = Consumer(where["endpoint"], where["replay_endpoint"])
-        try:
-            c.sync()
+        with consumer_of(kv) as c:
             layout = layout_of(kv)
             for seed in range(8):
                 kv.store(layout, tokens(10 + seed, 8), payload(layout, seed, 8))
@@ -133,16 +140,11 @@ def test_evictions_are_block_removed_and_the_view_matches_what_ram_holds(tmp_pat
             # Every held block was announced with its tokens.
             for h in c.held["CPU"]:
                 assert h in c.blocks
-        finally:
-            c.close()
 
 
 def test_the_ssd_tier_is_its_own_medium(tmp_path):
     with engine(tmp_path, ssd=True) as kv:
-        where = kv.kv_events()
-        c = Consumer(where["endpoint"], where["replay_endpoint"])
-        try:
-            c.sync()
+        with consumer_of(kv) as c:
             layout = layout_of(kv)
             kv.store(layout, tokens(3, 3), payload(layout, 3, 3))
             assert kv.flush(30)
@@ -150,8 +152,6 @@ def test_the_ssd_tier_is_its_own_medium(tmp_path):
             assert c.held["CPU"] == c.held["SSD"]
             ssd = [e for _, b in c.log for e in b.events if isinstance(e, BlockStored) and e.medium == "SSD"]
             assert all(e.locality == "LOCAL" for e in ssd)
-        finally:
-            c.close()
 
 
 def test_replay_answers_a_missed_range_in_order_then_the_end_marker(kv, consumer):
@@ -281,10 +281,7 @@ def test_a_publisher_that_falls_behind_relists_instead_of_leaving_holes(tmp_path
     # A queue of one event: most residency events are dropped; each drop makes the
     # publisher re-list, so the view still ends up exactly what RAM holds.
     with engine(tmp_path, ram="512KiB", queue_len=1) as kv:
-        where = kv.kv_events()
-        c = Consumer(where["endpoint"], where["replay_endpoint"])
-        try:
-            c.sync()
+        with consumer_of(kv) as c:
             layout = layout_of(kv)
             for seed in range(8):
                 kv.store(layout, tokens(60 + seed, 8), payload(layout, seed, 8))
@@ -299,8 +296,6 @@ def test_a_publisher_that_falls_behind_relists_instead_of_leaving_holes(tmp_path
             # came after the first store.
             cleared = [s for s, b in c.log for e in b.events if isinstance(e, AllBlocksCleared)]
             assert len(cleared) == after["kv_events_relistings"]
-        finally:
-            c.close()
 
 
 def test_the_remote_tier_is_its_own_medium_and_remote_locality(tmp_path):
@@ -329,10 +324,7 @@ def test_the_remote_tier_is_its_own_medium_and_remote_locality(tmp_path):
             "kv_events": {"endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"},
         }
         with kvtier.Engine(settings) as kv:
-            where = kv.kv_events()
-            c = Consumer(where["endpoint"], where["replay_endpoint"])
-            try:
-                c.sync()
+            with consumer_of(kv) as c:
                 layout = layout_of(kv)
                 kv.store(layout, tokens(9, 3), payload(layout, 9, 3))
                 assert kv.flush(30)
@@ -340,8 +332,6 @@ def test_the_remote_tier_is_its_own_medium_and_remote_locality(tmp_path):
                 remote = [e for _, b in c.log for e in b.events if isinstance(e, BlockStored) and e.medium == "REMOTE"]
                 assert all(e.locality == "REMOTE" for e in remote)
                 assert c.held["REMOTE"] == c.held["CPU"]
-            finally:
-                c.close()
     finally:
         gateway.terminate()
         gateway.wait(timeout=30)
