@@ -57,6 +57,28 @@ pub(crate) fn next_epoch(clock: &dyn Clock) -> u64 {
     }
 }
 
+/// The sequence number of the next batch (`listing`: it starts a listing), `n` being the
+/// count of the epoch's batches so far.
+///
+/// Epochs change only where a listing starts, so every epoch opens with `AllBlocksCleared`:
+/// once half an epoch's numbers are used, the observer is asked for a listing, which opens
+/// the next one. The last resort, never reached while listings flow, keeps numbers from
+/// running into the epoch's bits.
+fn next_seq(shared: &Shared, clock: &dyn Clock, n: &mut u64, listing: bool) -> u64 {
+    if (listing && *n >= RENEW_EPOCH_AT) || *n >= BATCHES_PER_EPOCH {
+        shared.epoch.store(next_epoch(clock), Ordering::Relaxed);
+        if !listing {
+            shared.relist.store(true, Ordering::Relaxed);
+        }
+        *n = 0;
+    } else if *n == RENEW_EPOCH_AT {
+        shared.relist.store(true, Ordering::Relaxed);
+    }
+    let seq = (shared.epoch.load(Ordering::Relaxed) << EPOCH_SHIFT) | *n;
+    *n += 1;
+    seq
+}
+
 /// Counters and the epoch, shared with the publisher's handle.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -94,24 +116,8 @@ impl SocketLoop {
         loop {
             match batches.recv_timeout(REPLAY_POLL) {
                 Ok(events) => {
-                    // Epochs change only where a listing starts (so every epoch opens
-                    // with `AllBlocksCleared`): once half an epoch's numbers are used,
-                    // the observer is asked for a listing, which opens the next one. The
-                    // last resort, never reached while listings flow, keeps numbers from
-                    // running into the epoch's bits.
                     let listing = matches!(events.first(), Some(WireEvent::AllCleared));
-                    if (listing && n >= RENEW_EPOCH_AT) || n == BATCHES_PER_EPOCH {
-                        let epoch = next_epoch(self.clock.as_ref());
-                        self.shared.epoch.store(epoch, Ordering::Relaxed);
-                        if !listing {
-                            self.shared.relist.store(true, Ordering::Relaxed);
-                        }
-                        n = 0;
-                    } else if n == RENEW_EPOCH_AT {
-                        self.shared.relist.store(true, Ordering::Relaxed);
-                    }
-                    let seq = (self.shared.epoch.load(Ordering::Relaxed) << EPOCH_SHIFT) | n;
-                    n += 1;
+                    let seq = next_seq(&self.shared, self.clock.as_ref(), &mut n, listing);
                     self.publish(seq, &events, &mut buffer);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -119,8 +125,7 @@ impl SocketLoop {
             }
             // Not before the epoch's listing has gone out: its first batch is the listing.
             if n > 0 && self.new_subscriber() {
-                let seq = (self.shared.epoch.load(Ordering::Relaxed) << EPOCH_SHIFT) | n;
-                n += 1;
+                let seq = next_seq(&self.shared, self.clock.as_ref(), &mut n, false);
                 self.publish(seq, &[], &mut buffer);
             }
             self.serve_replays(&buffer);
@@ -205,5 +210,58 @@ impl SocketLoop {
             let end: [&[u8]; 5] = [id, b"", b"", &END_SEQ, b""];
             let _ = replay.send_multipart(end, zmq::DONTWAIT);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_core::clock::SystemClock;
+
+    #[test]
+    fn epochs_change_at_listings_after_half_an_epoch_and_never_overflow() {
+        let clock = SystemClock::new();
+        let shared = Shared::default();
+        shared.epoch.store(next_epoch(&clock), Ordering::Relaxed);
+        let first = shared.epoch.load(Ordering::Relaxed);
+        let mut n = 0;
+        // The opening listing and an ordinary batch: epoch `first`, numbers 0 and 1.
+        assert_eq!(
+            next_seq(&shared, &clock, &mut n, true),
+            first << EPOCH_SHIFT
+        );
+        assert_eq!(
+            next_seq(&shared, &clock, &mut n, false),
+            (first << EPOCH_SHIFT) | 1
+        );
+        // A listing early in the epoch (after dropped events) stays in it.
+        assert_eq!(
+            next_seq(&shared, &clock, &mut n, true) >> EPOCH_SHIFT,
+            first
+        );
+        // Half the numbers used: the observer is asked for a listing...
+        n = RENEW_EPOCH_AT;
+        assert!(!shared.relist.load(Ordering::Relaxed));
+        next_seq(&shared, &clock, &mut n, false);
+        assert!(shared.relist.swap(false, Ordering::Relaxed));
+        // ...and that listing opens a later epoch at number 0.
+        let seq = next_seq(&shared, &clock, &mut n, true);
+        assert!(seq >> EPOCH_SHIFT > first);
+        assert_eq!(seq & (BATCHES_PER_EPOCH - 1), 0);
+        // Without any listing, the last number of an epoch is the last one used in it.
+        let second = seq >> EPOCH_SHIFT;
+        n = BATCHES_PER_EPOCH - 1;
+        assert_eq!(
+            next_seq(&shared, &clock, &mut n, false),
+            (second << EPOCH_SHIFT) | (BATCHES_PER_EPOCH - 1)
+        );
+        let next = next_seq(&shared, &clock, &mut n, false);
+        assert!(
+            next >> EPOCH_SHIFT > second,
+            "numbers ran into the epoch's bits"
+        );
+        assert!(shared.relist.load(Ordering::Relaxed));
+        // Sequences stay below 2^63.
+        assert!(next < 1 << 63);
     }
 }
