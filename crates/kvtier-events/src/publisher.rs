@@ -116,15 +116,6 @@ impl std::fmt::Debug for BoundSockets {
 }
 
 impl KvEventPublisher {
-    /// [`KvEventPublisher::bind`] and [`KvEventPublisher::start`] in one.
-    pub fn open(
-        engine: &Arc<Engine>,
-        config: &KvEventsConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Result<KvEventPublisher> {
-        Self::start(engine, Self::bind(config)?, clock)
-    }
-
     /// Binds (or connects) the sockets `config` names.
     pub fn bind(config: &KvEventsConfig) -> Result<BoundSockets> {
         if config.endpoint.is_empty() {

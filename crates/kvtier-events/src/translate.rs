@@ -43,6 +43,39 @@ impl Medium {
     }
 }
 
+/// What a block must match to join the open `BlockStored` run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Run {
+    tier: TierKind,
+    layout: LayoutDigest,
+    /// The run's last block: the next one must name it as its parent...
+    last: WireHash,
+    /// ...and sit right after it.
+    position: u32,
+    /// Whether the run's tokens are known (a run never mixes blocks with and without).
+    tokens_known: bool,
+}
+
+impl Run {
+    fn of(tier: TierKind, block: &BlockMeta) -> Run {
+        Run {
+            tier,
+            layout: block.layout,
+            last: block.hash.0,
+            position: block.position,
+            tokens_known: block.tokens_known(),
+        }
+    }
+
+    fn continued_by(&self, next: &Run, parent: &WireHash) -> bool {
+        self.tier == next.tier
+            && self.layout == next.layout
+            && self.last == *parent
+            && self.position + 1 == next.position
+            && self.tokens_known == next.tokens_known
+    }
+}
+
 /// Tokens per block of a layout, as far as the engine knows it.
 pub(crate) type BlockSizeOf<'a> = &'a dyn Fn(LayoutDigest) -> Option<u32>;
 
@@ -62,8 +95,8 @@ pub(crate) type HeldNow<'a> = &'a dyn Fn(TierKind, &BlockMeta) -> bool;
 #[derive(Default)]
 pub(crate) struct Translator {
     out: Vec<WireEvent>,
-    /// The open `BlockStored` run: its tier, layout, last block's hash and position.
-    run: Option<(TierKind, LayoutDigest, WireHash, u32, bool)>,
+    /// The open `BlockStored` run (the last event of `out`), if any.
+    run: Option<Run>,
     /// The tier of the open `BlockRemoved`.
     removing: Option<TierKind>,
 }
@@ -96,18 +129,14 @@ impl Translator {
         block_size_of: BlockSizeOf<'_>,
     ) {
         self.removing = None;
-        let known = block.tokens_known();
-        if let Some((t, layout, last, pos, run_known)) = self.run
-            && t == tier
-            && layout == block.layout
-            && last == block.parent.0
-            && block.position == pos + 1
-            && run_known == known
+        let next = Run::of(tier, block);
+        if let Some(run) = self.run
+            && run.continued_by(&next, &block.parent.0)
             && let Some(WireEvent::Stored { hashes, tokens, .. }) = self.out.last_mut()
         {
             hashes.push(block.hash.0);
             tokens.extend_from_slice(&block.tokens);
-            self.run = Some((tier, block.layout, block.hash.0, block.position, known));
+            self.run = Some(next);
             return;
         }
         let block_size = block_size_of(block.layout).unwrap_or(block.tokens.len() as u32);
@@ -122,7 +151,7 @@ impl Translator {
             medium: m.medium,
             locality: m.locality,
         });
-        self.run = Some((tier, block.layout, block.hash.0, block.position, known));
+        self.run = Some(next);
     }
 
     fn removed(&mut self, tier: TierKind, block: &BlockMeta) {

@@ -245,6 +245,31 @@ impl Node {
         }))
     }
 
+    /// Every counter of the node by its `/v1/stats` name: the engine's, then the cluster
+    /// plane's (`cluster_*`) and the KV-event publisher's (`kv_events_*`) where they run.
+    /// `kvtier serve` and the Python engine both answer with it.
+    pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut all: std::collections::BTreeMap<String, u64> =
+            self.engine.stats().counters().into_iter().collect();
+        if let Some(c) = &self.cluster {
+            all.extend(
+                c.stats()
+                    .snapshot()
+                    .into_iter()
+                    .map(|(name, v)| (format!("cluster_{name}"), v)),
+            );
+        }
+        if let Some(k) = &self.kv_events {
+            all.extend(
+                k.stats()
+                    .counters()
+                    .into_iter()
+                    .map(|(name, v)| (format!("kv_events_{name}"), v)),
+            );
+        }
+        all
+    }
+
     /// The clock every part of this node reads.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.components.clock

@@ -271,18 +271,7 @@ impl Engine {
 
     /// Every counter, by the names `/v1/stats` uses.
     fn stats(&self) -> PyResult<std::collections::BTreeMap<String, u64>> {
-        let node = self.node()?;
-        let mut all: std::collections::BTreeMap<String, u64> =
-            node.engine.stats().counters().into_iter().collect();
-        if let Some(k) = &node.kv_events {
-            all.extend(
-                k.stats()
-                    .counters()
-                    .into_iter()
-                    .map(|(name, v)| (format!("kv_events_{name}"), v)),
-            );
-        }
-        Ok(all)
+        Ok(self.node()?.counters())
     }
 
     /// Where KV events are published: `{"endpoint": ..., "replay_endpoint": ... or None,

@@ -137,9 +137,6 @@ def test_evictions_are_block_removed_and_the_view_matches_what_ram_holds(tmp_pat
             # each message tells the block's state when it is sent.)
             assert len(stored | removed) == 64
             assert len(removed - c.held["CPU"]) == 64 - resident
-            # Every held block was announced with its tokens.
-            for h in c.held["CPU"]:
-                assert h in c.blocks
 
 
 def test_the_ssd_tier_is_its_own_medium(tmp_path):

@@ -324,7 +324,8 @@ class KvtierConnector(KVConnectorBase_V1):
             block_ids = list(new.block_ids[0])
             loading = self._to_load.pop(new.req_id, None)
             matched = self._matched.pop(new.req_id, 0) if loading else 0
-            keyable = new.req_id in self._salt and self._keyable(new)
+            # Only requests kvtier can key have an entry (get_num_new_matched_tokens).
+            keyable = new.req_id in self._salt
             salt = self._salt.get(new.req_id)
             if loading is not None:
                 _, local = loading

@@ -377,24 +377,7 @@ pub async fn delete_layout(
     Ok(Json(serde_json::json!({ "removed_blocks": removed })).into_response())
 }
 
-/// `GET /v1/stats`: every engine counter.
+/// `GET /v1/stats`: every counter of the node.
 pub async fn stats(State(app): App) -> Json<BTreeMap<String, u64>> {
-    let mut all: BTreeMap<String, u64> = app.engine.stats().counters().into_iter().collect();
-    if let Some(c) = &app.node.cluster {
-        all.extend(
-            c.stats()
-                .snapshot()
-                .into_iter()
-                .map(|(name, v)| (format!("cluster_{name}"), v)),
-        );
-    }
-    if let Some(k) = &app.node.kv_events {
-        all.extend(
-            k.stats()
-                .counters()
-                .into_iter()
-                .map(|(name, v)| (format!("kv_events_{name}"), v)),
-        );
-    }
-    Json(all)
+    Json(app.node.counters())
 }
