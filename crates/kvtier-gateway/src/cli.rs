@@ -22,7 +22,7 @@ pub enum DurabilityArg {
 pub enum AuthArg {
     /// AWS SigV4 with --access-key/--secret-key (header or presigned).
     Sigv4,
-    /// None: every unsigned request allowed (a signed one is refused: docs/gateway.md). Only on a loopback address, for local tests.
+    /// None: every request allowed, signed or not (signatures are not checked). Only on a loopback address, for local tests.
     None,
 }
 

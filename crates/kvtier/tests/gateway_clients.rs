@@ -1,6 +1,7 @@
 //! `kvtier gateway` as a real process, driven by real S3 clients: boto3 (every supported
 //! operation, with checks), the AWS CLI, a restart, a kill -9 in the middle of PUTs, and
-//! the refusal to serve unauthenticated off loopback. Python packages come from
+//! a gateway without authentication (signed clients, aws-chunked bodies) and the refusal
+//! to serve unauthenticated off loopback. Python packages come from
 //! scripts/setup.sh (boto3, awscli).
 
 #![allow(
@@ -165,6 +166,16 @@ fn the_aws_cli_can_copy_list_get_ranges_and_delete() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SignatureDoesNotMatch"));
+}
+
+#[test]
+fn without_authentication_signed_requests_presigned_urls_and_aws_chunked_bodies_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start_unauthenticated(dir.path());
+    assert_ok(
+        &python(&g.endpoint, "any-secret", "unauth", &[]),
+        "the checks against --auth none",
+    );
 }
 
 #[test]

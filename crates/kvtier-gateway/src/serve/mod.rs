@@ -11,6 +11,7 @@
 mod access;
 mod conns;
 mod refusals;
+mod unsigned;
 mod wrap;
 
 use std::net::SocketAddr;
@@ -32,7 +33,9 @@ use crate::store::{GatewayStore, Opened};
 /// How requests are authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Auth {
-    /// No authentication: every request is allowed. Only on a loopback address.
+    /// No authentication: every request is allowed, and a signed one is served as if it
+    /// were unsigned (its signature is neither checked nor refused). Only on a loopback
+    /// address.
     None,
     /// AWS Signature Version 4 (header or presigned URL) with one key pair; unsigned
     /// requests are refused with `AccessDenied`.
@@ -218,6 +221,7 @@ impl RunningGateway {
             body_timeout: config.body_timeout,
             refusals: refusals::Refusals::new(config.refusal_log_interval),
             request_ids: wrap::RequestIds::new(),
+            unsigned: config.auth == Auth::None,
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.workers.max(1))

@@ -20,6 +20,9 @@
 //!   CORS configuration: 400 without `Origin`, 403 with one (CORS is not supported).
 //! - **Request ids**: every response carries `x-amz-request-id`, and an error's XML body
 //!   the same id in `<RequestId>`, as S3 answers (clients log it; support asks for it).
+//! - **Without authentication** (`--auth none`) a signed request is served as unsigned
+//!   and an `aws-chunked` body decoded here (`unsigned.rs`): s3s would refuse the first
+//!   and store the second's framing.
 //! - **GetObjectAttributes**: its `<ETag>` is written without quotes, as S3 writes it
 //!   there (s3s quotes every ETag element).
 
@@ -36,6 +39,7 @@ use hyper::body::Incoming;
 use s3s::service::S3Service;
 
 use super::refusals::Refusals;
+use super::unsigned;
 
 /// The largest chunked body without a length that is accepted (gathered in memory).
 pub const CHUNKED_MAX: usize = 8 << 20;
@@ -50,6 +54,9 @@ pub struct Shaper {
     pub body_timeout: Duration,
     pub refusals: Refusals,
     pub request_ids: RequestIds,
+    /// Authentication is off (`--auth none`): signatures are dropped and `aws-chunked`
+    /// bodies decoded here (`unsigned.rs`).
+    pub unsigned: bool,
 }
 
 /// Request ids: a per-process starting point (time and process id, so that ids of two
@@ -246,15 +253,19 @@ impl Shaper {
         if req.method() == http::Method::OPTIONS {
             return preflight(req.headers());
         }
-        if presigned_expiry_too_long(req.uri().query()) {
+        let (mut parts, body) = req.into_parts();
+        if self.unsigned {
+            unsigned::drop_signature(&mut parts);
+        }
+        if presigned_expiry_too_long(parts.uri.query()) {
             return xml_error(
                 StatusCode::FORBIDDEN,
                 "AccessDenied",
                 "X-Amz-Expires must be less than a week (in seconds)",
             );
         }
-        if req
-            .headers()
+        if parts
+            .headers
             .get("content-md5")
             .is_some_and(|v| v.as_bytes().trim_ascii().is_empty())
         {
@@ -265,7 +276,6 @@ impl Shaper {
                 "Content-MD5 is empty",
             );
         }
-        let (mut parts, body) = req.into_parts();
         if let Some(r) = parts.headers.get(http::header::RANGE)
             && !r.to_str().is_ok_and(single_range)
             && !range_is_signed(&parts)
@@ -282,7 +292,21 @@ impl Shaper {
             && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
             && !parts.headers.contains_key("x-amz-decoded-content-length");
         let body = TimedBody::new(body, self.body_timeout);
-        let body = if chunked_without_length {
+        let aws_chunked = self.unsigned && unsigned::is_aws_chunked(&parts);
+        let body = if aws_chunked {
+            let Some(decoded) = unsigned::decoded_head(&mut parts) else {
+                let mut res = xml_error(
+                    StatusCode::LENGTH_REQUIRED,
+                    "MissingContentLength",
+                    "an aws-chunked body needs x-amz-decoded-content-length",
+                );
+                // Its body is left unread.
+                res.headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                return res;
+            };
+            s3s::Body::http_body(unsigned::AwsChunkedBody::new(body, decoded))
+        } else if chunked_without_length {
             match gather(body, CHUNKED_MAX).await {
                 Ok(bytes) => {
                     parts
@@ -303,6 +327,7 @@ impl Shaper {
         };
         let is_get = parts.method == http::Method::GET;
         let has_body = chunked_without_length
+            || aws_chunked
             || parts
                 .headers
                 .get(http::header::CONTENT_LENGTH)

@@ -36,12 +36,21 @@ impl Gateway {
 
     /// [`Gateway::start`] listening on `listen` (`ADDRESS:0`).
     pub fn start_at(listen: &str, dir: &Path, extra: &[&str]) -> Self {
+        let keys = ["--access-key", ACCESS, "--secret-key", SECRET];
+        Self::launch(listen, dir, &[&keys[..], extra].concat())
+    }
+
+    /// Starts it on the store in `dir` without authentication (`--auth none`).
+    pub fn start_unauthenticated(dir: &Path) -> Self {
+        Self::launch("127.0.0.1:0", dir, &["--auth", "none"])
+    }
+
+    fn launch(listen: &str, dir: &Path, args: &[&str]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
         cmd.args(["gateway", "--listen", listen])
-            .args(["--access-key", ACCESS, "--secret-key", SECRET])
             .arg("--dir")
             .arg(dir)
-            .args(extra);
+            .args(args);
         let process = Process::start(
             "kvtier gateway",
             cmd,

@@ -6,9 +6,13 @@ MODE: full   - every supported operation, checked
       check  - the objects `put` wrote are there, byte for byte
       crashw - PUT objects until killed, printing each acknowledged key
       crashc - after a crash: every acknowledged key is whole, no partial object
+      unauth - against `--auth none`: signed requests (any key), presigned URLs and
+               aws-chunked bodies (signed chunks, unsigned trailer) are served; malformed
+               framing is refused and stores nothing
 Exit status 0 and a last line `OK` when every check passed.
 """
 import hashlib
+import http.client
 import sys
 import urllib.request
 
@@ -160,6 +164,98 @@ def full():
     assert error_code(lambda: s3.head_bucket(Bucket="empty-one"))[1] == 404
 
 
+def raw_put(key, framed, headers):
+    """PUTs `framed` as it is (no client library re-encodes it); (status, body)."""
+    host = endpoint.split("//", 1)[1]
+    c = http.client.HTTPConnection(host, timeout=30)
+    c.request("PUT", "/open/" + key, body=framed, headers={"Content-Length": str(len(framed)), **headers})
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
+
+
+def aws_chunked(data, chunk, signed):
+    sig = ";chunk-signature=" + "0f" * 32 if signed else ""
+    out = b""
+    for i in range(0, len(data), chunk):
+        c = data[i:i + chunk]
+        out += b"%x%s\r\n" % (len(c), sig.encode()) + c + b"\r\n"
+    out += b"0" + sig.encode() + b"\r\n"
+    if not signed:
+        out += b"x-amz-checksum-crc32:AAAAAA==\r\n"
+    return out + b"\r\n"
+
+
+def unauthenticated():
+    # boto3 signs every request with whatever key it has: served, not refused.
+    s3.create_bucket(Bucket="open")
+    data = body(5, 300_000)
+    s3.put_object(Bucket="open", Key="signed", Body=data)
+    assert s3.get_object(Bucket="open", Key="signed")["Body"].read() == data
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="open")["Contents"]] == ["signed"]
+    up = s3.create_multipart_upload(Bucket="open", Key="multi")
+    p1, p2 = body(6, 5 << 20), body(7, 1234)
+    parts = []
+    for n_, b in [(1, p1), (2, p2)]:
+        r = s3.upload_part(Bucket="open", Key="multi", UploadId=up["UploadId"], PartNumber=n_, Body=b)
+        parts.append({"PartNumber": n_, "ETag": r["ETag"]})
+    s3.complete_multipart_upload(Bucket="open", Key="multi", UploadId=up["UploadId"], MultipartUpload={"Parts": parts})
+    assert s3.get_object(Bucket="open", Key="multi")["Body"].read() == p1 + p2
+    # Presigned URLs, SigV4 and SigV2: the signing parameters are ignored.
+    for version, mark in [("s3v4", "X-Amz-Signature="), ("s3", "AWSAccessKeyId=")]:
+        signer = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access, aws_secret_access_key=secret,
+                              region_name="us-east-1",
+                              config=Config(signature_version=version, s3={"addressing_style": "path"}))
+        url = signer.generate_presigned_url("get_object", Params={"Bucket": "open", "Key": "signed"}, ExpiresIn=60)
+        assert mark in url, url
+        assert urllib.request.urlopen(url).read() == data
+        url = signer.generate_presigned_url("put_object", Params={"Bucket": "open", "Key": version}, ExpiresIn=60)
+        urllib.request.urlopen(urllib.request.Request(url, data=b"through a URL", method="PUT")).read()
+        assert s3.get_object(Bucket="open", Key=version)["Body"].read() == b"through a URL"
+    # Unsigned requests too.
+    urllib.request.urlopen(urllib.request.Request(endpoint + "/open/plain", data=b"plain", method="PUT")).read()
+    assert urllib.request.urlopen(endpoint + "/open/plain").read() == b"plain"
+
+    # aws-chunked bodies, as SDKs stream them: the object is the decoded bytes.
+    auth = {"Authorization": "AWS4-HMAC-SHA256 Credential=x/20261124/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=" + "ab" * 32}
+    data = body(8, 200_000)
+    status, text = raw_put("chunked-signed", aws_chunked(data, 65536, True), {
+        **auth,
+        "x-amz-content-sha256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        "Content-Encoding": "aws-chunked",
+        "x-amz-decoded-content-length": str(len(data)),
+    })
+    assert status == 200, (status, text)
+    g = s3.get_object(Bucket="open", Key="chunked-signed")
+    assert g["Body"].read() == data and "ContentEncoding" not in g, g.get("ContentEncoding")
+    status, text = raw_put("chunked-trailer", aws_chunked(data, 8192, False), {
+        "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+        "Content-Encoding": "gzip,aws-chunked",
+        "x-amz-trailer": "x-amz-checksum-crc32",
+        "x-amz-decoded-content-length": str(len(data)),
+    })
+    assert status == 200, (status, text)
+    g = s3.get_object(Bucket="open", Key="chunked-trailer")
+    assert g["Body"].read() == data and g["ContentEncoding"] == "gzip", g.get("ContentEncoding")
+    # Malformed framing, a length that does not match, no decoded length: refused, and
+    # nothing stored under the key.
+    bad = [
+        (aws_chunked(data, 65536, True), str(len(data) + 1), 400),
+        (aws_chunked(data, 65536, True), str(len(data) - 1), 400),
+        (aws_chunked(data, 65536, True)[:-40], str(len(data)), 400),
+        (b"not-hex\r\n" + data, str(len(data)), 400),
+        (aws_chunked(data, 65536, True), None, 411),
+    ]
+    for framed, decoded, want in bad:
+        headers = {**auth, "x-amz-content-sha256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}
+        if decoded is not None:
+            headers["x-amz-decoded-content-length"] = decoded
+        status, text = raw_put("refused", framed, headers)
+        assert status == want, (status, text, decoded)
+        assert error_code(lambda: s3.head_object(Bucket="open", Key="refused"))[1] == 404
+
+
 def put():
     s3.create_bucket(Bucket="persist")
     for i in range(20):
@@ -206,5 +302,5 @@ def crash_check():
     print(f"{len(acked)} acknowledged, {len(listed)} listed, all whole")
 
 
-{"full": full, "put": put, "check": check, "crashw": crash_writer, "crashc": crash_check}[mode]()
+{"full": full, "unauth": unauthenticated, "put": put, "check": check, "crashw": crash_writer, "crashc": crash_check}[mode]()
 print("OK")
