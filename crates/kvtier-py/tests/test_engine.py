@@ -270,7 +270,11 @@ def test_python_threads_run_while_a_load_copies(tmp_path):
             spinner.join()
             sys.setswitchinterval(interval)
         shares.sort()
-        assert shares[2] > 0.5, f"the spinner stalled while loading (its share of pace: {shares})"
+        # Held, the GIL would leave the spinner one 0.5 ms slice of a load taking tens of
+        # milliseconds (a share of a few percent); released, it keeps about its pace —
+        # less when something else wants the other core (0.44–0.59 seen with a second
+        # test run beside it), so the bar sits well between the two.
+        assert shares[2] > 0.2, f"the spinner stalled while loading (its share of pace: {shares})"
 
 
 def test_load_into_allocates_nothing_large(tmp_path):

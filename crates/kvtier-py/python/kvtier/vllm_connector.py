@@ -26,6 +26,12 @@ model, dtype and geometry, after exactly the same tokens.
   a deadline passed) reports those blocks through vLLM's load-error path and vLLM
   recomputes them. A save gathers each layer of the prompt's whole blocks computed in
   this step as its attention finishes, and stores them once the forward pass is done.
+- Hybrid models (vLLM's hybrid allocator, ``SupportsHMA``): each KV cache group
+  (full attention, sliding window) is keyed under a layout of its own; a hit is served
+  only where every group holds the prefix; such models load each request whole on a
+  thread while it waits (vLLM takes their load failures per request only), writing only
+  the sliding-window pages vLLM keeps. Groups of other kinds (Mamba, …) are never
+  served. docs/vllm.md.
 - A request's cache salt is part of its key (the layout's tenant salt): a salted prefix
   is only ever served to requests with the same salt. Requests kvtier cannot key exactly
   are never served and never stored: a LoRA adapter, multimodal inputs (when in doubt,
@@ -51,8 +57,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.forward_context import get_forward_context
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 import kvtier
 
@@ -80,13 +89,48 @@ class _Job:
     req_id: str
     #: The tokens of the whole blocks concerned, from the prompt's start.
     tokens: list[int]
-    #: vLLM's block ids for those blocks, in order.
-    block_ids: list[int]
+    #: vLLM's block ids for those blocks, in order: one list per KV cache group (the
+    #: null block, id 0, where a sliding-window group holds nothing).
+    block_ids: list[list[int]]
     #: Blocks at the start already in vLLM's cache (not written again by a load).
     skip: int
     load: bool
     #: The request's cache salt (part of its layout's key), if it has one.
     salt: str | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        """The block ids of a single-group model."""
+        return self.block_ids[0]
+
+
+#: vLLM's null block: a place holder in a sliding-window group's block table.
+_NULL_BLOCK = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """One of vLLM's KV cache groups (layers sharing a block table)."""
+
+    index: int
+    #: "full", "window", or the name of a kind kvtier does not serve.
+    kind: str
+    layers: tuple[str, ...]
+    #: A sliding-window group's window, in tokens.
+    window: int | None = None
+    #: Whether vLLM transfers this group at all (its other groups are rebuilt from it).
+    transfer: bool = True
+
+    @classmethod
+    def of(cls, index: int, spec: Any) -> _Group:
+        kv = spec.kv_cache_spec
+        if type(kv) is FullAttentionSpec:
+            kind, window = "full", None
+        elif type(kv) is SlidingWindowSpec:
+            kind, window = "window", int(kv.sliding_window)
+        else:
+            kind, window = type(kv).__name__, None
+        return cls(index, kind, tuple(spec.layer_names), window, bool(getattr(spec, "enable_kv_transfer", True)))
 
 
 _EMBEDDED: dict[str, kvtier.Engine] = {}
@@ -128,7 +172,7 @@ class _LayerLoads:
         #: Per layer, per job: (buffer, blocks it holds).
         self._got: list[list[tuple[torch.Tensor, int] | None]] = [[None] * len(plan) for _ in range(layers)]
         #: Per job: the fewest blocks any layer delivered so far.
-        self.delivered = [len(job.block_ids) for job, _ in plan]
+        self.delivered = [len(job.ids) for job, _ in plan]
         self.failed = False
         self._thread = threading.Thread(target=self._run, name="kvtier-load", daemon=True)
         self._thread.start()
@@ -141,7 +185,7 @@ class _LayerLoads:
                         continue  # nothing left of this load to write
                     buf = torch.empty(hit.blocks * self._page, dtype=torch.uint8)
                     try:
-                        n = min(self._client.load_into(hit, buf.numpy(), layers=(li, li + 1)), len(job.block_ids))
+                        n = min(self._client.load_into(hit, buf.numpy(), layers=(li, li + 1)), len(job.ids))
                     except kvtier.KvtierError as e:
                         logger.warning("kvtier load of layer %d failed; vLLM recomputes: %s", li, e)
                         n = 0
@@ -173,6 +217,29 @@ class _LayerLoads:
             self.failed = True
 
 
+class _AsyncLoad:
+    """One request's whole load (every group, every layer) on a thread of its own, for
+    models of several KV cache groups. The request waits for it before vLLM schedules it,
+    so the thread may write into its blocks directly; a short or failed load is reported
+    for the whole request (vLLM then computes it from the start)."""
+
+    def __init__(self, work: Any) -> None:
+        self.failed = False
+        self.reported = False
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(work,), name="kvtier-load-async", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Any) -> None:
+        try:
+            self.failed = not work()
+        except Exception:  # noqa: BLE001 - whatever it was, the request is recomputed
+            logger.exception("kvtier asynchronous load failed; vLLM recomputes the request")
+            self.failed = True
+        finally:
+            self.done.set()
+
+
 @dataclasses.dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """What the worker side does in this step."""
@@ -180,7 +247,7 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     jobs: list[_Job] = dataclasses.field(default_factory=list)
 
 
-class KvtierConnector(KVConnectorBase_V1):
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """See the module docs."""
 
     def __init__(
@@ -231,18 +298,54 @@ class KvtierConnector(KVConnectorBase_V1):
         self._model_name, self._dtype = str(model.model), dtype
         self._tp = (parallel.rank % max(parallel.tensor_parallel_size, 1), parallel.tensor_parallel_size)
         self._revisions = (str(model.revision or ""), str(model.tokenizer_revision or ""))
-        # One layout per cache salt (None: unsalted), registered on first use.
-        self._layouts: dict[str | None, Any] = {}
-        self._layout(None)
+        # vLLM's KV cache groups: one for a model whose layers are all alike; with the
+        # hybrid allocator, one per kind of layer (full attention, sliding window, …).
+        groups = [_Group.of(i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)]
+        self._groups = [g for g in groups if g.transfer]
+        unserved = sorted({g.kind for g in self._groups if g.kind not in ("full", "window")})
+        # Whether kvtier serves this model at all: every group must be one it keys
+        # exactly (a hit must restore every layer at one token boundary: when in doubt,
+        # miss). Recurrent (Mamba) groups are not served yet.
+        self._serves = bool(self._groups) and not unserved
+        if unserved:
+            logger.warning(
+                "KvtierConnector: KV cache groups of kind %s are not served by kvtier yet; "
+                "this model's prompts are computed, never loaded or stored",
+                ", ".join(unserved),
+            )
+        # With more than one group vLLM accepts load failures only per request, for
+        # asynchronous loads: such models load whole requests on a thread (below).
+        # A sliding-window group's table holds null blocks, never to be written: such
+        # models load that way too.
+        self._async = len(self._groups) > 1 or any(g.kind == "window" for g in self._groups)
+        # One layout per group and cache salt (None: unsalted), registered on first use.
+        self._layouts: dict[tuple[int, str | None], Any] = {}
+        if self._serves:
+            for g in self._groups:
+                self._layout(g, None)
         # Scheduler side: the cache salt of each request kvtier can key (a request it
         # cannot key has no entry: never loaded, never stored), matched tokens by request,
         # and requests to load this step.
         self._salt: dict[str, str | None] = {}
         self._matched: dict[str, int] = {}
         self._to_load: dict[str, tuple[Request, int]] = {}
-        # Worker side: layer order, gathered saves, failed loads.
+        # Asynchronous loads (several groups): allocated this step (request, block ids
+        # per group, tokens vLLM had), the tokens loaded per request until it is
+        # scheduled, and every request that had one (its blocks are freed only once the
+        # worker says its load thread is done: get_transfer_results).
+        self._async_to_load: dict[str, tuple[Request, list[list[int]], int]] = {}
+        self._loaded: dict[str, int] = {}
+        self._had_async: set[str] = set()
+        # Worker side: layer order, gathered saves (by request and group), failed loads.
         self._layer_names: list[str] | None = None
-        self._saving: dict[str, list[torch.Tensor | None]] = {}
+        self._saving: dict[tuple[str, int], list[torch.Tensor | None]] = {}
+        self._slot_of = {name: (g, i) for g in self._groups for i, name in enumerate(g.layers)}
+        # Asynchronous loads in flight (by request), requests finished while theirs ran,
+        # and every request that had one; the KV cache tensors they write into.
+        self._async_loads: dict[str, _AsyncLoad] = {}
+        self._finishing: set[str] = set()
+        self._async_seen: set[str] = set()
+        self._kv_caches: dict[str, torch.Tensor] | None = None
         self._load_errors: set[int] = set()
         # This step's loads, their deadline, and the layers written into vLLM's cache.
         self._loads: _LayerLoads | None = None
@@ -253,17 +356,25 @@ class KvtierConnector(KVConnectorBase_V1):
         # is stored in this step.
         self._short: set[str] = set()
 
-    def _layout(self, salt: str | None) -> Any:
-        """The layout of requests with cache salt `salt`: the model's, with the salt as the
-        tenant salt, so a salted prefix is only ever served to requests with that salt."""
-        layout = self._layouts.get(salt)
+    def _layout(self, group: _Group, salt: str | None) -> Any:
+        """The layout of `group`'s layers for requests with cache salt `salt`: the model's,
+        with the salt as the tenant salt, so a salted prefix is only ever served to
+        requests with that salt. A model of one full-attention group keys it as the model
+        itself (its layers in forward order); otherwise each group is a model of its own
+        layers, named in the key, in the group's order."""
+        layout = self._layouts.get((group.index, salt))
         if layout is None:
             tenant = None if salt is None else salt.encode("utf-8")
+            name, layers = self._model_name, self._layers
+            if self._async:
+                window = f" window {group.window}" if group.window else ""
+                name = f"{name} [kv cache group {group.index}: {group.kind}{window}: {','.join(group.layers)}]"
+                layers = len(group.layers)
             layout = self._client.register_layout(
-                self._model_name,
+                name,
                 self._dtype,
                 self._block_size,
-                self._layers,
+                layers,
                 self._kv_heads,
                 self._head_size,
                 tp_rank=self._tp[0],
@@ -272,7 +383,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 weights_digest=self._revisions[0],
                 tokenizer_digest=self._revisions[1],
             )
-            self._layouts[salt] = layout
+            self._layouts[(group.index, salt)] = layout
         return layout
 
     # ---- scheduler side ----
@@ -288,7 +399,7 @@ class KvtierConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         tokens = list(request.prompt_token_ids or [])
         usable = (len(tokens) - 1) // self._block_size * self._block_size
-        if not self._keyable(request):
+        if not self._serves or not self._keyable(request):
             self._salt.pop(request.request_id, None)
             return 0, False
         # Decided here, from the scheduler's request: what the step's plan sees of a new
@@ -298,46 +409,62 @@ class KvtierConnector(KVConnectorBase_V1):
         if usable <= num_computed_tokens:
             return 0, False
         try:
-            hit = self._client.lookup(self._layout(salt), tokens[:usable])
+            # A hit restores every group at one token boundary: the shortest group's.
+            matched = min(
+                self._client.lookup(self._layout(g, salt), tokens[:usable]).matched_tokens for g in self._groups
+            )
         except kvtier.KvtierError as e:
             logger.warning("kvtier lookup failed, computing instead: %s", e)
             return 0, False
-        if hit.matched_tokens <= num_computed_tokens:
+        if matched <= num_computed_tokens:
             return 0, False
-        self._matched[request.request_id] = hit.matched_tokens
-        return hit.matched_tokens - num_computed_tokens, False
+        self._matched[request.request_id] = matched
+        return matched - num_computed_tokens, self._async
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         if num_external_tokens > 0:
             matched = self._matched.get(request.request_id, 0)
-            self._to_load[request.request_id] = (request, matched - num_external_tokens)
+            if self._async:
+                ids = [list(g) for g in blocks.get_block_ids()]
+                self._async_to_load[request.request_id] = (request, ids, matched - num_external_tokens)
+            else:
+                self._to_load[request.request_id] = (request, matched - num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata()
         bs = self._block_size
+        # Asynchronous loads: the requests wait for them before they are scheduled.
+        for req_id, (request, ids, local) in self._async_to_load.items():
+            matched = self._matched.pop(req_id, 0)
+            self._loaded[req_id] = matched
+            self._had_async.add(req_id)
+            tokens = list(request.all_token_ids[:matched])
+            blocks = [g[: matched // bs] for g in ids]
+            meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, self._salt.get(req_id)))
+        self._async_to_load.clear()
         for new in scheduler_output.scheduled_new_reqs:
             tokens = list(new.prompt_token_ids or [])
             if not new.block_ids:
                 continue
-            block_ids = list(new.block_ids[0])
+            block_ids = [list(g) for g in new.block_ids]
             loading = self._to_load.pop(new.req_id, None)
-            matched = self._matched.pop(new.req_id, 0) if loading else 0
+            matched = self._matched.pop(new.req_id, 0) if loading else self._loaded.pop(new.req_id, 0)
             # Only requests kvtier can key have an entry (get_num_new_matched_tokens).
             keyable = new.req_id in self._salt
             salt = self._salt.get(new.req_id)
             if loading is not None:
                 _, local = loading
-                meta.jobs.append(
-                    _Job(new.req_id, tokens[:matched], block_ids[: matched // bs], local // bs, True, salt)
-                )
+                blocks = [g[: matched // bs] for g in block_ids]
+                meta.jobs.append(_Job(new.req_id, tokens[:matched], blocks, local // bs, True, salt))
             # Store the prompt's whole blocks computed by the end of this step, unless
             # kvtier holds them all already (a request it cannot key is never stored).
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             whole = min(done, len(tokens)) // bs
             if whole * bs > matched and keyable:
-                meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], block_ids[:whole], 0, False, salt))
+                blocks = [g[:whole] for g in block_ids]
+                meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], blocks, 0, False, salt))
         # A request resumed after preemption loads into its new blocks.
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -348,16 +475,30 @@ class KvtierConnector(KVConnectorBase_V1):
             request, local = loading
             matched = self._matched.pop(req_id, 0)
             tokens = list(request.all_token_ids[:matched])
-            block_ids = list(new_ids[0])[: matched // bs]
-            meta.jobs.append(_Job(req_id, tokens, block_ids, local // bs, True, request.cache_salt))
+            blocks = [list(g)[: matched // bs] for g in new_ids]
+            meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, request.cache_salt))
         self._to_load.clear()
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._matched.pop(request.request_id, None)
-        self._to_load.pop(request.request_id, None)
-        self._salt.pop(request.request_id, None)
-        return False, None
+        return self._finished(request.request_id)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._finished(request.request_id)
+
+    def _finished(self, req_id: str) -> tuple[bool, dict[str, Any] | None]:
+        """Forgets a request. One that had an asynchronous load keeps its blocks until the
+        worker reports its load thread done (it may still be writing into them)."""
+        self._matched.pop(req_id, None)
+        self._to_load.pop(req_id, None)
+        self._async_to_load.pop(req_id, None)
+        self._loaded.pop(req_id, None)
+        self._salt.pop(req_id, None)
+        delay = req_id in self._had_async
+        self._had_async.discard(req_id)
+        return delay, None
 
     # ---- worker side ----
 
@@ -374,12 +515,79 @@ class KvtierConnector(KVConnectorBase_V1):
                 )
         return self._layer_names
 
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv_caches = kv_caches
+
+    def _slot(self, layer_name: str) -> tuple[_Group, int]:
+        """The group of a layer and the layer's place in that group's payload."""
+        if not self._async:
+            return self._groups[0], self._layers_in_order(get_forward_context()).index(layer_name)
+        return self._slot_of[layer_name]
+
+    def _load_whole(self, job: _Job) -> bool:
+        """Loads every group of `job` into vLLM's cache (on an asynchronous load's
+        thread); whether all of it arrived."""
+        caches = self._kv_caches
+        if caches is None:
+            logger.error("KvtierConnector: vLLM registered no KV caches; recomputing")
+            return False
+        n = len(job.tokens) // self._block_size
+        for g in self._groups:
+            ids = job.block_ids[g.index]
+            # A full-attention group needs every block; a sliding-window one only those
+            # vLLM gave real blocks (the window before the boundary), the rest are null.
+            wanted = [i for i in range(job.skip, n) if ids[i] != _NULL_BLOCK]
+            if g.kind == "full" and len(wanted) != n - job.skip:
+                return False
+            if not wanted:
+                continue
+            hit = self._client.lookup(self._layout(g, job.salt), job.tokens)
+            if hit.blocks < n:
+                return False
+            layers = [caches[name] for name in g.layers]
+            page = layers[0][0].numel() * layers[0].element_size()
+            buf = torch.empty(hit.blocks * len(layers) * page, dtype=torch.uint8)
+            if self._client.load_into(hit, buf.numpy()) < n:
+                return False
+            # [blocks, layers, page]: each block's payload is layer-major.
+            per = buf.view(layers[0].dtype).view(hit.blocks, len(layers), *layers[0].shape[1:])
+            src = torch.tensor(wanted, dtype=torch.long)
+            dst = torch.tensor([ids[i] for i in wanted], dtype=torch.long)
+            for li, cache in enumerate(layers):
+                cache[dst] = per[src, li]
+        return True
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        out = KVConnectorTransferResults()
+        self._finishing |= finished_req_ids & self._async_seen
+        for req_id, load in self._async_loads.items():
+            if load.done.is_set() and not load.reported and req_id not in self._finishing:
+                load.reported = True
+                # A failed load is finished too: vLLM then recomputes the request.
+                out.finished_recving.add(req_id)
+                if load.failed:
+                    out.failed_recving.add(req_id)
+        # A finished request that had a load frees its blocks once the thread is done.
+        for req_id in list(self._finishing):
+            load = self._async_loads.get(req_id)
+            if load is None or load.done.is_set():
+                out.finished_sending.add(req_id)
+                self._finishing.discard(req_id)
+                self._async_seen.discard(req_id)
+                self._async_loads.pop(req_id, None)
+        return out
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         self._short = set()
         self._written = set()
         jobs = [j for j in meta.jobs if j.load]
+        if self._async:
+            for job in jobs:
+                self._async_seen.add(job.req_id)
+                self._async_loads[job.req_id] = _AsyncLoad(lambda job=job: self._load_whole(job))
+            return
         if not jobs:
             return
         names = self._layers_in_order(forward_context)
@@ -387,11 +595,11 @@ class KvtierConnector(KVConnectorBase_V1):
         plan = []
         for job in jobs:
             try:
-                hit = self._client.lookup(self._layout(job.salt), job.tokens)
+                hit = self._client.lookup(self._layout(self._groups[0], job.salt), job.tokens)
             except kvtier.KvtierError as e:
                 logger.warning("kvtier lookup before a load failed; vLLM recomputes: %s", e)
                 hit = None
-            if hit is not None and hit.blocks >= len(job.block_ids):
+            if hit is not None and hit.blocks >= len(job.ids):
                 plan.append((job, hit))
             else:
                 self._fail(job, job.skip)
@@ -405,7 +613,7 @@ class KvtierConnector(KVConnectorBase_V1):
         """Blocks `delivered`.. of `job` did not arrive: vLLM recomputes them, and nothing
         of the request is stored in this step."""
         self._short.add(job.req_id)
-        self._load_errors.update(job.block_ids[max(delivered, job.skip) :])
+        self._load_errors.update(job.ids[max(delivered, job.skip) :])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         loads = self._loads
@@ -422,7 +630,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 continue
             # The buffer holds this layer's page of each block the hit matched, in order.
             per_block = buf.view(cache.dtype).view(-1, *cache.shape[1:])
-            dst = torch.tensor(job.block_ids[job.skip : n], dtype=torch.long)
+            dst = torch.tensor(job.ids[job.skip : n], dtype=torch.long)
             cache[dst] = per_block[job.skip : n]
 
     def _settle(self) -> None:
@@ -438,7 +646,7 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.error("KvtierConnector: vLLM ran layers without waiting for their loads; recomputing them")
         for j, (job, _) in enumerate(loads.plan):
             delivered = 0 if loads.failed or not all_written else loads.delivered[j]
-            if delivered < len(job.block_ids):
+            if delivered < len(job.ids):
                 self._fail(job, delivered)
 
     def save_kv_layer(
@@ -447,14 +655,17 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         jobs = [j for j in meta.jobs if not j.load and j.req_id not in self._short]
-        if not jobs:
+        if not jobs or (self._async and layer_name not in self._slot_of):
             return
-        names = self._layers_in_order(get_forward_context())
-        li = names.index(layer_name)
+        group, li = self._slot(layer_name)
         for job in jobs:
-            parts = self._saving.setdefault(job.req_id, [None] * self._layers)
-            ids = torch.tensor(job.block_ids, dtype=torch.long)
-            parts[li] = kv_layer[ids].clone()
+            ids = job.block_ids[group.index]
+            if _NULL_BLOCK in ids:
+                # A sliding-window group that dropped blocks before this step: their KV
+                # is not here to store, and a chain is stored from its start.
+                continue
+            parts = self._saving.setdefault((job.req_id, group.index), [None] * len(group.layers))
+            parts[li] = kv_layer[torch.tensor(ids, dtype=torch.long)].clone()
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
@@ -462,18 +673,17 @@ class KvtierConnector(KVConnectorBase_V1):
         self._settle()
         short, self._short = self._short, set()
         for job in (j for j in meta.jobs if not j.load):
-            parts = self._saving.pop(job.req_id, None)
-            if job.req_id in short:
-                continue
-            if parts is None or any(p is None for p in parts):
-                continue
-            # [blocks, layers, ...]: each block's payload layer-major, contiguous.
-            blocks = torch.stack([p for p in parts if p is not None], dim=1).contiguous()
-            raw = blocks.view(torch.uint8).reshape(-1).numpy()
-            try:
-                self._client.store(self._layout(job.salt), job.tokens, raw)
-            except kvtier.KvtierError as e:
-                logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
+            for group in self._groups:
+                parts = self._saving.pop((job.req_id, group.index), None)
+                if job.req_id in short or parts is None or any(p is None for p in parts):
+                    continue
+                # [blocks, layers, ...]: each block's payload layer-major, contiguous.
+                blocks = torch.stack([p for p in parts if p is not None], dim=1).contiguous()
+                raw = blocks.view(torch.uint8).reshape(-1).numpy()
+                try:
+                    self._client.store(self._layout(group, job.salt), job.tokens, raw)
+                except kvtier.KvtierError as e:
+                    logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._settle()  # (done already when vLLM called wait_for_save)

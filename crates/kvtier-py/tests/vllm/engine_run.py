@@ -81,6 +81,9 @@ def main() -> None:
         "tokens": list(o.token_ids),
         "logprobs": [next(iter(lp.values())).logprob for lp in o.logprobs],
         "cached": out.num_cached_tokens,
+        # Whether vLLM kept its hybrid KV cache manager (it turns it off for a connector
+        # that does not implement the hybrid-allocator interface).
+        "hma": not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -28,13 +28,17 @@ BLOCK = 32
 EXPECTED = (PROMPT - 1) // BLOCK * BLOCK
 
 
-def make_model(path: Path, seed: int) -> None:
-    """A small Llama-shaped checkpoint with seeded random weights (bf16)."""
+def make_model(path: Path, seed: int, window: int | None = None) -> None:
+    """A small Llama-shaped checkpoint with seeded random weights (bf16). With `window`,
+    its first layer attends over a sliding window of that many tokens (vLLM's hybrid
+    allocator then keeps two KV cache groups: sliding-window and full attention)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    hybrid = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": window} if window else {}
     config = LlamaConfig(
+        **hybrid,
         vocab_size=2048,
         hidden_size=256,
         intermediate_size=512,
@@ -214,6 +218,38 @@ def flip_one_payload_byte(data: Path) -> bool:
         f.seek(size // 2)
         f.write(bytes([byte[0] ^ 0x5A]))
     return True
+
+
+def test_a_sliding_window_model_keeps_the_hybrid_allocator_and_is_served_per_group(tmp_path):
+    # Layer 0 attends over 64 tokens, layer 1 over all: two KV cache groups. kvtier keys
+    # each group under a layout of its own, serves a hit only where both hold the prefix,
+    # writes only the sliding-window blocks vLLM keeps, and loads asynchronously (vLLM
+    # takes a failed load per request only then).
+    model = tmp_path / "hybrid"
+    make_model(model, 2, window=64)
+    data = tmp_path / "data"
+    server = Server(data)
+    try:
+        cold = engine(model, server.url)
+        assert cold["hma"] is True, "vLLM turned its hybrid allocator off"
+        assert cold["cached"] == 0 and len(set(cold["tokens"])) > 1
+        # Both groups stored the prompt's whole blocks, each under its own layout.
+        assert kvtier.Client(server.url).stats()["ram_resident_blocks"] == 2 * (EXPECTED // BLOCK)
+        hit = engine(model, server.url)
+        assert hit["cached"] == EXPECTED
+        assert same(hit, cold), (hit, cold)
+    finally:
+        assert server.stop() == 0
+    # A load that fails (a flipped byte on disk, found only when read) makes vLLM
+    # compute the request from the start: the answer stays the cold one.
+    assert flip_one_payload_byte(data)
+    server = Server(data)
+    try:
+        result = engine(model, server.url)
+        assert same(result, cold), (result, cold)
+        assert kvtier.Client(server.url).stats()["ssd_evictions_corrupt"] >= 1
+    finally:
+        server.stop()
 
 
 def test_a_perturbed_store_changes_the_answer(models, cold, tmp_path):
