@@ -569,8 +569,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     out.failed_recving.add(req_id)
         # A finished request that had a load frees its blocks once the thread is done.
         for req_id in list(self._finishing):
-            load = self._async_loads.get(req_id)
-            if load is None or load.done.is_set():
+            running = self._async_loads.get(req_id)
+            if running is None or running.done.is_set():
                 out.finished_sending.add(req_id)
                 self._finishing.discard(req_id)
                 self._async_seen.discard(req_id)
