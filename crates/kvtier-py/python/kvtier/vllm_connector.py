@@ -30,8 +30,8 @@ model, dtype and geometry, after exactly the same tokens.
   (full attention, sliding window) is keyed under a layout of its own; a hit is served
   only where every group holds the prefix; such models load each request whole on a
   thread while it waits (vLLM takes their load failures per request only), writing only
-  the sliding-window pages vLLM keeps. Groups of other kinds (Mamba, …) are never
-  served. docs/vllm.md.
+  the sliding-window pages vLLM keeps; a store takes the pages a window dropped from
+  kvtier. Groups of other kinds (Mamba, …) are never served. docs/vllm.md.
 - A request's cache salt is part of its key (the layout's tenant salt): a salted prefix
   is only ever served to requests with the same salt. Requests kvtier cannot key exactly
   are never served and never stored: a LoRA adapter, multimodal inputs (when in doubt,
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,12 @@ class _Job:
 
 #: vLLM's null block: a place holder in a sliding-window group's block table.
 _NULL_BLOCK = 0
+
+
+def _leading_nulls(ids: list[int]) -> int | None:
+    """How many null blocks start `ids` — None if a null block follows a real one."""
+    lead = next((i for i, b in enumerate(ids) if b != _NULL_BLOCK), len(ids))
+    return None if _NULL_BLOCK in ids[lead:] else lead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,6 +487,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._to_load.clear()
         return meta
 
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        # A request whose asynchronous load failed is computed from the start: its blocks
+        # are then stored again (the load's length no longer says what kvtier holds).
+        for req_id in connector_output.failed_recving or ():
+            self._loaded.pop(req_id, None)
+
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._finished(request.request_id)
 
@@ -660,12 +673,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         group, li = self._slot(layer_name)
         for job in jobs:
             ids = job.block_ids[group.index]
-            if _NULL_BLOCK in ids:
-                # A sliding-window group that dropped blocks before this step: their KV
-                # is not here to store, and a chain is stored from its start.
-                continue
+            lead = _leading_nulls(ids)
+            if lead is None:
+                continue  # holes after a real block: nothing vLLM 0.32 does; not stored
+            # A sliding-window group holds null blocks where pages fell out of its window
+            # (or were loaded without them): only the real ones are here to gather; the
+            # leading ones come from kvtier at the store, if it holds them.
             parts = self._saving.setdefault((job.req_id, group.index), [None] * len(group.layers))
-            parts[li] = kv_layer[torch.tensor(ids, dtype=torch.long)].clone()
+            parts[li] = kv_layer[torch.tensor(ids[lead:], dtype=torch.long)].clone()
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
@@ -678,12 +693,32 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 if job.req_id in short or parts is None or any(p is None for p in parts):
                     continue
                 # [blocks, layers, ...]: each block's payload layer-major, contiguous.
-                blocks = torch.stack([p for p in parts if p is not None], dim=1).contiguous()
-                raw = blocks.view(torch.uint8).reshape(-1).numpy()
+                blocks = torch.stack([p for p in parts if p is not None], dim=1)
                 try:
+                    lead = self._leading_blocks(group, job, len(job.tokens) // self._block_size - blocks.shape[0])
+                    if lead is None:
+                        continue
+                    whole = torch.cat([lead, blocks]) if lead.shape[0] else blocks.contiguous()
+                    raw = whole.view(torch.uint8).reshape(-1).numpy()
                     self._client.store(self._layout(group, job.salt), job.tokens, raw)
                 except kvtier.KvtierError as e:
                     logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
+
+    def _leading_blocks(self, group: _Group, job: _Job, n: int) -> torch.Tensor | None:
+        """The first `n` blocks of `job`'s group that vLLM no longer holds (a sliding
+        window's), from kvtier — [n, layers, ...] — or None when kvtier does not hold them
+        all (the chain is then not stored: it is stored from its start)."""
+        if n == 0 or self._kv_caches is None:
+            return None if n else torch.empty(0)
+        hit = self._client.lookup(self._layout(group, job.salt), job.tokens[: n * self._block_size])
+        if hit.blocks < n:
+            return None
+        layers = [self._kv_caches[name] for name in group.layers]
+        page = layers[0][0].numel() * layers[0].element_size()
+        buf = torch.empty(hit.blocks * len(layers) * page, dtype=torch.uint8)
+        if self._client.load_into(hit, buf.numpy()) < n:
+            return None
+        return buf.view(layers[0].dtype).view(hit.blocks, len(layers), *layers[0].shape[1:])[:n]
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._settle()  # (done already when vLLM called wait_for_save)

@@ -248,6 +248,9 @@ def test_a_sliding_window_model_keeps_the_hybrid_allocator_and_is_served_per_gro
         result = engine(model, server.url)
         assert same(result, cold), (result, cold)
         assert kvtier.Client(server.url).stats()["ssd_evictions_corrupt"] >= 1
+        # The recomputed blocks were stored again: the next engine gets the prefix.
+        again = engine(model, server.url)
+        assert again["cached"] == EXPECTED and same(again, cold), (again, cold)
     finally:
         server.stop()
 
