@@ -249,23 +249,21 @@ impl Node {
     /// plane's (`cluster_*`) and the KV-event publisher's (`kv_events_*`) where they run.
     /// `kvtier serve` and the Python engine both answer with it.
     pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        fn prefixed<'a>(
+            prefix: &'a str,
+            counters: impl IntoIterator<Item = (&'static str, u64)> + 'a,
+        ) -> impl Iterator<Item = (String, u64)> + 'a {
+            counters
+                .into_iter()
+                .map(move |(name, v)| (format!("{prefix}{name}"), v))
+        }
         let mut all: std::collections::BTreeMap<String, u64> =
             self.engine.stats().counters().into_iter().collect();
         if let Some(c) = &self.cluster {
-            all.extend(
-                c.stats()
-                    .snapshot()
-                    .into_iter()
-                    .map(|(name, v)| (format!("cluster_{name}"), v)),
-            );
+            all.extend(prefixed("cluster_", c.stats().snapshot()));
         }
         if let Some(k) = &self.kv_events {
-            all.extend(
-                k.stats()
-                    .counters()
-                    .into_iter()
-                    .map(|(name, v)| (format!("kv_events_{name}"), v)),
-            );
+            all.extend(prefixed("kv_events_", k.stats().counters()));
         }
         all
     }

@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -230,14 +231,14 @@ class _AsyncLoad:
     so the thread may write into its blocks directly; a short or failed load is reported
     for the whole request (vLLM then computes it from the start)."""
 
-    def __init__(self, work: Any) -> None:
+    def __init__(self, work: Callable[[], bool]) -> None:
         self.failed = False
         self.reported = False
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(work,), name="kvtier-load-async", daemon=True)
         self._thread.start()
 
-    def _run(self, work: Any) -> None:
+    def _run(self, work: Callable[[], bool]) -> None:
         try:
             self.failed = not work()
         except Exception:  # noqa: BLE001 - whatever it was, the request is recomputed
@@ -347,11 +348,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer_names: list[str] | None = None
         self._saving: dict[tuple[str, int], list[torch.Tensor | None]] = {}
         self._slot_of = {name: (g, i) for g in self._groups for i, name in enumerate(g.layers)}
-        # Asynchronous loads in flight (by request), requests finished while theirs ran,
-        # and every request that had one; the KV cache tensors they write into.
+        # Asynchronous loads by request (kept until the request finishes), requests
+        # finished while theirs ran, and the KV cache tensors they write into.
         self._async_loads: dict[str, _AsyncLoad] = {}
         self._finishing: set[str] = set()
-        self._async_seen: set[str] = set()
         self._kv_caches: dict[str, torch.Tensor] | None = None
         self._load_errors: set[int] = set()
         # This step's loads, their deadline, and the layers written into vLLM's cache.
@@ -554,25 +554,33 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 return False
             if not wanted:
                 continue
-            hit = self._client.lookup(self._layout(g, job.salt), job.tokens)
-            if hit.blocks < n:
+            per = self._fetch(g, job.salt, job.tokens, n)
+            if per is None:
                 return False
-            layers = [caches[name] for name in g.layers]
-            page = layers[0][0].numel() * layers[0].element_size()
-            buf = torch.empty(hit.blocks * len(layers) * page, dtype=torch.uint8)
-            if self._client.load_into(hit, buf.numpy()) < n:
-                return False
-            # [blocks, layers, page]: each block's payload is layer-major.
-            per = buf.view(layers[0].dtype).view(hit.blocks, len(layers), *layers[0].shape[1:])
             src = torch.tensor(wanted, dtype=torch.long)
             dst = torch.tensor([ids[i] for i in wanted], dtype=torch.long)
-            for li, cache in enumerate(layers):
-                cache[dst] = per[src, li]
+            for li, name in enumerate(g.layers):
+                caches[name][dst] = per[src, li]
         return True
+
+    def _fetch(self, group: _Group, salt: str | None, tokens: list[int], n: int) -> torch.Tensor | None:
+        """The first `n` blocks kvtier holds for `tokens` in `group`, as
+        [blocks, layers, ...] (each block's payload is layer-major) — None unless all
+        `n` arrive."""
+        assert self._kv_caches is not None
+        hit = self._client.lookup(self._layout(group, salt), tokens)
+        if hit.blocks < n:
+            return None
+        like = self._kv_caches[group.layers[0]]
+        page = like[0].numel() * like.element_size()
+        buf = torch.empty(hit.blocks * len(group.layers) * page, dtype=torch.uint8)
+        if self._client.load_into(hit, buf.numpy()) < n:
+            return None
+        return buf.view(like.dtype).view(hit.blocks, len(group.layers), *like.shape[1:])[:n]
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         out = KVConnectorTransferResults()
-        self._finishing |= finished_req_ids & self._async_seen
+        self._finishing |= finished_req_ids & self._async_loads.keys()
         for req_id, load in self._async_loads.items():
             if load.done.is_set() and not load.reported and req_id not in self._finishing:
                 load.reported = True
@@ -586,7 +594,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if running is None or running.done.is_set():
                 out.finished_sending.add(req_id)
                 self._finishing.discard(req_id)
-                self._async_seen.discard(req_id)
                 self._async_loads.pop(req_id, None)
         return out
 
@@ -598,8 +605,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         jobs = [j for j in meta.jobs if j.load]
         if self._async:
             for job in jobs:
-                self._async_seen.add(job.req_id)
-                self._async_loads[job.req_id] = _AsyncLoad(lambda job=job: self._load_whole(job))
+                self._async_loads[job.req_id] = _AsyncLoad(functools.partial(self._load_whole, job))
             return
         if not jobs:
             return
@@ -710,15 +716,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         all (the chain is then not stored: it is stored from its start)."""
         if n == 0 or self._kv_caches is None:
             return None if n else torch.empty(0)
-        hit = self._client.lookup(self._layout(group, job.salt), job.tokens[: n * self._block_size])
-        if hit.blocks < n:
-            return None
-        layers = [self._kv_caches[name] for name in group.layers]
-        page = layers[0][0].numel() * layers[0].element_size()
-        buf = torch.empty(hit.blocks * len(layers) * page, dtype=torch.uint8)
-        if self._client.load_into(hit, buf.numpy()) < n:
-            return None
-        return buf.view(layers[0].dtype).view(hit.blocks, len(layers), *layers[0].shape[1:])[:n]
+        return self._fetch(group, job.salt, job.tokens[: n * self._block_size], n)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._settle()  # (done already when vLLM called wait_for_save)
