@@ -262,6 +262,37 @@ impl SnapshotStats {
     }
 }
 
+/// Lookups and restores of layouts with state groups (hybrid and recurrent models): how
+/// often the composition rule served, trimmed or refused a hit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Lookups of a layout with state groups.
+    pub lookups: u64,
+    /// Those that found a boundary where every group can be restored.
+    pub hits: u64,
+    /// Those that found KV blocks but no state at or before their end: refused.
+    pub refused: u64,
+    /// Hits whose KV went past the deepest state boundary and was cut back to it.
+    pub trimmed: u64,
+    /// Restores of a hit with state.
+    pub restores: u64,
+    /// Restores that returned nothing: a part was lost or damaged since the lookup.
+    pub restore_misses: u64,
+}
+
+impl StateStats {
+    /// Every counter of the composition rule (prefix `state_`).
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<StateStats>] = &[
+        Counter { name: "lookups", family: "state_lookups", label: Some(("result", "any")), help: "Lookups of layouts with state groups, by result", kind: C, read: |s| s.lookups },
+        Counter { name: "hits", family: "state_lookups", label: Some(("result", "hit")), help: "Lookups of layouts with state groups, by result", kind: C, read: |s| s.hits },
+        Counter { name: "refused", family: "state_lookups", label: Some(("result", "refused")), help: "Lookups of layouts with state groups, by result", kind: C, read: |s| s.refused },
+        Counter { name: "trimmed", family: "state_lookups", label: Some(("result", "trimmed")), help: "Lookups of layouts with state groups, by result", kind: C, read: |s| s.trimmed },
+        Counter { name: "restores", family: "state_restores", label: Some(("result", "any")), help: "Restores of hits with state, by result", kind: C, read: |s| s.restores },
+        Counter { name: "restore_misses", family: "state_restores", label: Some(("result", "miss")), help: "Restores of hits with state, by result", kind: C, read: |s| s.restore_misses },
+    ];
+}
+
 /// The engine's own counters: prefetch, shutdown saves and the shared memory budget.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineCounters {
@@ -347,6 +378,10 @@ pub struct EngineStats {
     pub engine: EngineCounters,
     /// The snapshot bucket.
     pub snapshot: SnapshotStats,
+    /// The checkpoint bucket (counted apart from the snapshots, prefix `checkpoint_`).
+    pub checkpoint: SnapshotStats,
+    /// The composition rule of layouts with state groups.
+    pub state: StateStats,
     /// Each residency observer's delivery counters.
     pub observers: Vec<ObserverStats>,
 }
@@ -390,7 +425,7 @@ impl EngineStats {
     /// `index_*`, `{tier}_*` and `{tier}_writer_*` per attached tier, the movement
     /// counters (`engine_promotions_{from}_to_{to}` for a slower source,
     /// `engine_demotions_{from}_to_{to}_{queued,dropped}` for a faster one), `engine_*`
-    /// and `snapshot_*`.
+    /// `snapshot_*`, `checkpoint_*` and `state_*`.
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut out = self.index.counters();
         out.extend(self.ram.counters(TierKind::Ram.name()));
@@ -423,6 +458,16 @@ impl EngineStats {
             &self.engine,
         ));
         out.extend(self.snapshot.counters());
+        out.extend(Counter::read_all(
+            SnapshotStats::COUNTERS,
+            "checkpoint",
+            &self.checkpoint,
+        ));
+        out.extend(Counter::read_all(
+            StateStats::COUNTERS,
+            "state",
+            &self.state,
+        ));
         for o in &self.observers {
             out.extend(Counter::read_all(
                 ObserverStats::COUNTERS,

@@ -8,7 +8,8 @@ use std::time::Duration;
 use kvtier_core::Engine;
 use kvtier_core::events::ObserverStats;
 use kvtier_core::stats::{
-    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, TierStats,
+    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, StateStats,
+    TierStats,
 };
 use kvtier_core::tier::writer::WriterStats;
 use kvtier_ssd::RecoveryReport;
@@ -222,7 +223,18 @@ fn engine_families(s: &EngineStats, out: &mut Families) {
     }
     out.add(IndexStats::COUNTERS, &s.index, &vec![]);
     out.add(EngineCounters::COUNTERS, &s.engine, &vec![]);
-    out.add(SnapshotStats::COUNTERS, &s.snapshot, &vec![]);
+    // Exact-prefix snapshots and checkpoints share the families, told apart by `bucket`.
+    out.add(
+        SnapshotStats::COUNTERS,
+        &s.snapshot,
+        &l(&[("bucket", "exact")]),
+    );
+    out.add(
+        SnapshotStats::COUNTERS,
+        &s.checkpoint,
+        &l(&[("bucket", "checkpoint")]),
+    );
+    out.add(StateStats::COUNTERS, &s.state, &vec![]);
     for o in &s.observers {
         out.add(ObserverStats::COUNTERS, o, &l(&[("observer", &o.name)]));
     }

@@ -350,3 +350,59 @@ fn evict_only_keeps_the_hot_set_across_a_clean_restart() {
         assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
     }
 }
+
+#[test]
+fn hybrid_checkpoints_survive_a_restart_and_compose_with_their_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let hybrid = || {
+        let mut k = key(KvDtype::F16);
+        k.state_groups = vec![kvtier_core::StateGroup {
+            kind: "mamba1/f32".into(),
+            num_layers: 2,
+            state_bytes: 4096,
+        }];
+        k
+    };
+    let tokens: Vec<u32> = (0..16 * 8).collect();
+    let state = payload(99, 4096);
+    let kv: Vec<Vec<u8>>;
+    {
+        let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+        let layout = e.register_layout(hybrid()).unwrap();
+        assert_eq!(e.set_checkpoint_every(layout.digest(), 64).unwrap(), 64);
+        let prompt = e
+            .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+            .unwrap();
+        kv = (0..8)
+            .map(|i| payload(i, layout.block_bytes() as usize))
+            .collect();
+        let refs: Vec<&[u8]> = kv.iter().map(Vec::as_slice).collect();
+        e.store(&prompt, &refs).unwrap();
+        e.checkpoint_put(&prompt, 4, &state).unwrap();
+        assert!(e.shutdown(Duration::from_secs(10)).unwrap().clean);
+    }
+    let e = engine(dir.path(), 64 << 20, PersistMode::WriteThrough);
+    let layout = e.register_layout(hybrid()).unwrap();
+    e.set_checkpoint_every(layout.digest(), 64).unwrap();
+    // A prompt that diverges in block 6 still reaches the checkpoint after block 4.
+    let mut diverging = tokens.clone();
+    diverging[6 * 16 + 3] = 7777;
+    let prompt = e
+        .prompt(layout.digest(), &diverging, &ExtraKeys::none())
+        .unwrap();
+    let hit = e.lookup(&prompt);
+    let state_ref = hit
+        .state
+        .expect("the checkpoint is found on the SSD after a restart");
+    assert_eq!((state_ref.blocks, state_ref.tier), (4, TierKind::Ssd));
+    assert_eq!(hit.blocks.len(), 4);
+    let restored = e.restore(&hit).unwrap();
+    assert_eq!(restored.tokens, 64);
+    assert_eq!(restored.state.as_deref(), Some(state.as_slice()));
+    for (i, b) in restored.blocks.iter().enumerate() {
+        assert_eq!(b.as_ref(), kv[i].as_slice(), "block {i}");
+    }
+    // The restore promoted the checkpoint into RAM.
+    assert_eq!(e.lookup(&prompt).state.map(|s| s.tier), Some(TierKind::Ram));
+    assert_eq!(e.stats().checkpoint.stores, 1);
+}

@@ -14,7 +14,7 @@ use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::index::PrefixIndex;
-use crate::snapshot::{SnapshotBucket, SnapshotConfig};
+use crate::snapshot::{CheckpointConfig, Eviction, SnapshotBucket, SnapshotConfig};
 use crate::tier::writer::WriteBehind;
 use crate::tier::{RamConfig, RamTier, ResidencySink, Tier};
 
@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub ram: RamConfig,
     /// The snapshot bucket.
     pub snapshot: SnapshotConfig,
+    /// The checkpoint bucket and the default distance between checkpoints.
+    pub checkpoint: CheckpointConfig,
     /// Longest prompt accepted by lookup, store and snapshot calls (default 1,048,576).
     pub max_tokens: usize,
 }
@@ -37,6 +39,7 @@ impl Default for EngineConfig {
         Self {
             ram: RamConfig::default(),
             snapshot: SnapshotConfig::default(),
+            checkpoint: CheckpointConfig::default(),
             max_tokens: DEFAULT_MAX_TOKENS,
         }
     }
@@ -47,6 +50,7 @@ impl Default for EngineConfig {
 pub struct EngineBuilder {
     config: EngineConfig,
     snapshot_set: bool,
+    checkpoint_set: bool,
     clock: Option<Arc<dyn Clock>>,
     /// The tiers below RAM, in the order they were added (the stack sorts them).
     tiers: Vec<(TierPolicy, TierOpener)>,
@@ -69,12 +73,21 @@ impl EngineBuilder {
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
         self.snapshot_set = true;
+        self.checkpoint_set = true;
         self
     }
 
     /// RAM tier settings (default: 1 GiB).
     pub fn ram(mut self, ram: RamConfig) -> Self {
         self.config.ram = ram;
+        self
+    }
+
+    /// Checkpoint bucket settings (default: 16,384 entries, 24 h TTL, 256 MiB or a quarter
+    /// of the RAM capacity, a checkpoint every 256 tokens).
+    pub fn checkpoint(mut self, checkpoint: CheckpointConfig) -> Self {
+        self.config.checkpoint = checkpoint;
+        self.checkpoint_set = true;
         self
     }
 
@@ -144,6 +157,14 @@ impl EngineBuilder {
                 .min(config.ram.capacity_bytes / 4)
                 .max(1);
         }
+        if !self.checkpoint_set {
+            config.checkpoint.bucket.max_bytes = config
+                .checkpoint
+                .bucket
+                .max_bytes
+                .min(config.ram.capacity_bytes / 4)
+                .max(1);
+        }
         if config.ram.capacity_bytes == 0 {
             return Err(Error::invalid("ram capacity must be at least one byte"));
         }
@@ -156,6 +177,13 @@ impl EngineBuilder {
                 config.snapshot.max_bytes, config.ram.capacity_bytes
             )));
         }
+        if config.checkpoint.bucket.max_bytes > config.ram.capacity_bytes {
+            return Err(Error::invalid(format!(
+                "checkpoint max_bytes ({}) exceeds the RAM capacity ({}) it is taken from",
+                config.checkpoint.bucket.max_bytes, config.ram.capacity_bytes
+            )));
+        }
+        config.checkpoint.validate()?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let budget = Arc::new(MemoryBudget::new(config.ram.capacity_bytes));
         let index = Arc::new(PrefixIndex::new());
@@ -168,7 +196,13 @@ impl EngineBuilder {
             observers: observers.clone(),
         });
         let ram = Arc::new(RamTier::new(budget.clone(), clock.clone(), sink.clone()));
-        let snapshots = SnapshotBucket::new(config.snapshot, budget.clone(), clock)?;
+        let snapshots = SnapshotBucket::new(config.snapshot, budget.clone(), clock.clone())?;
+        let checkpoints = SnapshotBucket::with_eviction(
+            config.checkpoint.bucket,
+            Eviction::Scored,
+            budget.clone(),
+            clock,
+        )?;
         let stack = Arc::new(Stack::default());
         for (policy, open) in self.tiers {
             attach(&stack, &sink, policy, open)?;
@@ -192,6 +226,9 @@ impl EngineBuilder {
             index,
             ram,
             snapshots,
+            checkpoints,
+            checkpoint_every: RwLock::new(HashMap::new()),
+            state_counters: Default::default(),
             budget,
             stack,
             admission: RwLock::new(()),

@@ -25,6 +25,7 @@ mod prefetch;
 mod resolve;
 mod sink;
 mod stack;
+mod state;
 mod store;
 
 use std::collections::HashMap;
@@ -38,6 +39,7 @@ pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
 pub use lifecycle::Reattached;
 pub use policy::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener, TierPolicy};
 
+pub use state::Restored;
 pub use store::{StoreOptions, StoreReport};
 
 use crate::budget::MemoryBudget;
@@ -66,6 +68,11 @@ pub struct Engine {
     index: Arc<PrefixIndex>,
     ram: Arc<RamTier>,
     snapshots: SnapshotBucket,
+    /// Recurrent state at block boundaries inside prompts (see `state`).
+    checkpoints: SnapshotBucket,
+    /// Tokens between checkpoints, for layouts that set their own.
+    checkpoint_every: RwLock<HashMap<LayoutDigest, usize>>,
+    state_counters: state::StateCounters,
     budget: Arc<MemoryBudget>,
     /// The tiers below RAM, fastest first; the persistent one is swapped by
     /// [`Engine::reattach_persistent`].
@@ -155,12 +162,29 @@ impl Engine {
 
     /// How many leading whole blocks of `prompt` are cached, where, and handles to load
     /// them. Memory only: no tier is touched.
+    ///
+    /// For a layout with state groups (a hybrid or recurrent model) the answer is the
+    /// deepest boundary at which every group can be restored: the leading KV blocks (for
+    /// the attention layers) *and* a checkpoint of the recurrent state after exactly those
+    /// blocks, named in [`Lookup::state`]. KV past that boundary is not offered, and a
+    /// prompt with KV but no state (or state but no KV) is a miss. Load such a hit with
+    /// [`Engine::restore`].
     pub fn lookup(&self, prompt: &Prompt) -> Lookup {
+        if prompt.layout().has_state() {
+            return self.lookup_composed(prompt);
+        }
         let found = self.index.lookup(prompt, usize::MAX);
+        self.prefetch_cold(&found);
+        found
+    }
+
+    /// Starts reading the blocks of `found` that RAM lacks, where a tier holding them
+    /// prefetches.
+    fn prefetch_cold(&self, found: &Lookup) {
         // Blocks RAM lacks: start reading them now, in scan order, when a tier holding
         // them prefetches. An all-RAM hit (the common case) touches nothing more.
         if found.blocks.iter().all(|b| b.tier == TierKind::Ram) {
-            return found;
+            return;
         }
         let slots = self.stack.slots();
         let prefetching =
@@ -174,7 +198,6 @@ impl Engine {
         if !cold.is_empty() {
             self.prefetcher.submit(cold);
         }
-        found
     }
 
     /// The persistent tier (the first tier below RAM that carries durable
@@ -214,8 +237,15 @@ impl Engine {
         session: Option<&[u8]>,
         blob: &[u8],
     ) -> Result<SnapshotPut> {
-        self.layout(layout)?;
+        let l = self.layout(layout)?;
         self.check_token_count(tokens.len())?;
+        if l.has_state() && blob.len() as u64 != l.state_bytes() {
+            return Err(Error::invalid(format!(
+                "a state of {} bytes; layout `{layout}` names {} bytes of state",
+                blob.len(),
+                l.state_bytes()
+            )));
+        }
         let key = SnapshotKey::new(layout, tokens, session);
         let _admitted = self.admission.read();
         let ram = &self.ram;
@@ -223,7 +253,9 @@ impl Engine {
         let owned = crate::tier::copy_payload(blob);
         let outcome = self
             .snapshots
-            .put(key, owned.clone(), &|n| ram.evict_bytes(n));
+            .put(key, owned.clone(), tokens.len() as u64, &|n| {
+                ram.evict_bytes(n)
+            });
         // Every tier below RAM that keeps snapshots gets it too, so it survives a restart.
         for slot in self.stack.slots().iter() {
             if slot.tier.snapshots().is_some() {
@@ -255,7 +287,9 @@ impl Engine {
             if let Some(blob) = store.get_snapshot(&key)? {
                 let ram = &self.ram;
                 self.snapshots
-                    .put(key, blob.clone(), &|n| ram.evict_bytes(n));
+                    .put(key, blob.clone(), tokens.len() as u64, &|n| {
+                        ram.evict_bytes(n)
+                    });
                 return Ok(Some(blob));
             }
         }
@@ -309,6 +343,8 @@ impl Engine {
                 memory_capacity_bytes: self.budget.capacity(),
             },
             snapshot: self.snapshots.stats(),
+            checkpoint: self.checkpoints.stats(),
+            state: self.state_counters.read(),
             observers: self.observers.stats(),
         }
     }

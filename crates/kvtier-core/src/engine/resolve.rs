@@ -44,6 +44,7 @@ impl Engine {
             layout,
             matched_tokens: blocks.len() * geometry.tokens_per_block(),
             blocks,
+            state: None,
         })
     }
 }

@@ -101,6 +101,13 @@ impl Engine {
                 layout.tokens_per_block()
             )));
         }
+        if !layout.has_kv() {
+            return Err(Error::invalid(format!(
+                "layout `{}` has no attention layers, so it has no KV blocks to store; \
+                 keep its recurrent state with checkpoint_put or snapshot_put",
+                layout.digest()
+            )));
+        }
         let want = layout.block_bytes();
         if let Some((i, p)) = (0..payloads.len())
             .map(|i| (i, payloads.get(i)))

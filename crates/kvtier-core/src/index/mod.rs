@@ -32,6 +32,18 @@ pub struct BlockRef {
     pub tier: TierKind,
 }
 
+/// The recurrent state a lookup of a layout with state groups found: a checkpoint taken
+/// after exactly the lookup's blocks (see `Engine::lookup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateRef {
+    /// The checkpoint's key.
+    pub key: crate::snapshot::SnapshotKey,
+    /// Whole blocks of the prompt the state covers.
+    pub blocks: usize,
+    /// The fastest tier that held it when it was looked up.
+    pub tier: TierKind,
+}
+
 /// The answer to "how much of this prompt is cached?".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lookup {
@@ -41,12 +53,16 @@ pub struct Lookup {
     pub blocks: Vec<BlockRef>,
     /// Tokens covered by the matched blocks.
     pub matched_tokens: usize,
+    /// For a layout with state groups: the recurrent state at the end of `blocks` (for a
+    /// recurrent-only layout `blocks` is empty and this alone is the hit). `None` for an
+    /// attention-only layout, and for a miss.
+    pub state: Option<StateRef>,
 }
 
 impl Lookup {
     /// True when nothing matched.
     pub fn is_miss(&self) -> bool {
-        self.blocks.is_empty()
+        self.blocks.is_empty() && self.state.is_none()
     }
 }
 
@@ -231,6 +247,7 @@ impl PrefixIndex {
             layout: prompt.layout().digest(),
             matched_tokens: blocks.len() * prompt.layout().tokens_per_block(),
             blocks,
+            state: None,
         }
     }
 

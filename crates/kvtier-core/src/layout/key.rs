@@ -17,6 +17,9 @@ pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
 /// Longest accepted identity string (model id, digests, LoRA id) and tenant salt, in bytes.
 const MAX_STRING_BYTES: usize = 1024;
 
+/// Most recurrent-state groups a layout may name.
+const MAX_STATE_GROUPS: usize = 64;
+
 /// Largest accepted tokens-per-block.
 const MAX_TOKENS_PER_BLOCK: u32 = 1 << 16;
 
@@ -57,6 +60,24 @@ pub struct LayoutKey {
     pub lora_id: Option<String>,
     /// Tenant salt: tenants with different salts never share blocks (default empty).
     pub tenant_salt: Vec<u8>,
+    /// The recurrent layers of a hybrid or recurrent model, one entry per group, in layer
+    /// order (default none: an attention-only model). A layout with state groups is served
+    /// only at boundaries where their state is stored too (see `docs/hybrid.md`); its
+    /// `num_layers` counts the attention layers alone and may then be 0.
+    pub state_groups: Vec<StateGroup>,
+}
+
+/// A group of recurrent layers (Mamba, gated delta net, RWKV, ...): what carries their
+/// state from one token to the next, which no KV block can stand in for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StateGroup {
+    /// What the layers are and how their state is encoded, e.g. `mamba1/f32`. Groups of
+    /// different kinds never share state.
+    pub kind: String,
+    /// Layers in the group.
+    pub num_layers: u32,
+    /// Bytes of the group's whole state (all its layers) at one token boundary.
+    pub state_bytes: u64,
 }
 
 impl LayoutKey {
@@ -85,7 +106,16 @@ impl LayoutKey {
             pp_size: 1,
             lora_id: None,
             tenant_salt: Vec::new(),
+            state_groups: Vec::new(),
         }
+    }
+
+    /// Bytes of the whole recurrent state at one boundary: the sum over the state groups
+    /// (0 for an attention-only layout).
+    pub fn state_bytes(&self) -> u64 {
+        self.state_groups
+            .iter()
+            .fold(0u64, |sum, g| sum.saturating_add(g.state_bytes))
     }
 
     /// Checks every field and returns the block geometry it implies.
@@ -108,9 +138,14 @@ impl LayoutKey {
                 ));
             }
         }
+        self.validate_state_groups()?;
+        if self.num_layers == 0 && self.state_groups.is_empty() {
+            return bad(
+                "num_layers is 0 and no state group is named: the layout holds nothing".into(),
+            );
+        }
         for (name, value) in [
             ("tokens_per_block", self.tokens_per_block),
-            ("num_layers", self.num_layers),
             ("num_kv_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
             ("tp_size", self.tp_size),
@@ -170,6 +205,37 @@ impl LayoutKey {
         }
     }
 
+    fn validate_state_groups(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid(format!("invalid layout: {msg}")));
+        if self.state_groups.len() > MAX_STATE_GROUPS {
+            return bad(format!(
+                "{} state groups; at most {MAX_STATE_GROUPS} are allowed",
+                self.state_groups.len()
+            ));
+        }
+        for (i, g) in self.state_groups.iter().enumerate() {
+            if g.kind.is_empty() || g.kind.len() > MAX_STRING_BYTES {
+                return bad(format!(
+                    "state group {i} has a kind of {} bytes; 1 to {MAX_STRING_BYTES} are allowed",
+                    g.kind.len()
+                ));
+            }
+            if g.num_layers == 0 || g.state_bytes == 0 {
+                return bad(format!(
+                    "state group {i} (`{}`) has {} layers and {} state bytes; both must be at least 1",
+                    g.kind, g.num_layers, g.state_bytes
+                ));
+            }
+        }
+        if self.state_bytes() > MAX_BLOCK_BYTES {
+            return bad(format!(
+                "the recurrent state takes {} bytes; at most {MAX_BLOCK_BYTES} are allowed",
+                self.state_bytes()
+            ));
+        }
+        Ok(())
+    }
+
     /// The canonical encoding: magic, schema version, then every field in a fixed order,
     /// integers little-endian, strings and byte strings prefixed by their u32 length.
     /// Equal keys encode to equal bytes; different keys to different bytes.
@@ -207,6 +273,18 @@ impl LayoutKey {
             }
         }
         put_bytes(&mut out, &self.tenant_salt);
+        // Appended only when present, so an attention-only layout keeps the digest it had
+        // before state groups existed; the salt before it is length-prefixed, so the two
+        // forms cannot be confused.
+        if !self.state_groups.is_empty() {
+            out.push(b'S');
+            out.extend_from_slice(&(self.state_groups.len() as u32).to_le_bytes());
+            for g in &self.state_groups {
+                put_bytes(&mut out, g.kind.as_bytes());
+                out.extend_from_slice(&g.num_layers.to_le_bytes());
+                out.extend_from_slice(&g.state_bytes.to_le_bytes());
+            }
+        }
         out
     }
 
@@ -282,9 +360,25 @@ impl Layout {
         self.geometry.tokens_per_block as usize
     }
 
-    /// Bytes of one block payload; every store is checked against it.
+    /// Bytes of one block payload; every store is checked against it. 0 for a layout
+    /// without attention layers (it keeps only recurrent state).
     pub fn block_bytes(&self) -> u64 {
         self.geometry.block_bytes()
+    }
+
+    /// Whether the layout has attention layers, whose KV is kept in blocks.
+    pub fn has_kv(&self) -> bool {
+        self.key.num_layers > 0
+    }
+
+    /// Whether the layout has recurrent layers, whose state is kept in checkpoints.
+    pub fn has_state(&self) -> bool {
+        !self.key.state_groups.is_empty()
+    }
+
+    /// Bytes of the whole recurrent state at one boundary (0 without state groups).
+    pub fn state_bytes(&self) -> u64 {
+        self.key.state_bytes()
     }
 }
 
@@ -325,6 +419,15 @@ mod tests {
             |k| k.lora_id = Some(String::new()),
             |k| k.lora_id = Some("a".into()),
             |k| k.tenant_salt = b"s".to_vec(),
+            |k| k.state_groups = vec![group("mamba1/f32", 2, 64)],
+            |k| k.state_groups = vec![group("mamba2/f32", 2, 64)],
+            |k| k.state_groups = vec![group("mamba1/f32", 3, 64)],
+            |k| k.state_groups = vec![group("mamba1/f32", 2, 65)],
+            |k| k.state_groups = vec![group("mamba1/f32", 1, 32), group("mamba1/f32", 1, 32)],
+            |k| {
+                k.num_layers = 0;
+                k.state_groups = vec![group("mamba1/f32", 2, 64)];
+            },
         ];
         for e in edits {
             let mut k = b.clone();
@@ -333,6 +436,66 @@ mod tests {
         }
         let digests: std::collections::HashSet<_> = variants.iter().map(|k| k.digest()).collect();
         assert_eq!(digests.len(), variants.len());
+    }
+
+    fn group(kind: &str, num_layers: u32, state_bytes: u64) -> StateGroup {
+        StateGroup {
+            kind: kind.into(),
+            num_layers,
+            state_bytes,
+        }
+    }
+
+    #[test]
+    fn an_attention_only_layout_keeps_its_encoding() {
+        // No state groups: nothing is appended after the tenant salt.
+        let b = base();
+        let bytes = b.canonical_bytes();
+        assert_eq!(
+            bytes.last(),
+            Some(&0u8),
+            "ends with the empty salt's length"
+        );
+        let mut with = b.clone();
+        with.state_groups = vec![group("mamba1/f32", 2, 64)];
+        assert!(with.canonical_bytes().starts_with(&bytes));
+        assert_ne!(with.digest(), b.digest());
+    }
+
+    #[test]
+    fn state_groups_are_validated() {
+        let cases: Vec<(Vec<StateGroup>, u32, &str)> = vec![
+            (vec![], 0, "holds nothing"),
+            (vec![group("", 1, 8)], 2, "kind of 0 bytes"),
+            (vec![group("m", 0, 8)], 2, "0 layers"),
+            (vec![group("m", 1, 0)], 2, "0 state bytes"),
+            (
+                vec![group("m", 1, MAX_BLOCK_BYTES + 1)],
+                2,
+                "recurrent state takes",
+            ),
+            (
+                vec![group("m", 1, 8); MAX_STATE_GROUPS + 1],
+                2,
+                "state groups; at most",
+            ),
+        ];
+        for (groups, layers, needle) in cases {
+            let mut k = base();
+            k.num_layers = layers;
+            k.state_groups = groups;
+            let err = Layout::new(k)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(needle), "`{err}` should mention `{needle}`");
+        }
+        let mut recurrent = base();
+        recurrent.num_layers = 0;
+        recurrent.state_groups = vec![group("m", 4, 1024)];
+        let l = Layout::new(recurrent).expect("a recurrent-only layout is valid");
+        assert!(!l.has_kv() && l.has_state());
+        assert_eq!((l.block_bytes(), l.state_bytes()), (0, 1024));
     }
 
     #[test]

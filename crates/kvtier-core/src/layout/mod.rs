@@ -12,4 +12,6 @@ mod key;
 
 pub use dtype::KvDtype;
 pub use geometry::BlockGeometry;
-pub use key::{LAYOUT_SCHEMA_VERSION, Layout, LayoutDigest, LayoutKey, MAX_BLOCK_BYTES};
+pub use key::{
+    LAYOUT_SCHEMA_VERSION, Layout, LayoutDigest, LayoutKey, MAX_BLOCK_BYTES, StateGroup,
+};

@@ -4,6 +4,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use crate::hash::BlockHash;
 use crate::layout::LayoutDigest;
 
 /// Layout digest ⊕ hash of the exact full prompt ⊕ optional session key, as one SHA-256.
@@ -34,6 +35,20 @@ impl SnapshotKey {
             }
             h.update(&buf[..chunk.len() * 4]);
         }
+        SnapshotKey(h.finalize().into())
+    }
+
+    /// The key of a checkpoint: the recurrent state reached after the first `blocks`
+    /// whole blocks of a prompt whose block `blocks - 1` hashes to `last`. The block hash
+    /// already names the layout, every earlier token and the extra keys (see
+    /// [`crate::hash`]); the layout and the count are hashed again so no checkpoint key
+    /// can equal another's or an exact-prefix snapshot's (another domain string).
+    pub fn checkpoint(layout: LayoutDigest, last: BlockHash, blocks: usize) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"kvtier/checkpoint/v1");
+        h.update(layout.0);
+        h.update(last.0);
+        h.update((blocks as u64).to_le_bytes());
         SnapshotKey(h.finalize().into())
     }
 }

@@ -7,6 +7,10 @@
 //!
 //! The bucket has its own entry cap, byte cap and TTL, separate from the block tiers, but
 //! its bytes come out of the same host-memory budget as RAM blocks.
+//!
+//! The engine keeps two buckets: end-of-turn snapshots (least recently read goes first)
+//! and periodic checkpoints at block boundaries inside prompts (issue 16), which evict by
+//! recency, hit count and length together ([`Eviction::Scored`]).
 
 mod key;
 
@@ -59,6 +63,42 @@ impl SnapshotConfig {
     }
 }
 
+/// Settings of the checkpoint bucket: recurrent state kept at block boundaries inside
+/// prompts, so a prompt that diverges from a cached one restores the last checkpoint
+/// before the divergence and replays only the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The bucket's own caps and TTL (default 16,384 entries, 256 MiB or a quarter of the
+    /// RAM capacity, 24 hours); it evicts by [`Eviction::Scored`].
+    pub bucket: SnapshotConfig,
+    /// Tokens between checkpoints of a prompt, unless a layout sets its own (default
+    /// 256; rounded up to whole blocks of each layout).
+    pub every_tokens: u32,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            bucket: SnapshotConfig {
+                max_entries: 16_384,
+                ..SnapshotConfig::default()
+            },
+            every_tokens: 256,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        self.bucket.validate()?;
+        if self.every_tokens == 0 {
+            return Err(Error::invalid("checkpoint every_tokens must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
 /// How a [`SnapshotBucket::put`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SnapshotPut {
@@ -70,11 +110,31 @@ pub enum SnapshotPut {
     Rejected,
 }
 
+/// How a full bucket picks the entry to drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// The least recently read entry.
+    Lru,
+    /// Among the [`SCORED_SAMPLE`] least recently read entries, the one read fewest times,
+    /// then the one covering fewest tokens (cheapest to recompute), then the oldest.
+    /// Recency still decides which entries are candidates at all, so an entry that is
+    /// read keeps its place; a checkpoint deep into a shared document that serves many
+    /// prompts outlives a shallow one nobody restored.
+    Scored,
+}
+
+/// How many of the least recently read entries [`Eviction::Scored`] weighs.
+pub const SCORED_SAMPLE: usize = 8;
+
 #[derive(Debug)]
 struct Entry {
     blob: Bytes,
     expires_at: u64,
     last_access: u64,
+    /// Tokens of prompt the state covers.
+    tokens: u64,
+    /// Gets that returned it.
+    hits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,8 +172,21 @@ impl Inner {
         }
     }
 
-    fn drop_lru(&mut self, budget: &MemoryBudget, why: Why) -> bool {
-        match self.by_access.first().map(|&(_, k)| k) {
+    fn victim(&self, eviction: Eviction) -> Option<SnapshotKey> {
+        match eviction {
+            Eviction::Lru => self.by_access.first().map(|&(_, k)| k),
+            Eviction::Scored => self
+                .by_access
+                .iter()
+                .take(SCORED_SAMPLE)
+                .filter_map(|&(at, k)| self.entries.get(&k).map(|e| ((e.hits, e.tokens, at), k)))
+                .min()
+                .map(|(_, k)| k),
+        }
+    }
+
+    fn drop_lru(&mut self, budget: &MemoryBudget, why: Why, eviction: Eviction) -> bool {
+        match self.victim(eviction) {
             Some(k) => {
                 self.drop_entry(&k, budget, why);
                 true
@@ -136,6 +209,7 @@ impl Inner {
 pub struct SnapshotBucket {
     inner: Mutex<Inner>,
     config: SnapshotConfig,
+    eviction: Eviction,
     budget: Arc<MemoryBudget>,
     clock: Arc<dyn Clock>,
 }
@@ -149,9 +223,20 @@ impl fmt::Debug for SnapshotBucket {
 }
 
 impl SnapshotBucket {
-    /// A bucket reserving from `budget` and reading time from `clock`.
+    /// A bucket reserving from `budget` and reading time from `clock`, dropping the least
+    /// recently read entry first.
     pub fn new(
         config: SnapshotConfig,
+        budget: Arc<MemoryBudget>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        Self::with_eviction(config, Eviction::Lru, budget, clock)
+    }
+
+    /// A bucket that evicts as `eviction` says.
+    pub fn with_eviction(
+        config: SnapshotConfig,
+        eviction: Eviction,
         budget: Arc<MemoryBudget>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self> {
@@ -159,15 +244,23 @@ impl SnapshotBucket {
         Ok(Self {
             inner: Mutex::new(Inner::default()),
             config,
+            eviction,
             budget,
             clock,
         })
     }
 
-    /// Stores `blob` under `key`. When the shared memory budget is full, `reclaim(n)` is
-    /// asked to free `n` bytes elsewhere (the engine evicts RAM blocks) before the bucket
-    /// drops its own least recently used snapshots.
-    pub fn put(&self, key: SnapshotKey, blob: Bytes, reclaim: &dyn Fn(u64) -> u64) -> SnapshotPut {
+    /// Stores `blob`, the state after `tokens` tokens, under `key`. When the shared memory
+    /// budget is full, `reclaim(n)` is asked to free `n` bytes elsewhere (the engine evicts
+    /// RAM blocks) before the bucket drops its own entries.
+    pub fn put(
+        &self,
+        key: SnapshotKey,
+        blob: Bytes,
+        tokens: u64,
+        reclaim: &dyn Fn(u64) -> u64,
+    ) -> SnapshotPut {
+        let eviction = self.eviction;
         let now = self.clock.now_nanos();
         let len = blob.len() as u64;
         let mut inner = self.inner.lock();
@@ -181,10 +274,10 @@ impl SnapshotBucket {
             inner.drop_entry(&key, &self.budget, Why::Replaced);
         }
         while inner.entries.len() >= self.config.max_entries {
-            inner.drop_lru(&self.budget, Why::Entries);
+            inner.drop_lru(&self.budget, Why::Entries, eviction);
         }
         while inner.bytes + len > self.config.max_bytes {
-            inner.drop_lru(&self.budget, Why::Bytes);
+            inner.drop_lru(&self.budget, Why::Bytes, eviction);
         }
         // Bounded: concurrent RAM stores may take freed bytes again, and a put must end.
         let mut reclaim_tries = 8;
@@ -195,7 +288,7 @@ impl SnapshotBucket {
                     continue;
                 }
             }
-            if !inner.drop_lru(&self.budget, Why::Bytes) {
+            if !inner.drop_lru(&self.budget, Why::Bytes, eviction) {
                 inner.stats.rejected += 1;
                 return SnapshotPut::Rejected;
             }
@@ -210,6 +303,8 @@ impl SnapshotBucket {
                 blob,
                 expires_at,
                 last_access: now,
+                tokens,
+                hits: 0,
             },
         );
         inner.bytes += len;
@@ -232,11 +327,23 @@ impl SnapshotBucket {
         };
         let old = e.last_access;
         e.last_access = now;
+        e.hits += 1;
         let blob = e.blob.clone();
         inner.by_access.remove(&(old, *key));
         inner.by_access.insert((now, *key));
         inner.stats.hits += 1;
         Some(blob)
+    }
+
+    /// Whether a live entry is held under `key`, without counting a get or touching its
+    /// recency (lookups ask this; only a load reads).
+    pub fn contains(&self, key: &SnapshotKey) -> bool {
+        let now = self.clock.now_nanos();
+        self.inner
+            .lock()
+            .entries
+            .get(key)
+            .is_some_and(|e| e.expires_at > now)
     }
 
     /// Drops the snapshot under `key`; returns whether one was held.

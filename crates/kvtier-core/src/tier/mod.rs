@@ -325,4 +325,8 @@ pub trait SnapshotStore: Send + Sync + Debug {
 
     /// The blob under exactly `key`, verified, or `None`.
     fn get_snapshot(&self, key: &SnapshotKey) -> Result<Option<Bytes>>;
+
+    /// Whether a blob is kept under `key`, from memory alone (lookups ask this; the read
+    /// that follows verifies it).
+    fn contains_snapshot(&self, key: &SnapshotKey) -> bool;
 }

@@ -83,6 +83,7 @@ async fn step(mut st: State) -> Option<(Vec<Bytes>, State)> {
         layout: st.resolved.layout,
         blocks: st.resolved.blocks[st.next..upto].to_vec(),
         matched_tokens: 0,
+        state: None,
     };
     let engine = st.engine.clone();
     let layers = st.layers.clone();

@@ -116,6 +116,10 @@ impl SnapshotStore for SsdTier {
         Ok(())
     }
 
+    fn contains_snapshot(&self, key: &SnapshotKey) -> bool {
+        self.snapshots.read().contains_key(&key.0)
+    }
+
     fn get_snapshot(&self, key: &SnapshotKey) -> Result<Option<Bytes>> {
         let Some(held) = self.snapshots.read().get(&key.0).cloned() else {
             return Ok(None);
