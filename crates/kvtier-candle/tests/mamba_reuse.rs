@@ -116,14 +116,22 @@ fn snapshots_of_other_weights_or_a_damaged_blob_are_never_restored() {
     assert_eq!(two.reused_tokens, 0);
     assert_same_decode(&two, &cold().1);
 
-    // A blob of the wrong size under the right key is refused, and the turn computes.
+    // A blob of the wrong size is refused by kvtier itself (the layout names the state's
+    // size); one of the right size that is not a state is refused by the model, and the
+    // turn computes.
     let layout = engine
         .register_layout(MambaRunner::layout_key(&model()))
         .unwrap();
     // What turn 1 consumed: its prompt and all but the last decoded token.
     let consumed: Vec<u32> = turn_two(&cold().0)[..turn_one().len() + DECODE - 1].to_vec();
+    assert!(
+        engine
+            .snapshot_put(layout.digest(), &consumed, None, b"KVMS not a state")
+            .is_err()
+    );
+    let not_a_state = vec![0u8; kvtier_candle::mamba::state_len(model().config())];
     engine
-        .snapshot_put(layout.digest(), &consumed, None, b"KVMS not a state")
+        .snapshot_put(layout.digest(), &consumed, None, &not_a_state)
         .unwrap();
     let three = runner
         .run_turn(&turn_two(&cold().0), DECODE, &[consumed.len()])

@@ -51,6 +51,22 @@ pub struct LayoutSpec {
     /// Tenant salt, hex.
     #[serde(default)]
     pub tenant_salt: String,
+    /// The recurrent layer groups of a hybrid or recurrent model (default none); with
+    /// them `num_layers` counts the attention layers alone and may be 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_groups: Vec<StateGroupSpec>,
+}
+
+/// One group of recurrent layers of a [`LayoutSpec`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateGroupSpec {
+    /// What the layers are and how their state is encoded, e.g. `mamba1/f32`.
+    pub kind: String,
+    /// Layers in the group.
+    pub num_layers: u32,
+    /// Bytes of the group's state at one token boundary.
+    pub state_bytes: u64,
 }
 
 fn one() -> u32 {

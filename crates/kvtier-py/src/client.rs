@@ -100,6 +100,7 @@ impl Client {
             pp_size,
             lora_id,
             tenant_salt: hex(&tenant_salt.unwrap_or_default()),
+            state_groups: Vec::new(),
         };
         let info = self.call(py, self.http.register_layout(&spec))?;
         Ok(Layout::of_server(&info, dtype))

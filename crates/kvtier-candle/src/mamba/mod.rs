@@ -6,5 +6,5 @@ mod snapshot;
 mod weights;
 
 pub use model::MambaModel;
-pub use snapshot::{decode as decode_state, encode as encode_state};
+pub use snapshot::{decode as decode_state, encode as encode_state, encoded_len as state_len};
 pub use weights::{D_CONV, D_STATE, synthetic_config, write_synthetic};

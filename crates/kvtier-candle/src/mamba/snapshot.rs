@@ -22,6 +22,12 @@ const MAGIC: &[u8; 4] = b"KVMS";
 const VERSION: u32 = 1;
 const HEADER: usize = 4 + 4 * 5 + 8;
 
+/// Bytes of an encoded state of a model of shape `config`.
+pub fn encoded_len(config: &Config) -> usize {
+    let d_inner = d_inner(config);
+    HEADER + (d_inner * D_STATE + D_CONV * d_inner) * 4 * config.n_layer
+}
+
 /// Serialises `state`.
 pub fn encode(config: &Config, state: &State) -> Result<Vec<u8>> {
     let d_inner = d_inner(config);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvtier_client::Client;
-use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec};
+use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec, StateGroupSpec};
 use kvtier_core::{Engine, ExtraKeys, Layout, LayoutKey, Lookup};
 
 use crate::{Error, Result};
@@ -74,6 +74,17 @@ enum HitHandle {
     Served(String),
 }
 
+/// Every part of one boundary a [`Backend::restore`] read, or nothing.
+#[derive(Debug, Clone, Default)]
+pub struct RestoredState {
+    /// KV blocks of the attention layers (none for a recurrent-only layout).
+    pub blocks: Vec<Bytes>,
+    /// The recurrent state after exactly `tokens` tokens.
+    pub state: Option<Bytes>,
+    /// Tokens restored; 0 when nothing was.
+    pub tokens: usize,
+}
+
 impl Hit {
     /// Blocks matched.
     pub fn blocks(&self) -> usize {
@@ -126,6 +137,15 @@ impl Backend {
                     pp_size: key.pp_size,
                     lora_id: key.lora_id.clone(),
                     tenant_salt: kvtier_core::hash::hex(&key.tenant_salt),
+                    state_groups: key
+                        .state_groups
+                        .iter()
+                        .map(|g| StateGroupSpec {
+                            kind: g.kind.clone(),
+                            num_layers: g.num_layers,
+                            state_bytes: g.state_bytes,
+                        })
+                        .collect(),
                 };
                 let info = s.runtime.block_on(s.client.register_layout(&spec))?;
                 Ok(BoundLayout {
@@ -219,6 +239,55 @@ impl Backend {
         }
     }
 
+    /// Sets the distance between checkpoints of `layout` (a layout with state groups) and
+    /// returns the one in force. Checkpoints need an embedded engine: `kvtier serve` has
+    /// no checkpoint routes yet.
+    pub fn set_checkpoint_every(&self, layout: &BoundLayout, tokens: usize) -> Result<usize> {
+        match self {
+            Backend::Embedded(engine) => {
+                Ok(engine.set_checkpoint_every(engine_layout(layout)?.digest(), tokens)?)
+            }
+            Backend::Served(_) => Err(no_checkpoint_routes()),
+        }
+    }
+
+    /// Keeps `blob`, the recurrent state after the first `blocks` whole blocks of `tokens`,
+    /// as a checkpoint.
+    pub fn checkpoint_put(
+        &self,
+        layout: &BoundLayout,
+        tokens: &[u32],
+        blocks: usize,
+        blob: &[u8],
+    ) -> Result<()> {
+        match self {
+            Backend::Embedded(engine) => {
+                let prompt =
+                    engine.prompt(engine_layout(layout)?.digest(), tokens, &ExtraKeys::none())?;
+                engine.checkpoint_put(&prompt, blocks, blob)?;
+                Ok(())
+            }
+            Backend::Served(_) => Err(no_checkpoint_routes()),
+        }
+    }
+
+    /// Reads every part of `hit` (KV blocks and the recurrent state of the same boundary)
+    /// or nothing; see `Engine::restore`.
+    pub fn restore(&self, hit: &Hit) -> Result<RestoredState> {
+        match (self, &hit.handle) {
+            (Backend::Embedded(engine), HitHandle::Engine(lookup)) => {
+                let r = engine.restore(lookup)?;
+                Ok(RestoredState {
+                    blocks: r.blocks,
+                    state: r.state,
+                    tokens: r.tokens,
+                })
+            }
+            (Backend::Served(_), _) => Err(no_checkpoint_routes()),
+            _ => Err(Error::Invalid("a hit from another backend".into())),
+        }
+    }
+
     /// Keeps the recurrent state reached after exactly `tokens`.
     pub fn snapshot_put(&self, layout: &BoundLayout, tokens: &[u32], blob: Bytes) -> Result<()> {
         match self {
@@ -260,6 +329,12 @@ fn engine_layout(layout: &BoundLayout) -> Result<&Arc<Layout>> {
         .layout
         .as_ref()
         .ok_or_else(|| Error::Invalid("a layout bound to a server, used with an engine".into()))
+}
+
+fn no_checkpoint_routes() -> Error {
+    Error::Invalid(
+        "checkpoints and composed restores need an embedded engine: kvtier serve has no routes for them yet".into(),
+    )
 }
 
 fn snapshot_spec(layout: &BoundLayout, tokens: &[u32]) -> SnapshotSpec {

@@ -6,7 +6,7 @@ mod gemma;
 mod loopback;
 mod mamba;
 
-pub use backend::{Backend, BoundLayout, Hit, Served};
+pub use backend::{Backend, BoundLayout, Hit, RestoredState, Served};
 pub use gemma::{GEMMA_TOKENS_PER_BLOCK, GemmaRunner, LoadMode, TurnReport};
 pub use loopback::{LoopbackServer, ServeLauncher};
 pub use mamba::{MambaRunner, MambaTurn};

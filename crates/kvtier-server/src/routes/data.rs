@@ -51,6 +51,15 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
     key.pp_size = spec.pp_size;
     key.lora_id = spec.lora_id;
     key.tenant_salt = input::hex_bytes("tenant salt", &spec.tenant_salt)?;
+    key.state_groups = spec
+        .state_groups
+        .into_iter()
+        .map(|g| kvtier_core::StateGroup {
+            kind: g.kind,
+            num_layers: g.num_layers,
+            state_bytes: g.state_bytes,
+        })
+        .collect();
     let layout = app.engine.register_layout(key).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

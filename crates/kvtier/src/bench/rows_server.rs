@@ -49,6 +49,7 @@ fn spec(layers: u32) -> LayoutSpec {
         pp_size: 1,
         lora_id: None,
         tenant_salt: String::new(),
+        state_groups: Vec::new(),
     }
 }
 

@@ -120,6 +120,7 @@ pub fn layout_spec(model: &str, layers: u32) -> LayoutSpec {
         pp_size: 1,
         lora_id: None,
         tenant_salt: String::new(),
+        state_groups: Vec::new(),
     }
 }
 
