@@ -51,15 +51,27 @@ fn row(
 /// Runs the model rows: `cold_samples` cold prefills (about 20 s each for Gemma here) and
 /// `hit_samples` hits per model; `memcpy_gbps` measures the copy baseline for a size.
 /// The `*.served.*` rows need `serve` to start `kvtier serve` on loopback; without it
-/// they are left out (with a note on stdout).
+/// they are left out (with a note on stdout). A group of rows none of whose names
+/// `wanted` accepts is not run at all.
 pub fn rows(
     cold_samples: usize,
     hit_samples: usize,
     memcpy_gbps: &dyn Fn(usize) -> f64,
     serve: Option<&dyn ServeLauncher>,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<ModelRow>> {
-    let mut out = gemma_rows(cold_samples, hit_samples, memcpy_gbps, serve)?;
-    out.extend(mamba_rows(cold_samples, hit_samples)?);
+    let any = |names: &[&str]| names.iter().any(|n| wanted(n));
+    let mut out = Vec::new();
+    if any(&["model.gemma.ttft.cold.ms", "model.gemma.ttft.hit.served.ms"]) {
+        out.extend(gemma_rows(cold_samples, hit_samples, memcpy_gbps, serve)?);
+    }
+    let mamba = bench_mamba()?;
+    if any(&["model.mamba.snapshot.ttft.speedup"]) {
+        out.extend(mamba_rows(&mamba, cold_samples, hit_samples)?);
+    }
+    if any(&["model.mamba.checkpoint.ttft.speedup"]) {
+        out.extend(mamba_checkpoint_rows(&mamba, cold_samples, hit_samples)?);
+    }
     Ok(out)
 }
 
@@ -266,14 +278,110 @@ fn hit_figures(runner: &mut GemmaRunner, prompt: &[u32], samples: usize) -> Resu
     })
 }
 
-fn mamba_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>> {
+fn bench_mamba() -> Result<Arc<MambaModel>> {
     let dir = std::env::temp_dir().join(format!("kvtier-bench-mamba-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create the bench directory", e))?;
     let path = dir.join("mamba.safetensors");
     let written = write_synthetic(&synthetic_config(), 7, &path);
     let model = written.and_then(|()| MambaModel::load(&path, synthetic_config()));
     let _ = std::fs::remove_dir_all(&dir);
-    let model = model?;
+    model
+}
+
+/// Where the checkpoint rows' prompt leaves the cached one, and the checkpoint distance.
+const DIVERGE_AT: usize = 1900;
+const CHECKPOINT_EVERY: usize = 64;
+
+/// `model.mamba.checkpoint.*`: a 2,048-token prompt that shares its first 1,900 tokens
+/// with a cached 2,048-token prompt read with checkpoints every 64 tokens restores the
+/// checkpoint after 1,856 tokens and reads 192, against reading all 2,048 cold. Every warm
+/// sample has a tail of its own (so it cannot find its own earlier checkpoints) and
+/// stores its checkpoints, as in use.
+fn mamba_checkpoint_rows(
+    model: &Arc<MambaModel>,
+    cold_samples: usize,
+    hit_samples: usize,
+) -> Result<Vec<ModelRow>> {
+    let cached: Vec<u32> = system_prompt(600)
+        .bytes()
+        .map(u32::from)
+        .take(PREFIX_TOKENS)
+        .collect();
+    if cached.len() < PREFIX_TOKENS {
+        return Err(Error::Invalid("the Mamba prompt is too short".into()));
+    }
+    let diverging = |sample: usize| -> Vec<u32> {
+        let mut p = cached[..DIVERGE_AT].to_vec();
+        let tail = user_turn(sample + 2, sample);
+        p.extend(
+            tail.bytes()
+                .cycle()
+                .map(u32::from)
+                .take(PREFIX_TOKENS - DIVERGE_AT),
+        );
+        p
+    };
+    let engine = Arc::new(kvtier_core::Engine::builder().build()?);
+    let backend = Arc::new(Backend::Embedded(engine));
+    let mut cold_runner = MambaRunner::new(model.clone(), backend.clone())?;
+    cold_runner.store = false;
+    let mut cold = Vec::new();
+    for s in 0..cold_samples.max(1) {
+        cold.push(
+            cold_runner
+                .run_turn(&diverging(s), 1, &[])?
+                .ttft
+                .as_secs_f64()
+                * 1e3,
+        );
+    }
+    let runner = MambaRunner::new(model.clone(), backend)?.with_checkpoints(CHECKPOINT_EVERY)?;
+    runner.run_turn(&cached, 1, &[])?;
+    let restored = DIVERGE_AT / CHECKPOINT_EVERY * CHECKPOINT_EVERY;
+    let mut hits = Vec::new();
+    for s in 0..hit_samples.max(1) {
+        let r = runner.run_turn(&diverging(1000 + s), 1, &[])?;
+        if r.reused_tokens != restored || !r.from_checkpoint {
+            return Err(Error::Invalid(format!(
+                "the diverging prompt restored {} tokens, not the checkpoint after {restored}",
+                r.reused_tokens
+            )));
+        }
+        hits.push(r.ttft.as_secs_f64() * 1e3);
+    }
+    let cold = median(&mut cold);
+    let hit = median(&mut hits);
+    Ok(vec![
+        row(
+            "model.mamba.checkpoint.ttft.cold.ms",
+            cold,
+            "ms",
+            hit,
+            "TTFT from the checkpoint before the divergence",
+        ),
+        row(
+            "model.mamba.checkpoint.ttft.ms",
+            hit,
+            "ms",
+            cold,
+            "cold prefill of the same 2,048 tokens",
+        ),
+        row(
+            "model.mamba.checkpoint.ttft.speedup",
+            cold / hit,
+            "x",
+            10.0,
+            "target: 10x",
+        ),
+    ])
+}
+
+fn mamba_rows(
+    model: &Arc<MambaModel>,
+    cold_samples: usize,
+    hit_samples: usize,
+) -> Result<Vec<ModelRow>> {
+    let model = model.clone();
     let text = system_prompt(600);
     let mut prompt: Vec<u32> = text.bytes().map(u32::from).take(PREFIX_TOKENS).collect();
     if prompt.len() < PREFIX_TOKENS {

@@ -7,7 +7,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     // Cold Gemma prefills of 2,064 tokens take about 20 s each: 3 of them in a full run.
     let (cold, hit) = if effort.scale > 1 { (3, 7) } else { (1, 3) };
     let memcpy = |size: usize| super::measure::memcpy_gbps(size, 4, effort.samples, 1);
-    let got = kvtier_candle::bench::rows(cold, hit, &memcpy, Some(&crate::loopback::InProcess))?;
+    let got = kvtier_candle::bench::rows(
+        cold,
+        hit,
+        &memcpy,
+        Some(&crate::loopback::InProcess),
+        wanted,
+    )?;
     Ok(got
         .into_iter()
         .filter(|r| wanted(&r.name))
