@@ -4,6 +4,7 @@
 //! register_layout(key) ─► Layout            prompt(layout, tokens, extras) ─► Prompt (hashed once)
 //! lookup(&Prompt) ─► Lookup (memory only)   load(&Lookup) ─► the matched blocks' bytes
 //! store(&Prompt, payloads)                  snapshot_put / snapshot_get (exact prefix)
+//! checkpoint_put(&Prompt, blocks, state)    restore(&Lookup) ─► KV and state, or nothing
 //! flush / shutdown / reattach_persistent    stats
 //! resolve(layout, hashes) ─► Lookup         delete_namespace(layout)
 //! ```
