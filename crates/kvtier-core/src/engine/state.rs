@@ -3,10 +3,12 @@
 //! group of the layout can be restored (issue 16, `docs/hybrid.md`).
 //!
 //! ```text
-//! prompt blocks     0   1   2   3   4   5   6   7
-//! KV held           ■   ■   ■   ■   ■   ■   ·   ·      (attention layers)
-//! checkpoints               ◆               ◆           (recurrent layers, every 2 blocks… )
-//! served            └── 4 blocks + ◆ at 4 ──┘           KV of blocks 4..6 is not offered
+//! block of the prompt     0   1   2   3   4   5   6   7
+//! KV held (attention)     ■   ■   ■   ■   ■   ■   ·   ·
+//! state held (recurrent)        ◆       ◆           ◆    checkpoints after 2, 4 and 8 blocks
+//! served                  └ blocks 0..4 ┘◆               the state after 4 blocks with them;
+//!                                                        KV of blocks 4 and 5 is not offered,
+//!                                                        the state after 8 has no KV under it
 //! ```
 //!
 //! A checkpoint is keyed by the hash of the block it ends on, which names the layout,
