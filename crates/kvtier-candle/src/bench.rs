@@ -48,6 +48,30 @@ fn row(
     }
 }
 
+/// The three TTFT rows of one scenario, `{prefix}.cold.ms`, `{hit}` and
+/// `{prefix}.speedup`: cold read against the hit, the hit against cold, and the speedup
+/// against the 10× target.
+fn ttft_rows(
+    prefix: &str,
+    hit_name: &str,
+    cold: f64,
+    hit: f64,
+    hit_is: &'static str,
+    cold_is: &'static str,
+) -> Vec<ModelRow> {
+    vec![
+        row(&format!("{prefix}.cold.ms"), cold, "ms", hit, hit_is),
+        row(hit_name, hit, "ms", cold, cold_is),
+        row(
+            &format!("{prefix}.speedup"),
+            cold / hit,
+            "x",
+            10.0,
+            "target: 10x",
+        ),
+    ]
+}
+
 /// Runs the model rows: `cold_samples` cold prefills (about 20 s each for Gemma here) and
 /// `hit_samples` hits per model; `memcpy_gbps` measures the copy baseline for a size.
 /// The `*.served.*` rows need `serve` to start `kvtier serve` on loopback; without it
@@ -133,28 +157,15 @@ fn gemma_rows(
     };
     let cold = median(&mut cold);
     let load_gbps = embedded.bytes as f64 / embedded.load_s / 1e9;
-    let mut rows = vec![
-        row(
-            "model.gemma.ttft.cold.ms",
-            cold,
-            "ms",
-            embedded.whole_ms,
-            "TTFT with the 2,048-token prefix cached",
-        ),
-        row(
-            "model.gemma.ttft.hit.ms",
-            embedded.whole_ms,
-            "ms",
-            cold,
-            "cold prefill of the same prompt",
-        ),
-        row(
-            "model.gemma.ttft.speedup",
-            cold / embedded.whole_ms,
-            "x",
-            10.0,
-            "target: 10x",
-        ),
+    let mut rows = ttft_rows(
+        "model.gemma.ttft",
+        "model.gemma.ttft.hit.ms",
+        cold,
+        embedded.whole_ms,
+        "TTFT with the 2,048-token prefix cached",
+        "cold prefill of the same prompt",
+    );
+    rows.extend([
         row(
             "model.gemma.load.2048tok.GBps",
             load_gbps,
@@ -176,7 +187,7 @@ fn gemma_rows(
             100.0,
             "all of the load hidden",
         ),
-    ];
+    ]);
     let Some(served) = served else {
         return Ok(rows);
     };
@@ -349,31 +360,14 @@ fn mamba_checkpoint_rows(
         }
         hits.push(r.ttft.as_secs_f64() * 1e3);
     }
-    let cold = median(&mut cold);
-    let hit = median(&mut hits);
-    Ok(vec![
-        row(
-            "model.mamba.checkpoint.ttft.cold.ms",
-            cold,
-            "ms",
-            hit,
-            "TTFT from the checkpoint before the divergence",
-        ),
-        row(
-            "model.mamba.checkpoint.ttft.ms",
-            hit,
-            "ms",
-            cold,
-            "cold prefill of the same 2,048 tokens",
-        ),
-        row(
-            "model.mamba.checkpoint.ttft.speedup",
-            cold / hit,
-            "x",
-            10.0,
-            "target: 10x",
-        ),
-    ])
+    Ok(ttft_rows(
+        "model.mamba.checkpoint.ttft",
+        "model.mamba.checkpoint.ttft.ms",
+        median(&mut cold),
+        median(&mut hits),
+        "TTFT from the checkpoint before the divergence",
+        "cold prefill of the same 2,048 tokens",
+    ))
 }
 
 fn mamba_rows(
@@ -412,29 +406,12 @@ fn mamba_rows(
         }
         hits.push(r.ttft.as_secs_f64() * 1e3);
     }
-    let cold = median(&mut cold);
-    let hit = median(&mut hits);
-    Ok(vec![
-        row(
-            "model.mamba.snapshot.ttft.cold.ms",
-            cold,
-            "ms",
-            hit,
-            "TTFT with the 2,048-token state restored",
-        ),
-        row(
-            "model.mamba.snapshot.ttft.hit.ms",
-            hit,
-            "ms",
-            cold,
-            "cold prefill of the same prompt",
-        ),
-        row(
-            "model.mamba.snapshot.ttft.speedup",
-            cold / hit,
-            "x",
-            10.0,
-            "target: 10x",
-        ),
-    ])
+    Ok(ttft_rows(
+        "model.mamba.snapshot.ttft",
+        "model.mamba.snapshot.ttft.hit.ms",
+        median(&mut cold),
+        median(&mut hits),
+        "TTFT with the 2,048-token state restored",
+        "cold prefill of the same prompt",
+    ))
 }

@@ -89,17 +89,7 @@ fn turn_one_in_a_child_process() {
 #[test]
 fn restore_from_ssd_after_a_process_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "turn_one_in_a_child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_DIR, dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the first process failed: {status}");
+    fixtures::child::run_ignored_test("turn_one_in_a_child_process", CHILD_DIR, dir.path());
     // This process never computed turn 1: whatever is reused comes from the SSD.
     let engine = ssd_engine(dir.path());
     assert_eq!(engine.stats().ram.resident_blocks, 0);

@@ -74,19 +74,13 @@ fn a_prompt_diverging_at_150_restores_the_128_token_checkpoint_from_ram() {
 #[test]
 fn a_checkpoint_that_is_not_the_state_at_its_boundary_is_refused() {
     let engine = Arc::new(Engine::builder().build().unwrap());
-    let runner = runner(&engine);
     let layout = engine
         .register_layout(MambaRunner::layout_key(&model()))
         .unwrap();
     // The state after 64 tokens of another prompt, filed under the cached prompt's
     // 128-token boundary: the size is right, the position inside is not.
     let other: Vec<u32> = (0..64u32).map(|i| (i * 7 + 3) % 200).collect();
-    let other_turn = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine.clone())))
-        .unwrap()
-        .with_checkpoints(EVERY)
-        .unwrap()
-        .run_turn(&other, 1, &[])
-        .unwrap();
+    let other_turn = runner(&engine).run_turn(&other, 1, &[]).unwrap();
     assert_eq!(other_turn.checkpoints_stored, 1);
     let p = engine
         .prompt(layout.digest(), &other, &ExtraKeys::none())
@@ -97,9 +91,9 @@ fn a_checkpoint_that_is_not_the_state_at_its_boundary_is_refused() {
         .prompt(layout.digest(), &cached(), &ExtraKeys::none())
         .unwrap();
     engine.checkpoint_put(&q, 8, &wrong).unwrap();
-    let mut runner = runner;
-    runner.store = false;
-    let turn = runner.run_turn(&diverging(), DECODE, &[]).unwrap();
+    let mut reader = runner(&engine);
+    reader.store = false;
+    let turn = reader.run_turn(&diverging(), DECODE, &[]).unwrap();
     assert_eq!(turn.reused_tokens, 0);
     assert!(
         turn.refused
@@ -133,17 +127,11 @@ fn mamba_checkpoints_in_a_child_process() {
 #[test]
 fn checkpoints_restore_from_ssd_after_a_process_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "mamba_checkpoints_in_a_child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_DIR, dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the first process failed: {status}");
+    fixtures::child::run_ignored_test(
+        "mamba_checkpoints_in_a_child_process",
+        CHILD_DIR,
+        dir.path(),
+    );
     let node = kvtier_node::Node::open(ssd_settings(dir.path(), 64 << 20)).unwrap();
     assert_eq!(node.engine.stats().checkpoint.resident_entries, 0);
     let mut runner = runner(&node.engine);

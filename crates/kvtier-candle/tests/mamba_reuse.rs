@@ -77,17 +77,7 @@ fn mamba_turn_one_in_a_child_process() {
 #[test]
 fn turn_two_restores_from_ssd_after_a_process_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "mamba_turn_one_in_a_child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_DIR, dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the first process failed: {status}");
+    fixtures::child::run_ignored_test("mamba_turn_one_in_a_child_process", CHILD_DIR, dir.path());
     let app = kvtier_node::Node::open(ssd_settings(dir.path())).unwrap();
     assert_eq!(app.engine.stats().snapshot.resident_entries, 0);
     let mut runner =
