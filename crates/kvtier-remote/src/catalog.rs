@@ -100,6 +100,13 @@ pub trait Catalog: Send + Sync + Debug + 'static {
     fn deleted(&self, object: &ObjectName) {
         let _ = object;
     }
+
+    /// The tier wrote the state object `state`, of `bytes` bytes of state (one PUT: it
+    /// is complete). State objects are listed at every open whatever the catalog; a
+    /// cluster catalog also advertises them, so other replicas find them at once.
+    fn wrote_state(&self, state: &crate::StateName, bytes: u64) {
+        let _ = (state, bytes);
+    }
 }
 
 /// The catalog of a tier on its own: at open, every manifest listed under the prefix on

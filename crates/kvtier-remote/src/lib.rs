@@ -7,6 +7,8 @@
 //! - [`RemoteTier`]: the tier, behind kvtier-core's `Tier` trait.
 //! - [`catalog`]: how the tier learns of objects written elsewhere ([`Catalog`]; listing
 //!   the bucket at open is [`ListCatalog`]) and whom it tells of its own.
+//! - [`state`]: recurrent-state snapshots and checkpoints as self-verifying state
+//!   objects, found from memory.
 //! - [`IoRuntime`]: the runtime its requests run on, lent by the assembly.
 
 pub mod catalog;
@@ -15,9 +17,11 @@ pub mod object;
 pub mod placement;
 mod recv;
 mod runtime;
+pub mod state;
 mod tier;
 
 pub use catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName};
 pub use config::{Endpoint, RemoteConfig};
 pub use runtime::IoRuntime;
+pub use state::StateName;
 pub use tier::RemoteTier;

@@ -30,8 +30,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use kvtier_core::hash::BlockHash;
+use kvtier_core::snapshot::SnapshotKey;
 use kvtier_core::stats::TierStats;
-use kvtier_core::tier::{BlockMeta, PutOutcome, RemovalCause, ResidencySink, Tier, TierKind};
+use kvtier_core::tier::{
+    BlockMeta, PutOutcome, RemovalCause, ResidencySink, SnapshotStore, Tier, TierKind,
+};
 use kvtier_core::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
@@ -47,6 +50,7 @@ use crate::object::{Manifest, RunObject, crc, data_of, manifest_of, names};
 use crate::placement::{Placement, Target};
 use crate::recv::RecvPool;
 use crate::runtime::IoRuntime;
+use crate::state::StateName;
 
 /// Where a block is: an object and its slot in it.
 #[derive(Debug, Clone)]
@@ -88,6 +92,8 @@ pub struct RemoteTier {
     counters: Counters,
     /// Receive buffers of ranged GETs, reused.
     recv: Arc<RecvPool>,
+    /// The state objects the tier serves, by snapshot key (`state.rs`).
+    states: RwLock<HashMap<SnapshotKey, Arc<StateName>>>,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -100,7 +106,7 @@ impl std::fmt::Debug for RemoteTier {
 }
 
 /// What one remote call came to.
-enum Fetch<T> {
+pub(crate) enum Fetch<T> {
     Got(T),
     /// 404: the object is gone.
     Gone,
@@ -110,7 +116,7 @@ enum Fetch<T> {
 
 /// Why a remote call failed.
 #[derive(Debug, thiserror::Error)]
-enum CallError {
+pub(crate) enum CallError {
     /// The object store answered with an error (after its retries).
     #[error(transparent)]
     Store(object_store::Error),
@@ -188,6 +194,7 @@ impl RemoteTier {
             catalog,
             counters: Counters::default(),
             recv: Arc::default(),
+            states: RwLock::new(HashMap::new()),
         };
         tier.recover();
         Ok(tier)
@@ -195,7 +202,7 @@ impl RemoteTier {
 
     /// Runs `fut` on the tier's runtime and waits at most the deadline (plus a margin for
     /// the runtime's own scheduling); safe to call from any thread, async or not.
-    fn call<T: Send + 'static>(
+    pub(crate) fn call<T: Send + 'static>(
         &self,
         fut: impl Future<Output = object_store::Result<T>> + Send + 'static,
     ) -> Fetch<T> {
@@ -214,7 +221,7 @@ impl RemoteTier {
             .unwrap_or_else(|_| Fetch::Failed(CallError::Deadline(deadline)))
     }
 
-    fn target_of(&self, data_name: &str) -> usize {
+    pub(crate) fn target_of(&self, data_name: &str) -> usize {
         let chosen = self.placement.pick(data_name.as_bytes());
         self.placement
             .targets()
@@ -239,12 +246,62 @@ impl RemoteTier {
                 }
             }
         }
+        // State objects are few and self-describing: listed, not read, at every open
+        // (in cluster mode too, so a state whose advertisement was lost is still found).
+        let states = self.list_states();
+        for state in &states {
+            self.adopt_state(state);
+        }
         tracing::info!(
             objects,
             refused,
             blocks = self.blocks.read().len(),
+            states = states.len(),
             "remote tier recovered"
         );
+    }
+
+    /// The settings.
+    pub(crate) fn config(&self) -> &RemoteConfig {
+        &self.config
+    }
+
+    /// How many endpoints the tier writes to and reads from.
+    pub(crate) fn endpoints(&self) -> usize {
+        self.stores.len()
+    }
+
+    /// The client of endpoint `index`.
+    pub(crate) fn store(&self, index: usize) -> Arc<dyn ObjectStore> {
+        self.stores[index].clone()
+    }
+
+    /// The state objects served, by key.
+    pub(crate) fn states(&self) -> &RwLock<HashMap<SnapshotKey, Arc<StateName>>> {
+        &self.states
+    }
+
+    /// The catalog the tier reports its writes to.
+    pub(crate) fn catalog(&self) -> &Arc<dyn Catalog> {
+        &self.catalog
+    }
+
+    pub(crate) fn count_put(&self) {
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_get(&self) {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_io_error(&self) {
+        self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_corrupt(&self) {
+        self.counters
+            .removed_corrupt
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every manifest under the prefix, on every endpoint (what [`ListCatalog`] names). An
@@ -264,10 +321,15 @@ impl RemoteTier {
     /// endpoint, with when it was written. An endpoint that cannot be listed within the
     /// deadline is logged and skipped.
     pub fn list_objects(&self) -> Vec<Listed> {
+        self.list_under(&self.config.prefix)
+    }
+
+    /// Every object under `prefix` on every endpoint (see [`RemoteTier::list_objects`]).
+    pub(crate) fn list_under(&self, prefix: &str) -> Vec<Listed> {
         let mut found = Vec::new();
         for (t, store) in self.stores.iter().enumerate() {
             let store = store.clone();
-            let prefix = Path::from(self.config.prefix.as_str());
+            let prefix = Path::from(prefix);
             let listed = self.call(async move {
                 let mut names = Vec::new();
                 let mut list = store.list(Some(&prefix));
@@ -1074,6 +1136,10 @@ impl Tier for RemoteTier {
             None,
         );
         Ok(true)
+    }
+
+    fn snapshots(&self) -> Option<&dyn SnapshotStore> {
+        Some(self)
     }
 
     fn stats(&self) -> TierStats {

@@ -1,0 +1,330 @@
+//! Recurrent state on the remote tier: the engine's snapshots and checkpoints (issue 16,
+//! `docs/hybrid.md`) as **state objects**, one self-verifying object per state.
+//!
+//! ```text
+//! PREFIX/state/LAYOUT/KEY.kvs     KEY: the 32-byte snapshot key, hex
+//! ┌──────────────────────── header, 96 bytes ─────────────────────────┐┌─ state ─┐
+//! │ "KVTSTATE" │ version │ 96 │ key │ layout │ len │ crc32c(state) │ 0 │ crc32c(…)││  len B  │
+//! │     8      │    4    │ 4  │ 32  │   16   │  8  │       4       │ 12│     4    ││         │
+//! └────────────────────────────────────────────────────────────────────┘└─────────┘
+//! ```
+//!
+//! - **One PUT, one GET.** The header travels with the state, so an object is complete
+//!   or absent (an S3 PUT is atomic) and needs no manifest; a restore is one GET of the
+//!   whole object.
+//! - **Verified on read.** A read is served only when the header's own checksum holds,
+//!   the key and layout in it are exactly the ones asked for, the length is the object's
+//!   and the state's CRC-32C matches. Anything else is a miss, and the tier forgets the
+//!   object: a name (listed, or advertised by another replica) only points, never vouches.
+//! - **Immutable by name.** A key names the state after exactly one prefix of one
+//!   layout, so every object under that name holds an equally valid state. The tier
+//!   writes a key only when it does not know one under it already; two replicas racing
+//!   on the same key replace one valid object with another (a PUT is atomic), never a
+//!   torn one.
+//! - **Found from memory.** The tier keeps which keys it holds: written here, listed
+//!   under `PREFIX/state/` at open, or adopted from the cluster's advertisements
+//!   ([`RemoteTier::adopt_state`]), so a lookup asks no endpoint.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use kvtier_core::layout::LayoutDigest;
+use kvtier_core::snapshot::SnapshotKey;
+use kvtier_core::tier::SnapshotStore;
+use kvtier_core::{Error, ErrorKind, Result};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::object::crc;
+use crate::tier::{Fetch, RemoteTier};
+
+/// The first bytes of every state object.
+const MAGIC: &[u8; 8] = b"KVTSTATE";
+/// State object format version.
+const VERSION: u32 = 1;
+/// Bytes of the header before the state.
+pub const HEADER_BYTES: usize = 96;
+/// The largest state the tier writes or reads (a recurrent state is megabytes; this
+/// bounds what one GET may allocate on a name that lies about its size).
+const MAX_STATE_BYTES: u64 = 1 << 32;
+
+/// A state object, by where it is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateName {
+    /// Which of the tier's endpoints holds it.
+    pub endpoint: usize,
+    /// Its object name, `PREFIX/state/LAYOUT/KEY.kvs`.
+    pub name: String,
+    /// The layout its name says (checked against the header on read).
+    pub layout: LayoutDigest,
+    /// The snapshot key its name says (checked against the header on read).
+    pub key: SnapshotKey,
+}
+
+/// The name of the state object for `key` under `layout`.
+pub fn state_object_name(prefix: &str, layout: &LayoutDigest, key: &SnapshotKey) -> String {
+    format!(
+        "{prefix}/state/{}/{}.kvs",
+        layout.to_hex(),
+        kvtier_core::hash::hex(&key.0)
+    )
+}
+
+/// The layout and key a state object's name says, if it is one under `prefix`.
+pub fn parse_state_name(prefix: &str, name: &str) -> Option<(LayoutDigest, SnapshotKey)> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix("/state/")?;
+    let (layout, file) = rest.split_once('/')?;
+    let key = file.strip_suffix(".kvs")?;
+    let layout = LayoutDigest(unhex::<16>(layout)?);
+    Some((layout, SnapshotKey(unhex::<32>(key)?)))
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The header of a state object holding `state` under `key` and `layout`.
+fn header(key: &SnapshotKey, layout: &LayoutDigest, state: &[u8]) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+    h[16..48].copy_from_slice(&key.0);
+    h[48..64].copy_from_slice(&layout.0);
+    h[64..72].copy_from_slice(&(state.len() as u64).to_le_bytes());
+    h[72..76].copy_from_slice(&crc(state).to_le_bytes());
+    let own = crc(&h[..HEADER_BYTES - 4]);
+    h[HEADER_BYTES - 4..].copy_from_slice(&own.to_le_bytes());
+    h
+}
+
+/// The state in `object` if it is a whole, intact state object for exactly `key` under
+/// `layout`; otherwise why not.
+pub fn verified_state(
+    object: &Bytes,
+    key: &SnapshotKey,
+    layout: &LayoutDigest,
+) -> std::result::Result<Bytes, &'static str> {
+    if object.len() < HEADER_BYTES {
+        return Err("shorter than a state header");
+    }
+    let h = &object[..HEADER_BYTES];
+    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    if &h[0..8] != MAGIC {
+        return Err("not a state object");
+    }
+    if crc(&h[..HEADER_BYTES - 4]) != u32_at(HEADER_BYTES - 4) {
+        return Err("header checksum mismatch");
+    }
+    if u32_at(8) != VERSION || u32_at(12) as usize != HEADER_BYTES {
+        return Err("unknown state object version");
+    }
+    if h[16..48] != key.0 {
+        return Err("holds another key's state");
+    }
+    if h[48..64] != layout.0 {
+        return Err("holds another layout's state");
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&h[64..72]);
+    if u64::from_le_bytes(len) != (object.len() - HEADER_BYTES) as u64 {
+        return Err("length differs from its header");
+    }
+    let state = object.slice(HEADER_BYTES..);
+    if crc(&state) != u32_at(72) {
+        return Err("state checksum mismatch");
+    }
+    Ok(state)
+}
+
+impl RemoteTier {
+    /// Every state object listed under `PREFIX/state/` on every endpoint (an endpoint
+    /// that cannot be listed within the deadline is skipped, as for run objects).
+    pub fn list_states(&self) -> Vec<StateName> {
+        let prefix = self.config().prefix.clone();
+        self.list_under(&format!("{prefix}/state"))
+            .into_iter()
+            .filter_map(|o| {
+                let (layout, key) = parse_state_name(&prefix, &o.name)?;
+                Some(StateName {
+                    endpoint: o.endpoint,
+                    name: o.name,
+                    layout,
+                    key,
+                })
+            })
+            .collect()
+    }
+
+    /// Serves the state object `state` names from now on, without reading it (its first
+    /// read verifies it). Refused (`false`) when the endpoint is unknown or the name is
+    /// not the tier's own name for that key and layout.
+    pub fn adopt_state(&self, state: &StateName) -> bool {
+        let expected = state_object_name(&self.config().prefix, &state.layout, &state.key);
+        if state.endpoint >= self.endpoints() || state.name != expected {
+            return false;
+        }
+        self.states()
+            .write()
+            .insert(state.key, Arc::new(state.clone()));
+        true
+    }
+
+    /// Stops serving the state object under `key` (it stays in the store). Returns
+    /// whether it was served.
+    pub fn forget_state(&self, key: &SnapshotKey) -> bool {
+        self.states().write().remove(key).is_some()
+    }
+
+    /// How many state objects the tier serves.
+    pub fn state_count(&self) -> usize {
+        self.states().read().len()
+    }
+}
+
+impl SnapshotStore for RemoteTier {
+    fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()> {
+        if self.states().read().contains_key(key) {
+            return Ok(()); // immutable by name: one valid state under a key is enough
+        }
+        if blob.len() as u64 > MAX_STATE_BYTES {
+            return Err(Error::invalid(format!(
+                "a state of {} bytes; the remote tier keeps states up to {MAX_STATE_BYTES} bytes",
+                blob.len()
+            )));
+        }
+        let name = state_object_name(&self.config().prefix, &layout, key);
+        let endpoint = self.target_of(&name);
+        let mut object = BytesMut::with_capacity(HEADER_BYTES + blob.len());
+        object.extend_from_slice(&header(key, &layout, blob));
+        object.extend_from_slice(blob);
+        let store = self.store(endpoint);
+        let path = Path::from(name.as_str());
+        let payload = PutPayload::from_bytes(object.freeze());
+        self.count_put();
+        match self.call(async move { store.put(&path, payload).await.map(|_| ()) }) {
+            Fetch::Got(()) => {}
+            Fetch::Gone => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "remote state write failed: the bucket does not exist",
+                ));
+            }
+            Fetch::Failed(e) => {
+                self.count_io_error();
+                return Err(
+                    Error::new(ErrorKind::Unavailable, "remote state write failed").with_source(e),
+                );
+            }
+        }
+        let state = StateName {
+            endpoint,
+            name,
+            layout,
+            key: *key,
+        };
+        self.states().write().insert(*key, Arc::new(state.clone()));
+        self.catalog().wrote_state(&state, blob.len() as u64);
+        Ok(())
+    }
+
+    fn get_snapshot(&self, key: &SnapshotKey) -> Result<Option<Bytes>> {
+        let Some(state) = self.states().read().get(key).cloned() else {
+            return Ok(None);
+        };
+        let store = self.store(state.endpoint);
+        let path = Path::from(state.name.as_str());
+        self.count_get();
+        let read = self.call(async move {
+            let mut body = store.get(&path).await?.into_stream();
+            let mut buf = BytesMut::new();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                // A body past any state the tier writes is not one of its objects.
+                if (buf.len() + chunk.len()) as u64 > MAX_STATE_BYTES + HEADER_BYTES as u64 {
+                    return Err(object_store::Error::Generic {
+                        store: "kvtier-remote",
+                        source: "a state object larger than any state".into(),
+                    });
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(buf.freeze())
+        });
+        match read {
+            Fetch::Got(object) => match verified_state(&object, key, &state.layout) {
+                Ok(blob) => Ok(Some(blob)),
+                Err(why) => {
+                    tracing::error!(object = %state.name, %why, "remote state object failed verification; forgetting it");
+                    self.count_corrupt();
+                    self.forget_state(key);
+                    Ok(None)
+                }
+            },
+            Fetch::Gone => {
+                tracing::info!(object = %state.name, "remote state object is gone; forgetting it");
+                self.forget_state(key);
+                Ok(None)
+            }
+            Fetch::Failed(e) => {
+                self.count_io_error();
+                tracing::warn!(object = %state.name, error = %e, "remote state read failed; a miss");
+                Ok(None)
+            }
+        }
+    }
+
+    fn contains_snapshot(&self, key: &SnapshotKey) -> bool {
+        self.states().read().contains_key(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_foreign_names_are_refused() {
+        let layout = LayoutDigest([7; 16]);
+        let key = SnapshotKey([9; 32]);
+        let name = state_object_name("pre", &layout, &key);
+        assert_eq!(parse_state_name("pre", &name), Some((layout, key)));
+        assert_eq!(parse_state_name("other", &name), None);
+        assert_eq!(parse_state_name("pre", &name.replace(".kvs", ".kvo")), None);
+        assert_eq!(parse_state_name("pre", "pre/state/abc/def.kvs"), None);
+    }
+
+    #[test]
+    fn every_damage_to_a_state_object_is_refused() {
+        let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
+        let state: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
+        let mut whole = header(&key, &layout, &state).to_vec();
+        whole.extend_from_slice(&state);
+        let good = Bytes::from(whole.clone());
+        assert_eq!(
+            verified_state(&good, &key, &layout).as_deref(),
+            Ok(&state[..])
+        );
+        assert!(verified_state(&good, &SnapshotKey([3; 32]), &layout).is_err());
+        assert!(verified_state(&good, &key, &LayoutDigest([4; 16])).is_err());
+        assert!(verified_state(&good.slice(..good.len() - 1), &key, &layout).is_err());
+        assert!(verified_state(&good.slice(..50), &key, &layout).is_err());
+        // One flipped bit anywhere, header or state, is caught.
+        for at in [0, 9, 20, 50, 66, 73, 93, HEADER_BYTES, whole.len() - 1] {
+            let mut bad = whole.clone();
+            bad[at] ^= 0x10;
+            assert!(
+                verified_state(&Bytes::from(bad), &key, &layout).is_err(),
+                "a flip at byte {at} was served"
+            );
+        }
+    }
+}
