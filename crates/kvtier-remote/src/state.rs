@@ -107,11 +107,13 @@ fn header(key: &SnapshotKey, layout: &LayoutDigest, state: &[u8]) -> [u8; HEADER
 }
 
 /// The state in `object` if it is a whole, intact state object for exactly `key` under
-/// `layout`; otherwise why not.
+/// `layout`, `state_crc` being the CRC-32C of the bytes after its header (computed as
+/// they arrived); otherwise why not.
 pub fn verified_state(
     object: &Bytes,
     key: &SnapshotKey,
     layout: &LayoutDigest,
+    state_crc: u32,
 ) -> std::result::Result<Bytes, &'static str> {
     if object.len() < HEADER_BYTES {
         return Err("shorter than a state header");
@@ -138,11 +140,10 @@ pub fn verified_state(
     if u64::from_le_bytes(len) != (object.len() - HEADER_BYTES) as u64 {
         return Err("length differs from its header");
     }
-    let state = object.slice(HEADER_BYTES..);
-    if crc(&state) != u32_at(72) {
+    if state_crc != u32_at(72) {
         return Err("state checksum mismatch");
     }
-    Ok(state)
+    Ok(object.slice(HEADER_BYTES..))
 }
 
 impl RemoteTier {
@@ -243,32 +244,48 @@ impl SnapshotStore for RemoteTier {
         let store = self.store(state.endpoint);
         let path = Path::from(state.name.as_str());
         self.count_get();
+        let pool = self.recv_pool().clone();
         let read = self.call(async move {
-            let mut body = store.get(&path).await?.into_stream();
-            let mut buf = BytesMut::new();
+            let got = store.get(&path).await?;
+            // A body past any state the tier writes is not one of its objects: refused
+            // before anything is allocated for it.
+            let too_large = || object_store::Error::Generic {
+                store: "kvtier-remote",
+                source: "a state object larger than any state".into(),
+            };
+            let limit = MAX_STATE_BYTES + HEADER_BYTES as u64;
+            if got.meta.size > limit {
+                return Err(too_large());
+            }
+            // Into a reused receive buffer, as ranged GETs of blocks (see `recv.rs`).
+            let mut buf = pool.take(got.meta.size as usize);
+            // The state's checksum is computed chunk by chunk as the body arrives, while
+            // the next chunk is on its way, not in one pass after the last one.
+            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+            let mut body = got.into_stream();
             while let Some(chunk) = body.next().await {
                 let chunk = chunk?;
-                // A body past any state the tier writes is not one of its objects.
-                if (buf.len() + chunk.len()) as u64 > MAX_STATE_BYTES + HEADER_BYTES as u64 {
-                    return Err(object_store::Error::Generic {
-                        store: "kvtier-remote",
-                        source: "a state object larger than any state".into(),
-                    });
+                if (buf.len() + chunk.len()) as u64 > limit {
+                    return Err(too_large());
                 }
+                let skip = HEADER_BYTES.saturating_sub(buf.len()).min(chunk.len());
+                digest.update(&chunk[skip..]);
                 buf.extend_from_slice(&chunk);
             }
-            Ok(buf.freeze())
+            Ok((pool.freeze(buf), digest.finalize() as u32))
         });
         match read {
-            Fetch::Got(object) => match verified_state(&object, key, &state.layout) {
-                Ok(blob) => Ok(Some(blob)),
-                Err(why) => {
-                    tracing::error!(object = %state.name, %why, "remote state object failed verification; forgetting it");
-                    self.count_corrupt();
-                    self.forget_state(key);
-                    Ok(None)
+            Fetch::Got((object, state_crc)) => {
+                match verified_state(&object, key, &state.layout, state_crc) {
+                    Ok(blob) => Ok(Some(blob)),
+                    Err(why) => {
+                        tracing::error!(object = %state.name, %why, "remote state object failed verification; forgetting it");
+                        self.count_corrupt();
+                        self.forget_state(key);
+                        Ok(None)
+                    }
                 }
-            },
+            }
             Fetch::Gone => {
                 tracing::info!(object = %state.name, "remote state object is gone; forgetting it");
                 self.forget_state(key);
@@ -322,7 +339,7 @@ mod tests {
             let mut bad = whole.clone();
             bad[at] ^= 0x10;
             assert!(
-                verified_state(&Bytes::from(bad), &key, &layout).is_err(),
+                check(&Bytes::from(bad), &key, &layout).is_err(),
                 "a flip at byte {at} was served"
             );
         }

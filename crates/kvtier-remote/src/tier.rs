@@ -281,6 +281,11 @@ impl RemoteTier {
         &self.states
     }
 
+    /// Receive buffers of GETs, reused.
+    pub(crate) fn recv_pool(&self) -> &Arc<RecvPool> {
+        &self.recv
+    }
+
     /// The catalog the tier reports its writes to.
     pub(crate) fn catalog(&self) -> &Arc<dyn Catalog> {
         &self.catalog

@@ -15,6 +15,7 @@ mod rows_ram;
 mod rows_server;
 mod rows_server_mixed;
 mod rows_snapshot;
+mod rows_snapshot_remote;
 mod rows_ssd;
 mod s3;
 
@@ -157,11 +158,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 7] = [
+    let groups: [(&str, RowGroup); 8] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
+        ("snapshot.remote", rows_snapshot_remote::rows),
         ("server", rows_server::rows),
         ("s3", s3::rows),
         ("cluster", rows_cluster::rows),
