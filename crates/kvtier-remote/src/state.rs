@@ -326,14 +326,15 @@ mod tests {
         let mut whole = header(&key, &layout, &state).to_vec();
         whole.extend_from_slice(&state);
         let good = Bytes::from(whole.clone());
-        assert_eq!(
-            verified_state(&good, &key, &layout).as_deref(),
-            Ok(&state[..])
-        );
-        assert!(verified_state(&good, &SnapshotKey([3; 32]), &layout).is_err());
-        assert!(verified_state(&good, &key, &LayoutDigest([4; 16])).is_err());
-        assert!(verified_state(&good.slice(..good.len() - 1), &key, &layout).is_err());
-        assert!(verified_state(&good.slice(..50), &key, &layout).is_err());
+        let check = |o: &Bytes, key: &SnapshotKey, layout: &LayoutDigest| {
+            let tail = o.get(HEADER_BYTES..).unwrap_or_default();
+            verified_state(o, key, layout, crc(tail))
+        };
+        assert_eq!(check(&good, &key, &layout).as_deref(), Ok(&state[..]));
+        assert!(check(&good, &SnapshotKey([3; 32]), &layout).is_err());
+        assert!(check(&good, &key, &LayoutDigest([4; 16])).is_err());
+        assert!(check(&good.slice(..good.len() - 1), &key, &layout).is_err());
+        assert!(check(&good.slice(..50), &key, &layout).is_err());
         // One flipped bit anywhere, header or state, is caught.
         for at in [0, 9, 20, 50, 66, 73, 93, HEADER_BYTES, whole.len() - 1] {
             let mut bad = whole.clone();
