@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use kvtier_core::clock::{Clock, ClockExt};
-use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier};
+use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier, StateName};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
@@ -18,6 +18,7 @@ use crate::leader::Leader;
 use crate::member::Membership;
 use crate::publish::Publisher;
 use crate::record::Tombstone;
+use crate::states::{StatePublisher, Written};
 use crate::stats::{ClusterStats, bump};
 use crate::view::View;
 
@@ -35,6 +36,10 @@ pub struct ClusterCatalog {
     queue: mpsc::Sender<(ObjectInfo, u64)>,
     /// Taken by `start`.
     pending: parking_lot::Mutex<Option<mpsc::Receiver<(ObjectInfo, u64)>>>,
+    /// State objects written, to advertise.
+    state_queue: mpsc::Sender<Written>,
+    /// Taken by `start`.
+    state_pending: parking_lot::Mutex<Option<mpsc::Receiver<Written>>>,
     sequence: AtomicU64,
     replayed: Arc<tokio::sync::Notify>,
     ready: Arc<std::sync::atomic::AtomicBool>,
@@ -84,6 +89,7 @@ impl ClusterCatalog {
             stats.clone(),
         ));
         let (tx, rx) = mpsc::channel(config.queue.max(1));
+        let (state_tx, state_rx) = mpsc::channel(config.queue.max(1));
         // Sequence numbers start at the wall clock's microseconds, so a restarted replica
         // (its generation bumped anyway) never repeats a name.
         let start = clock.wall_unix_ms().saturating_mul(1000);
@@ -102,6 +108,8 @@ impl ClusterCatalog {
             stats,
             queue: tx,
             pending: parking_lot::Mutex::new(Some(rx)),
+            state_queue: state_tx,
+            state_pending: parking_lot::Mutex::new(Some(state_rx)),
             sequence: AtomicU64::new(start),
             replayed: Arc::new(tokio::sync::Notify::new()),
             ready: Arc::default(),
@@ -146,7 +154,9 @@ impl ClusterCatalog {
     /// campaign. Returns at once; everything retries while etcd is unreachable, and the
     /// local tiers serve meanwhile. Calling it twice does nothing.
     pub fn start(&self, tier: &Arc<RemoteTier>) {
-        let Some(rx) = self.pending.lock().take() else {
+        let (Some(rx), Some(state_rx)) =
+            (self.pending.lock().take(), self.state_pending.lock().take())
+        else {
             return;
         };
         let weak: Weak<RemoteTier> = Arc::downgrade(tier);
@@ -166,6 +176,29 @@ impl ClusterCatalog {
             replayed: self.replayed.clone(),
             ready: self.ready.clone(),
             view: self.view.clone(),
+            states: false,
+        };
+        // State advertisements have a follower of their own (another prefix, another
+        // watch); its replay is not part of `replayed`, and nothing re-indexes states.
+        let (_, no_reindex) = mpsc::unbounded_channel();
+        let state_follower = Follower {
+            reindex: no_reindex,
+            tier: weak.clone(),
+            prefix: self.keys.states(),
+            stats: self.stats.clone(),
+            wall_ms: wall_ms.clone(),
+            slow_consumer: self.slow_consumer,
+            hold: self.hold.subscribe(),
+            applied: Applied::default(),
+            replayed: Arc::new(tokio::sync::Notify::new()),
+            ready: Arc::default(),
+            view: Arc::new(View::default()),
+            states: true,
+        };
+        let state_publisher = StatePublisher {
+            tier: weak.clone(),
+            member: self.member.clone(),
+            stats: self.stats.clone(),
         };
         let publisher = Publisher {
             tier: weak.clone(),
@@ -209,6 +242,16 @@ impl ClusterCatalog {
         tasks.push(
             self.runtime
                 .spawn(async move { follower.run(client.await).await }),
+        );
+        let client = self.connected();
+        tasks.push(
+            self.runtime
+                .spawn(async move { state_follower.run(client.await).await }),
+        );
+        let client = self.connected();
+        tasks.push(
+            self.runtime
+                .spawn(async move { state_publisher.run(state_rx, client.await).await }),
         );
         if let Some(leader) = leader {
             let client = self.connected();
@@ -382,6 +425,18 @@ impl Catalog for ClusterCatalog {
             .try_send((object.clone(), self.clock.wall_unix_ms()))
             .is_err()
         {
+            bump(&self.stats.publish_dropped);
+        }
+    }
+
+    fn wrote_state(&self, state: &StateName, bytes: u64) {
+        if self
+            .state_queue
+            .try_send((state.clone(), bytes, self.clock.wall_unix_ms()))
+            .is_err()
+        {
+            // Not advertised: other replicas find it at their next start (state
+            // objects are listed at every open).
             bump(&self.stats.publish_dropped);
         }
     }

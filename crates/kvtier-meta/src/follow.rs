@@ -14,9 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, WatchOptions};
+use kvtier_core::snapshot::SnapshotKey;
 use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 
-use crate::record::Advert;
+use crate::record::{Advert, StateAdvert};
 use crate::stats::{ClusterStats, bump};
 use crate::status::{MAX_MESSAGE, read_pages};
 use crate::view::View;
@@ -25,6 +26,8 @@ use crate::view::View;
 #[derive(Debug, Default)]
 pub(crate) struct Applied {
     known: HashMap<Vec<u8>, ObjectName>,
+    /// State advertisements (a state follower's only kind).
+    states: HashMap<Vec<u8>, SnapshotKey>,
 }
 
 /// The follower's state.
@@ -49,6 +52,8 @@ pub(crate) struct Follower {
     pub(crate) reindex: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
     /// True once the first full read was applied (the view is whole).
     pub(crate) ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Follows state advertisements ([`crate::record::StateAdvert`]) instead of runs.
+    pub(crate) states: bool,
 }
 
 enum WatchEnd {
@@ -78,9 +83,11 @@ impl Follower {
                 }
             };
             if first {
-                self.stats
-                    .replay_ms
-                    .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                if !self.states {
+                    self.stats
+                        .replay_ms
+                        .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
                 self.ready.store(true, Ordering::SeqCst);
                 self.replayed.notify_waiters();
                 first = false;
@@ -133,6 +140,7 @@ impl Follower {
                 .applied
                 .known
                 .keys()
+                .chain(self.applied.states.keys())
                 .filter(|k| !seen.contains(*k))
                 .cloned()
                 .collect();
@@ -231,6 +239,9 @@ impl Follower {
         revision: i64,
         check_now: bool,
     ) -> bool {
+        if self.states {
+            return self.apply_state(tier, key, value);
+        }
         let advert: Advert = match serde_json::from_slice(value) {
             Ok(a) => a,
             Err(e) => {
@@ -312,6 +323,36 @@ impl Follower {
         self.view.remove(key);
         if let Some(name) = self.applied.known.remove(key) {
             tier.forget(&name);
+        }
+        if let Some(state) = self.applied.states.remove(key) {
+            tier.forget_state(&state);
+        }
+    }
+
+    /// Serves the state object a state advertisement names (its first read verifies
+    /// it); a record this build cannot use withdraws whatever the key named before.
+    fn apply_state(&mut self, tier: &Arc<RemoteTier>, key: &[u8], value: &[u8]) -> bool {
+        let state = serde_json::from_slice::<StateAdvert>(value)
+            .map_err(|e| e.to_string())
+            .and_then(|a| a.describe(tier));
+        match state {
+            Ok(state) if tier.adopt_state(&state) => {
+                bump(&self.stats.states_adopted);
+                self.applied.states.insert(key.to_vec(), state.key);
+                true
+            }
+            Ok(state) => {
+                bump(&self.stats.records_refused);
+                tracing::warn!(key = %String::from_utf8_lossy(key), object = %state.name, "the remote tier refused a state advertisement");
+                self.apply_delete(tier, key);
+                false
+            }
+            Err(why) => {
+                bump(&self.stats.records_refused);
+                tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "not adopting a state advertisement");
+                self.apply_delete(tier, key);
+                false
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 //! | `ROOT/tombstones/LAYOUT/FIRST-LAST` | a [`crate::record::Tombstone`] | no |
 //! | `ROOT/members/REPLICA` | a [`crate::record::Member`] | yes: liveness only |
 //! | `ROOT/generations/REPLICA` | the replica's generation, decimal | no |
+//! | `ROOT/states/LAYOUT/KEY` | a [`crate::record::StateAdvert`] | no: a state object outlives its writer |
 //!
 //! A run (layout, first and last block) has at most one record: the object key names the
 //! run, not the object, so the publish transaction can require that no other replica
@@ -59,6 +60,21 @@ impl Keys {
     /// Prefix of every tombstone.
     pub fn tombstones(&self) -> String {
         format!("{}tombstones/", self.root)
+    }
+
+    /// Prefix of every state advertisement.
+    pub fn states(&self) -> String {
+        format!("{}states/", self.root)
+    }
+
+    /// The advertisement of the state object under snapshot key `key`.
+    pub fn state(&self, layout: &LayoutDigest, key: &kvtier_core::snapshot::SnapshotKey) -> String {
+        format!(
+            "{}{}/{}",
+            self.states(),
+            layout.to_hex(),
+            kvtier_core::hash::hex(&key.0)
+        )
     }
 
     /// Prefix of every member key.

@@ -5,7 +5,8 @@
 //!
 //! - **Records** ([`record`]): one advertisement per run object (not per block), keyed by
 //!   the run, never leased — an object stays valid when its writer dies — and tombstones
-//!   for deletion. Applying a record twice changes nothing.
+//!   for deletion; one per state object (recurrent-state snapshots and checkpoints).
+//!   Applying a record twice changes nothing.
 //! - **The catalog** ([`ClusterCatalog`]) plugs into the remote tier's catalog seam
 //!   ([`kvtier_remote::Catalog`]): the tier does not know etcd, and a single-machine
 //!   build does not link this crate.
@@ -29,6 +30,7 @@ pub mod member;
 pub mod publish;
 pub mod reconcile;
 pub mod record;
+mod states;
 pub mod stats;
 pub mod status;
 pub mod view;
@@ -39,5 +41,5 @@ pub use config::{ClusterConfig, parse_endpoints};
 pub use etcd_client;
 pub use gc::Withdrawal;
 pub use keys::Keys;
-pub use record::{Advert, Member, Priority, Tombstone};
+pub use record::{Advert, Member, Priority, StateAdvert, Tombstone};
 pub use stats::ClusterStats;

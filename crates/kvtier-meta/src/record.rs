@@ -7,7 +7,8 @@
 
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
-use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier};
+use kvtier_core::snapshot::SnapshotKey;
+use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier, StateName};
 use serde::{Deserialize, Serialize};
 
 /// Record format version.
@@ -87,6 +88,58 @@ pub struct Tombstone {
     pub at_ms: u64,
     /// Why: `owner`, `orphan`, `budget`.
     pub reason: String,
+}
+
+/// One state object (a snapshot or checkpoint of recurrent state), advertised: what a
+/// replica needs to serve it without listing the bucket. The object verifies itself on
+/// every read (its header names the key and layout and carries the checksums), so the
+/// record only points.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateAdvert {
+    /// [`RECORD_VERSION`].
+    pub v: u32,
+    /// The object's name (`PREFIX/state/LAYOUT/KEY.kvs`).
+    pub object: String,
+    /// The endpoint holding it, by id (`url/bucket`).
+    pub endpoint: String,
+    /// Layout digest, hex.
+    pub layout: String,
+    /// The snapshot key, hex.
+    pub key: String,
+    /// Bytes of state.
+    pub bytes: u64,
+    /// The replica that wrote it.
+    pub owner: String,
+    /// The owner's generation when it advertised.
+    pub generation: u64,
+    /// When it was advertised, Unix milliseconds.
+    pub ts_ms: u64,
+}
+
+impl StateAdvert {
+    /// What `tier` serves for this record, or why it cannot: a malformed field, an unknown
+    /// version or endpoint.
+    pub fn describe(&self, tier: &RemoteTier) -> Result<StateName, String> {
+        if self.v != RECORD_VERSION {
+            return Err(format!(
+                "record version {} (this build reads {RECORD_VERSION})",
+                self.v
+            ));
+        }
+        let endpoint = tier
+            .endpoint_index(&self.endpoint)
+            .ok_or_else(|| format!("endpoint `{}` is not one of this replica's", self.endpoint))?;
+        let layout = LayoutDigest(hex16(&self.layout).ok_or("bad layout digest")?);
+        let key: [u8; 32] = hex_bytes(&self.key)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("bad snapshot key")?;
+        Ok(StateName {
+            endpoint,
+            name: self.object.clone(),
+            layout,
+            key: SnapshotKey(key),
+        })
+    }
 }
 
 /// A live replica (the member key is leased: it vanishes when the replica stops renewing).

@@ -51,6 +51,10 @@ pub struct ClusterStats {
     pub budget_evictions: AtomicU64,
     /// 1 while this replica is GC leader.
     pub is_leader: AtomicU64,
+    /// State objects (snapshots, checkpoints) this replica advertised.
+    pub states_published: AtomicU64,
+    /// State advertisements this replica serves from (read at start or from the watch).
+    pub states_adopted: AtomicU64,
 }
 
 impl ClusterStats {
@@ -80,6 +84,8 @@ impl ClusterStats {
             ("orphans_reclaimed", g(&self.orphans_reclaimed)),
             ("budget_evictions", g(&self.budget_evictions)),
             ("is_leader", g(&self.is_leader)),
+            ("states_published", g(&self.states_published)),
+            ("states_adopted", g(&self.states_adopted)),
         ]
     }
 }

@@ -1,0 +1,123 @@
+//! State objects in the cluster: the remote tier reports each snapshot or checkpoint it
+//! wrote ([`kvtier_remote::Catalog::wrote_state`]); a task advertises it under
+//! `ROOT/states/LAYOUT/KEY` so every replica serves it at once, without listing the
+//! bucket. The follower of that prefix ([`crate::follow`]) adopts what others advertise.
+//!
+//! A state object is named by its key alone (its content decides nothing about the name
+//! but the prefix it was computed after), so two replicas that write the same key write
+//! the same name: the first advertisement stands and later ones find it there. The
+//! object verifies itself on every read, so the record only points; fencing guards the
+//! owner field, which only says who wrote it.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use kvtier_remote::{RemoteTier, StateName};
+use tokio::sync::mpsc;
+
+use crate::member::Membership;
+use crate::record::{RECORD_VERSION, StateAdvert};
+use crate::stats::{ClusterStats, bump};
+
+/// A state object written by this replica: what it is, its bytes, when.
+pub(crate) type Written = (StateName, u64, u64);
+
+/// The state publishing task.
+pub(crate) struct StatePublisher {
+    pub(crate) tier: Weak<RemoteTier>,
+    pub(crate) member: Arc<Membership>,
+    pub(crate) stats: Arc<ClusterStats>,
+}
+
+impl StatePublisher {
+    /// Advertises what arrives on `rx`, in order, until the queue closes.
+    pub(crate) async fn run(self, mut rx: mpsc::Receiver<Written>, mut client: Client) {
+        while let Some(written) = rx.recv().await {
+            self.publish(&mut client, written).await;
+        }
+    }
+
+    /// Advertises one state object, retrying until it is in etcd (ours or an equal
+    /// record of another replica) or the tier is gone.
+    async fn publish(&self, client: &mut Client, (state, bytes, ts_ms): Written) {
+        let mut backoff = Duration::from_millis(50);
+        // A record already under the key that does not name this object (damaged, or of
+        // a build that named it otherwise) is replaced, compared by its revision.
+        let mut replace: Option<i64> = None;
+        loop {
+            let Some(tier) = self.tier.upgrade() else {
+                return;
+            };
+            let (Some(endpoint), Some(id)) =
+                (tier.endpoint_id(state.endpoint), self.member.identity())
+            else {
+                // Not registered yet (etcd away at start, or the lease was lost): wait.
+                drop(tier);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            };
+            drop(tier);
+            let key = self.member.keys.state(&state.layout, &state.key);
+            let advert = StateAdvert {
+                v: RECORD_VERSION,
+                object: state.name.clone(),
+                endpoint,
+                layout: state.layout.to_hex(),
+                key: kvtier_core::hash::hex(&state.key.0),
+                bytes,
+                owner: self.member.replica.clone(),
+                generation: id.generation,
+                ts_ms,
+            };
+            let value = serde_json::to_string(&advert).unwrap_or_default();
+            let mut when = self.member.fence(id);
+            when.push(match replace {
+                Some(revision) => Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
+                None => Compare::version(key.as_str(), CompareOp::Equal, 0),
+            });
+            let txn = Txn::new()
+                .when(when)
+                .and_then(vec![TxnOp::put(key.as_str(), value, None)])
+                .or_else(vec![TxnOp::get(key.as_str(), None)]);
+            match client.txn(txn).await {
+                Ok(r) if r.succeeded() => {
+                    bump(&self.stats.states_published);
+                    return;
+                }
+                Ok(r) => {
+                    let held = r.op_responses().into_iter().find_map(|op| match op {
+                        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                            let same =
+                                serde_json::from_slice::<StateAdvert>(kv.value()).is_ok_and(|a| {
+                                    a.object == advert.object && a.endpoint == advert.endpoint
+                                });
+                            (same, kv.mod_revision())
+                        }),
+                        _ => None,
+                    });
+                    match held {
+                        // Another replica advertised the same object first.
+                        Some((true, _)) => return,
+                        Some((false, revision)) if replace != Some(revision) => {
+                            replace = Some(revision);
+                            continue;
+                        }
+                        _ => {
+                            // Fenced: this replica registers again, then retries.
+                            bump(&self.stats.fenced);
+                            self.member.lost(id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    bump(&self.stats.publish_retries);
+                    tracing::debug!(error = %e, "cannot advertise a state object yet; retrying");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+}
