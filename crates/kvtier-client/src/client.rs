@@ -10,8 +10,9 @@ use crate::conn::{Pool, Response};
 use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
 use crate::wire::frame::{self, EndStatus};
 use crate::wire::{
-    ErrorBody, Health, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer, PromptSpec, SnapshotSpec,
-    SsdAdmin, SsdAdminAnswer, StoreAnswer, UPLOAD_CONTENT_TYPE,
+    CheckpointSpec, ErrorBody, Health, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
+    PromptSpec, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer, StoreAnswer,
+    UPLOAD_CONTENT_TYPE,
 };
 
 /// What went wrong with a call.
@@ -48,6 +49,50 @@ impl ClientError {
 }
 
 type Result<T> = std::result::Result<T, ClientError>;
+
+/// What [`Client::restore`] returned: every part of one boundary, or nothing.
+#[derive(Debug, Clone, Default)]
+pub struct RestoredPrefix {
+    /// Prompt tokens the restored parts carry (0: nothing was restored).
+    pub tokens: usize,
+    /// The KV blocks, in order (empty for a layout without attention layers).
+    pub blocks: Vec<Bytes>,
+    /// The recurrent state after `tokens` tokens, for a layout with state groups.
+    pub state: Option<Bytes>,
+}
+
+impl RestoredPrefix {
+    /// Reads a `/v1/restore` answer, checking that its parts add up to its length.
+    fn parse(body: &Bytes) -> Result<Self> {
+        let protocol = |m: String| ClientError::Protocol(format!("/v1/restore: {m}"));
+        let (json, raw) = frame::split_upload(body).map_err(protocol)?;
+        let head: RestoreHead =
+            serde_json::from_slice(json).map_err(|e| protocol(e.to_string()))?;
+        let kv = (head.blocks as u64)
+            .checked_mul(head.block_bytes)
+            .ok_or_else(|| protocol("block count overflows".into()))?;
+        if kv.checked_add(head.state_bytes) != Some(raw.len() as u64) {
+            return Err(protocol(format!(
+                "{} blocks of {} bytes and {} bytes of state announced, {} bytes sent",
+                head.blocks,
+                head.block_bytes,
+                head.state_bytes,
+                raw.len()
+            )));
+        }
+        let start = body.len() - raw.len();
+        let b = head.block_bytes as usize;
+        let blocks = (0..head.blocks)
+            .map(|i| body.slice(start + i * b..start + (i + 1) * b))
+            .collect();
+        let state = (head.state_bytes > 0).then(|| body.slice(start + kv as usize..));
+        Ok(Self {
+            tokens: head.tokens,
+            blocks,
+            state,
+        })
+    }
+}
 
 /// The blocks a load returned.
 #[derive(Debug, Clone)]
@@ -294,6 +339,37 @@ impl Client {
         }
         let resp = Self::check(resp).await?;
         Ok(Some(resp.bytes().await?))
+    }
+
+    /// Stores the recurrent state reached after the first `spec.blocks` whole blocks of
+    /// the prompt (a checkpoint boundary of its layout). Whether it was kept: `false`
+    /// when the server's checkpoint bucket could not make room.
+    pub async fn checkpoint_put(&self, spec: &CheckpointSpec, state: Bytes) -> Result<bool> {
+        let body = upload_body(spec, vec![state])?;
+        let resp = self
+            .request(reqwest::Method::PUT, "/v1/checkpoint")
+            .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
+            .body(body)
+            .send()
+            .await?;
+        if resp.status() == reqwest::StatusCode::INSUFFICIENT_STORAGE {
+            return Ok(false);
+        }
+        Self::check(resp).await.map(|_| true)
+    }
+
+    /// Looks `prompt` up and reads every part of the hit in one request: its KV blocks
+    /// and, for a layout with state groups, the recurrent state at their end. All or
+    /// nothing: [`RestoredPrefix::tokens`] is 0 and both parts are empty when any part
+    /// could not be read.
+    pub async fn restore(&self, prompt: &PromptSpec) -> Result<RestoredPrefix> {
+        let resp = self
+            .request(reqwest::Method::POST, "/v1/restore")
+            .json(&prompt.compact())
+            .send()
+            .await?;
+        let body = Self::check(resp).await?.bytes().await?;
+        RestoredPrefix::parse(&body)
     }
 
     /// Deletes every block of a layout; returns how many were removed.

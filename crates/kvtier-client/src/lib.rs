@@ -11,4 +11,4 @@ mod client;
 mod conn;
 mod reader;
 
-pub use client::{Client, ClientError, LoadedPrefix};
+pub use client::{Client, ClientError, LoadedPrefix, RestoredPrefix};

@@ -55,6 +55,11 @@ pub struct LayoutSpec {
     /// them `num_layers` counts the attention layers alone and may be 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_groups: Vec<StateGroupSpec>,
+    /// Tokens between checkpoints of this layout's prompts (rounded up to whole blocks;
+    /// default: the server's, 256). A setting, not part of the layout's identity: the
+    /// last registration's value is in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<u32>,
 }
 
 /// One group of recurrent layers of a [`LayoutSpec`].
@@ -84,6 +89,10 @@ pub struct LayoutInfo {
     pub tokens_per_block: u32,
     /// Layers per block.
     pub num_layers: u32,
+    /// For a layout with state groups, the tokens between its checkpoint boundaries (a
+    /// checkpoint put is accepted only after a multiple of this many tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<u32>,
 }
 
 /// Extra keys of one block (e.g. digests of images its tokens stand for), hex.
@@ -186,6 +195,51 @@ pub struct LookupAnswer {
     /// The fastest tier holding each block at lookup time, one letter per block:
     /// `r` RAM, `s` SSD, `o` object storage.
     pub tiers: String,
+    /// For a layout with state groups, the checkpoint of the recurrent state at the end
+    /// of the matched blocks (`matched_tokens` is then its boundary). Absent otherwise,
+    /// and a layout with state groups without it is a miss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateHit>,
+}
+
+/// The recurrent state a hybrid lookup found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHit {
+    /// Whole blocks of the prompt the state was reached after.
+    pub blocks: usize,
+    /// The fastest tier holding it: `r` RAM, `s` SSD, `o` object storage.
+    pub tier: String,
+}
+
+/// The head of a checkpoint put (the state's bytes follow it): the prompt, and after how
+/// many of its whole blocks the state was taken (a checkpoint boundary of its layout).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Layout digest (hex).
+    pub layout: String,
+    /// The prompt's tokens (at least `blocks` whole blocks of them).
+    pub tokens: Vec<u32>,
+    /// Per-block extra keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_keys: Vec<BlockExtraKeys>,
+    /// Whole blocks of the prompt the state was reached after.
+    pub blocks: usize,
+}
+
+/// The JSON head of a restore answer; `blocks · block_bytes` bytes of KV blocks, in order,
+/// then `state_bytes` bytes of recurrent state follow it. All or nothing: `tokens` is 0
+/// and nothing follows when any part could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreHead {
+    /// Prompt tokens the restored parts carry.
+    pub tokens: usize,
+    /// KV blocks that follow.
+    pub blocks: usize,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Bytes of state after the blocks (0 for an attention-only layout).
+    pub state_bytes: u64,
 }
 
 impl LookupAnswer {

@@ -101,6 +101,7 @@ impl Client {
             lora_id,
             tenant_salt: hex(&tenant_salt.unwrap_or_default()),
             state_groups: Vec::new(),
+            checkpoint_every: None,
         };
         let info = self.call(py, self.http.register_layout(&spec))?;
         Ok(Layout::of_server(&info, dtype))

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvtier_client::Client;
-use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec, StateGroupSpec};
+use kvtier_client::wire::{
+    CheckpointSpec, LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec, StateGroupSpec,
+};
 use kvtier_core::{Engine, ExtraKeys, Layout, LayoutKey, Lookup};
 
 use crate::{Error, Result};
@@ -70,8 +72,9 @@ pub struct Hit {
 #[derive(Debug, Clone)]
 enum HitHandle {
     Engine(Lookup),
-    /// 32 hex digits per block.
-    Served(String),
+    /// 32 hex digits per block, and the prompt they were looked up for (a restore over
+    /// HTTP looks it up again, reading every part in one request).
+    Served(String, PromptSpec),
 }
 
 /// Every part of one boundary a [`Backend::restore`] read, or nothing.
@@ -90,7 +93,7 @@ impl Hit {
     pub fn blocks(&self) -> usize {
         match &self.handle {
             HitHandle::Engine(l) => l.blocks.len(),
-            HitHandle::Served(h) => h.len() / 32,
+            HitHandle::Served(h, _) => h.len() / 32,
         }
     }
 }
@@ -122,31 +125,7 @@ impl Backend {
                 })
             }
             Backend::Served(s) => {
-                let spec = LayoutSpec {
-                    model_id: key.model_id.clone(),
-                    weights_digest: key.weights_digest.clone(),
-                    tokenizer_digest: key.tokenizer_digest.clone(),
-                    dtype: key.dtype.name().to_owned(),
-                    tokens_per_block: key.tokens_per_block,
-                    num_layers: key.num_layers,
-                    num_kv_heads: key.num_kv_heads,
-                    head_dim: key.head_dim,
-                    tp_rank: key.tp_rank,
-                    tp_size: key.tp_size,
-                    pp_stage: key.pp_stage,
-                    pp_size: key.pp_size,
-                    lora_id: key.lora_id.clone(),
-                    tenant_salt: kvtier_core::hash::hex(&key.tenant_salt),
-                    state_groups: key
-                        .state_groups
-                        .iter()
-                        .map(|g| StateGroupSpec {
-                            kind: g.kind.clone(),
-                            num_layers: g.num_layers,
-                            state_bytes: g.state_bytes,
-                        })
-                        .collect(),
-                };
+                let spec = layout_spec(&key, None);
                 let info = s.runtime.block_on(s.client.register_layout(&spec))?;
                 Ok(BoundLayout {
                     digest_hex: info.layout,
@@ -175,7 +154,7 @@ impl Backend {
                 let answer = s.runtime.block_on(s.client.lookup(&spec))?;
                 Ok(Hit {
                     matched_tokens: answer.matched_tokens,
-                    handle: HitHandle::Served(answer.handles),
+                    handle: HitHandle::Served(answer.handles, spec),
                 })
             }
         }
@@ -206,7 +185,7 @@ impl Backend {
                 };
                 Ok(loaded.blocks)
             }
-            (Backend::Served(s), HitHandle::Served(handles)) => {
+            (Backend::Served(s), HitHandle::Served(handles, _)) => {
                 let request = LoadRequest {
                     layout: layout.digest_hex.clone(),
                     handles: handles[..blocks * 32].to_owned(),
@@ -240,14 +219,21 @@ impl Backend {
     }
 
     /// Sets the distance between checkpoints of `layout` (a layout with state groups) and
-    /// returns the one in force. Checkpoints need an embedded engine: `kvtier serve` has
-    /// no checkpoint routes yet.
+    /// returns the one in force (a served backend registers the layout again with it).
     pub fn set_checkpoint_every(&self, layout: &BoundLayout, tokens: usize) -> Result<usize> {
         match self {
             Backend::Embedded(engine) => {
                 Ok(engine.set_checkpoint_every(engine_layout(layout)?.digest(), tokens)?)
             }
-            Backend::Served(_) => Err(no_checkpoint_routes()),
+            Backend::Served(s) => {
+                let tokens = u32::try_from(tokens)
+                    .map_err(|_| Error::Invalid(format!("a checkpoint every {tokens} tokens")))?;
+                let spec = layout_spec(&layout.key, Some(tokens));
+                let info = s.runtime.block_on(s.client.register_layout(&spec))?;
+                info.checkpoint_every.map(|t| t as usize).ok_or_else(|| {
+                    Error::Invalid("the server keeps no checkpoints for this layout".into())
+                })
+            }
         }
     }
 
@@ -267,7 +253,17 @@ impl Backend {
                 engine.checkpoint_put(&prompt, blocks, blob)?;
                 Ok(())
             }
-            Backend::Served(_) => Err(no_checkpoint_routes()),
+            Backend::Served(s) => {
+                let spec = CheckpointSpec {
+                    layout: layout.digest_hex.clone(),
+                    tokens: tokens.to_vec(),
+                    extra_keys: Vec::new(),
+                    blocks,
+                };
+                let state = Bytes::copy_from_slice(blob);
+                s.runtime.block_on(s.client.checkpoint_put(&spec, state))?;
+                Ok(())
+            }
         }
     }
 
@@ -283,7 +279,14 @@ impl Backend {
                     tokens: r.tokens,
                 })
             }
-            (Backend::Served(_), _) => Err(no_checkpoint_routes()),
+            (Backend::Served(s), HitHandle::Served(_, prompt)) => {
+                let r = s.runtime.block_on(s.client.restore(prompt))?;
+                Ok(RestoredState {
+                    blocks: r.blocks,
+                    state: r.state,
+                    tokens: r.tokens,
+                })
+            }
             _ => Err(Error::Invalid("a hit from another backend".into())),
         }
     }
@@ -331,10 +334,34 @@ fn engine_layout(layout: &BoundLayout) -> Result<&Arc<Layout>> {
         .ok_or_else(|| Error::Invalid("a layout bound to a server, used with an engine".into()))
 }
 
-fn no_checkpoint_routes() -> Error {
-    Error::Invalid(
-        "checkpoints and composed restores need an embedded engine: kvtier serve has no routes for them yet".into(),
-    )
+/// `key` as the server's registration asks for it, with `checkpoint_every` if given.
+fn layout_spec(key: &LayoutKey, checkpoint_every: Option<u32>) -> LayoutSpec {
+    LayoutSpec {
+        model_id: key.model_id.clone(),
+        weights_digest: key.weights_digest.clone(),
+        tokenizer_digest: key.tokenizer_digest.clone(),
+        dtype: key.dtype.name().to_owned(),
+        tokens_per_block: key.tokens_per_block,
+        num_layers: key.num_layers,
+        num_kv_heads: key.num_kv_heads,
+        head_dim: key.head_dim,
+        tp_rank: key.tp_rank,
+        tp_size: key.tp_size,
+        pp_stage: key.pp_stage,
+        pp_size: key.pp_size,
+        lora_id: key.lora_id.clone(),
+        tenant_salt: kvtier_core::hash::hex(&key.tenant_salt),
+        state_groups: key
+            .state_groups
+            .iter()
+            .map(|g| StateGroupSpec {
+                kind: g.kind.clone(),
+                num_layers: g.num_layers,
+                state_bytes: g.state_bytes,
+            })
+            .collect(),
+        checkpoint_every,
+    }
 }
 
 fn snapshot_spec(layout: &BoundLayout, tokens: &[u32]) -> SnapshotSpec {

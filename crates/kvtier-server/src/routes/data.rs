@@ -24,7 +24,7 @@ use crate::state::AppState;
 
 type App = State<Arc<AppState>>;
 
-fn limit(app: &AppState) -> u64 {
+pub(super) fn limit(app: &AppState) -> u64 {
     app.node.settings.read().max_body.0
 }
 
@@ -67,16 +67,44 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
             e.message().to_string(),
         )
     })?;
+    let checkpoint_every = if layout.has_state() {
+        let every = match spec.checkpoint_every {
+            Some(tokens) => app
+                .engine
+                .set_checkpoint_every(layout.digest(), tokens as usize),
+            None => app.engine.checkpoint_every(layout.digest()),
+        }
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_layout",
+                e.message().to_string(),
+            )
+        })?;
+        Some(every as u32)
+    } else if spec.checkpoint_every.is_some() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_layout",
+            "checkpoint_every is a setting of layouts with state groups; this one has none",
+        ));
+    } else {
+        None
+    };
     Ok(Json(LayoutInfo {
         layout: layout.digest().to_hex(),
         block_bytes: layout.block_bytes(),
         tokens_per_block: layout.tokens_per_block() as u32,
         num_layers: layout.geometry().num_layers,
+        checkpoint_every,
     }))
 }
 
 /// The prompt a request names: its layout, tokens (either form) and extra keys.
-fn prompt_of(app: &AppState, spec: &PromptSpec) -> Result<kvtier_core::Prompt, ApiError> {
+pub(super) fn prompt_of(
+    app: &AppState,
+    spec: &PromptSpec,
+) -> Result<kvtier_core::Prompt, ApiError> {
     let layout = known_layout(app, &spec.layout)?;
     let tokens = spec
         .token_ids()
@@ -123,12 +151,16 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
         input::push_hex(&mut out, &b.hash.0);
     }
     out.extend_from_slice(b"\",\"tiers\":\"");
-    out.extend(found.blocks.iter().map(|b| match b.tier {
-        kvtier_core::TierKind::Ram => b'r',
-        kvtier_core::TierKind::Ssd => b's',
-        _ => b'o',
-    }));
-    out.extend_from_slice(b"\"}");
+    out.extend(found.blocks.iter().map(|b| tier_letter(b.tier)));
+    out.push(b'"');
+    if let Some(state) = found.state {
+        out.extend_from_slice(b",\"state\":{\"blocks\":");
+        out.extend_from_slice(state.blocks.to_string().as_bytes());
+        out.extend_from_slice(b",\"tier\":\"");
+        out.push(tier_letter(state.tier));
+        out.extend_from_slice(b"\"}");
+    }
+    out.push(b'}');
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -137,6 +169,15 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
         out,
     )
         .into_response())
+}
+
+/// The letter a lookup answer names a tier by.
+fn tier_letter(tier: kvtier_core::TierKind) -> u8 {
+    match tier {
+        kvtier_core::TierKind::Ram => b'r',
+        kvtier_core::TierKind::Ssd => b's',
+        _ => b'o',
+    }
 }
 
 /// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.
@@ -208,7 +249,7 @@ pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
 }
 
 /// Splits an upload body into its JSON head and payload bytes.
-fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), ApiError> {
+pub(super) fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), ApiError> {
     let (head, payload) = frame::split_upload(body).map_err(|e| ApiError::bad("bad_upload", e))?;
     let head = input::json(head)?;
     let start = body.len() - payload.len();

@@ -8,6 +8,7 @@ mod load_stream;
 mod ops;
 mod raw_store;
 mod rejections;
+mod state;
 mod upload;
 
 use std::sync::Arc;
@@ -123,6 +124,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/store/raw", post(raw_store::store_raw))
         .route("/v1/snapshot", put(data::snapshot_put))
         .route("/v1/snapshot/get", post(data::snapshot_get))
+        .route("/v1/checkpoint", put(state::checkpoint_put))
+        .route("/v1/restore", post(state::restore))
         .route("/v1/stats", get(data::stats))
         .route("/metrics", get(ops::metrics))
         .route_layer(middleware::from_fn_with_state(data_guard, authorize));

@@ -50,6 +50,7 @@ fn spec(layers: u32) -> LayoutSpec {
         lora_id: None,
         tenant_salt: String::new(),
         state_groups: Vec::new(),
+        checkpoint_every: None,
     }
 }
 

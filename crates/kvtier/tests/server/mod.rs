@@ -121,6 +121,7 @@ pub fn layout_spec(model: &str, layers: u32) -> LayoutSpec {
         lora_id: None,
         tenant_salt: String::new(),
         state_groups: Vec::new(),
+        checkpoint_every: None,
     }
 }
 
