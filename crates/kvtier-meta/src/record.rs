@@ -120,15 +120,7 @@ impl StateAdvert {
     /// What `tier` serves for this record, or why it cannot: a malformed field, an unknown
     /// version or endpoint.
     pub fn describe(&self, tier: &RemoteTier) -> Result<StateName, String> {
-        if self.v != RECORD_VERSION {
-            return Err(format!(
-                "record version {} (this build reads {RECORD_VERSION})",
-                self.v
-            ));
-        }
-        let endpoint = tier
-            .endpoint_index(&self.endpoint)
-            .ok_or_else(|| format!("endpoint `{}` is not one of this replica's", self.endpoint))?;
+        let endpoint = readable(self.v, &self.endpoint, tier)?;
         let layout = LayoutDigest(hex16(&self.layout).ok_or("bad layout digest")?);
         let key: [u8; 32] = hex_bytes(&self.key)
             .and_then(|b| b.try_into().ok())
@@ -153,6 +145,18 @@ pub struct Member {
     pub generation: u64,
     /// When it registered, Unix milliseconds.
     pub since_ms: u64,
+}
+
+/// The index in `tier` of a record's endpoint, if this build reads the record's version
+/// and the endpoint is one of the tier's.
+fn readable(version: u32, endpoint: &str, tier: &RemoteTier) -> Result<usize, String> {
+    if version != RECORD_VERSION {
+        return Err(format!(
+            "record version {version} (this build reads {RECORD_VERSION})"
+        ));
+    }
+    tier.endpoint_index(endpoint)
+        .ok_or_else(|| format!("endpoint `{endpoint}` is not one of this replica's"))
 }
 
 fn hex16(s: &str) -> Option<[u8; 16]> {
@@ -201,15 +205,7 @@ impl Advert {
     /// The object it describes, for `tier` (whose endpoint list decides the index), or why
     /// it cannot be one: a malformed field, an unknown version or endpoint.
     pub fn describe(&self, tier: &RemoteTier) -> Result<ObjectInfo, String> {
-        if self.v != RECORD_VERSION {
-            return Err(format!(
-                "record version {} (this build reads {RECORD_VERSION})",
-                self.v
-            ));
-        }
-        let endpoint = tier
-            .endpoint_index(&self.endpoint)
-            .ok_or_else(|| format!("endpoint `{}` is not one of this replica's", self.endpoint))?;
+        let endpoint = readable(self.v, &self.endpoint, tier)?;
         let layout = LayoutDigest(hex16(&self.layout).ok_or("bad layout digest")?);
         let first_parent = BlockHash(hex16(&self.first_parent).ok_or("bad parent hash")?);
         let blocks = self

@@ -16,9 +16,8 @@ use std::sync::Arc;
 use kvtier_core::tier::conformance::{Event, RecordingSink, test_chain, test_layout};
 use kvtier_core::tier::{NoSink, PutOutcome, RemovalCause, Tier, TierKind};
 use kvtier_remote::{Adopted, Catalog, ObjectInfo, ObjectName, RemoteTier};
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use parking_lot::Mutex;
 
 /// A catalog that names what it is told to at open and records what it hears.
@@ -49,19 +48,7 @@ struct RawBucket {
 
 impl RawBucket {
     fn new(g: &common::Gateway) -> Self {
-        let store = AmazonS3Builder::new()
-            .with_endpoint(format!("http://{}", g.addr()))
-            .with_bucket_name(common::BUCKET)
-            .with_region("us-east-1")
-            .with_access_key_id(common::ACCESS)
-            .with_secret_access_key(common::SECRET)
-            .with_client_options(ClientOptions::new().with_allow_http(true))
-            .build()
-            .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (store, rt) = common::raw_s3(&g.endpoint());
         Self { store, rt }
     }
 

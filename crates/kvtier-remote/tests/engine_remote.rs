@@ -175,19 +175,7 @@ fn with_data_objects<T>(
 ) -> T {
     use futures_util::StreamExt;
     use object_store::ObjectStore;
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(&endpoint.url)
-        .with_bucket_name(&endpoint.bucket)
-        .with_region("us-east-1")
-        .with_access_key_id(common::ACCESS)
-        .with_secret_access_key(common::SECRET)
-        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
-        .build()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (store, rt) = common::raw_s3(endpoint);
     rt.block_on(async {
         let p = object_store::path::Path::from(prefix);
         let names: Vec<_> = store

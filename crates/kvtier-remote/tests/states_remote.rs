@@ -102,29 +102,11 @@ fn store_with_checkpoints(engine: &Engine, t: &[u32]) -> (Vec<Vec<u8>>, Vec<Vec<
     (blocks, states)
 }
 
-/// An S3 client of `endpoint` that bypasses the tier.
-fn raw_client(endpoint: &Endpoint) -> (object_store::aws::AmazonS3, tokio::runtime::Runtime) {
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(&endpoint.url)
-        .with_bucket_name(&endpoint.bucket)
-        .with_region("us-east-1")
-        .with_access_key_id(common::ACCESS)
-        .with_secret_access_key(common::SECRET)
-        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
-        .build()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    (store, rt)
-}
-
 /// The names of the state objects under `prefix`.
 fn state_objects(endpoint: &Endpoint, prefix: &str) -> Vec<Path> {
     use futures_util::StreamExt;
     use object_store::ObjectStore;
-    let (store, rt) = raw_client(endpoint);
+    let (store, rt) = common::raw_s3(endpoint);
     rt.block_on(async {
         store
             .list(Some(&Path::from(format!("{prefix}/state"))))
@@ -200,7 +182,7 @@ fn damaged_substituted_or_deleted_state_objects_are_misses() {
     let mut names = state_objects(&endpoint, "damage");
     names.sort_by_key(|p| p.to_string());
     assert_eq!(names.len(), 2);
-    let (raw, rt) = raw_client(&endpoint);
+    let (raw, rt) = common::raw_s3(&endpoint);
     let read = |p: &Path| rt.block_on(async { raw.get(p).await.unwrap().bytes().await.unwrap() });
     let (first, second) = (read(&names[0]), read(&names[1]));
     let check = |label: &str, fault: &dyn Fn()| {

@@ -15,10 +15,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvtier_client::ClientError;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LoadRequest, SnapshotSpec};
-use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
+use server::{Server, api_error, layout_spec, load_all, payloads, prompt, runtime};
 
 #[test]
 fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
@@ -130,13 +129,6 @@ fn after_kill_9_the_next_start_reports_an_unclean_shutdown_and_recovers() {
         assert_eq!(got.blocks, payloads(&layout, 2, 6));
     });
     assert!(server.stop().success());
-}
-
-fn api_error(e: ClientError) -> (u16, String) {
-    match e {
-        ClientError::Api { status, code, .. } => (status, code),
-        other => panic!("expected an error answer, got {other:?}"),
-    }
 }
 
 #[test]

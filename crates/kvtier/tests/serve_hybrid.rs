@@ -13,9 +13,8 @@
 mod server;
 
 use bytes::Bytes;
-use kvtier_client::ClientError;
 use kvtier_client::wire::{CheckpointSpec, LayoutInfo, LayoutSpec, PromptSpec, StateGroupSpec};
-use server::{Server, layout_spec, payloads, prompt, runtime};
+use server::{Server, api_error as refused, layout_spec, payloads, prompt, runtime};
 
 const STATE_BYTES: u64 = 5_000;
 
@@ -43,13 +42,6 @@ fn checkpoint(layout: &LayoutInfo, p: &PromptSpec, blocks: usize) -> CheckpointS
         tokens: p.tokens.clone(),
         extra_keys: Vec::new(),
         blocks,
-    }
-}
-
-fn refused(e: ClientError) -> (u16, String) {
-    match e {
-        ClientError::Api { status, code, .. } => (status, code),
-        other => panic!("expected an error answer, got {other:?}"),
     }
 }
 

@@ -204,6 +204,25 @@ impl Drop for BadServer {
     }
 }
 
+/// A plain S3 client of `endpoint`'s bucket, bypassing the tier (as any other writer
+/// would see the bucket), and a runtime to drive it.
+pub fn raw_s3(endpoint: &Endpoint) -> (object_store::aws::AmazonS3, tokio::runtime::Runtime) {
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&endpoint.url)
+        .with_bucket_name(&endpoint.bucket)
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS)
+        .with_secret_access_key(SECRET)
+        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
+        .build()
+        .expect("S3 client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    (store, rt)
+}
+
 /// A remote config over `endpoint` with its own prefix (so tiers never see each other's
 /// objects) and a short deadline.
 pub fn config(endpoint: Endpoint, prefix: &str) -> RemoteConfig {

@@ -380,13 +380,19 @@ pub async fn snapshot_put(State(app): App, body: Body) -> Result<Response, ApiEr
         Ok(engine.snapshot_put(layout.digest(), &spec.tokens, session.as_deref(), &blob)?)
     })
     .await?;
+    Ok(put_answer(outcome))
+}
+
+/// The answer to a snapshot or checkpoint put: `{"stored": true}`, or 507 with `false`
+/// when the bucket could not make room for it.
+pub(super) fn put_answer(outcome: kvtier_core::snapshot::SnapshotPut) -> Response {
     let stored = !matches!(outcome, kvtier_core::snapshot::SnapshotPut::Rejected);
     let status = if stored {
         StatusCode::OK
     } else {
         StatusCode::INSUFFICIENT_STORAGE
     };
-    Ok((status, Json(serde_json::json!({ "stored": stored }))).into_response())
+    (status, Json(serde_json::json!({ "stored": stored }))).into_response()
 }
 
 /// `POST /v1/snapshot/get`: the state stored for exactly these tokens, or 404.

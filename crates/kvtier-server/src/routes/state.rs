@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -13,7 +12,7 @@ use bytes::Bytes;
 use kvtier_client::wire::frame;
 use kvtier_client::wire::{CheckpointSpec, PromptSpec, RestoreHead, UPLOAD_CONTENT_TYPE};
 
-use super::data::{limit, prompt_of, upload};
+use super::data::{limit, prompt_of, put_answer, upload};
 use super::input::{self, blocking, read_body};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -39,13 +38,7 @@ pub async fn checkpoint_put(State(app): App, body: Body) -> Result<Response, Api
     let engine = app.engine.clone();
     let blocks = spec.blocks;
     let outcome = blocking(move || Ok(engine.checkpoint_put(&prompt, blocks, &state)?)).await?;
-    let stored = !matches!(outcome, kvtier_core::snapshot::SnapshotPut::Rejected);
-    let status = if stored {
-        StatusCode::OK
-    } else {
-        StatusCode::INSUFFICIENT_STORAGE
-    };
-    Ok((status, Json(serde_json::json!({ "stored": stored }))).into_response())
+    Ok(put_answer(outcome))
 }
 
 /// `POST /v1/restore`: looks the prompt up and reads every part of the hit at once: the

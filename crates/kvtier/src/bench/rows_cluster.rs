@@ -253,15 +253,7 @@ impl Bench {
             .ok_or_else(|| anyhow::anyhow!("no advertisement"))?;
         // The baseline client: kvtier bench's lean HTTP/1.1 client, one keep-alive
         // connection, SigV4 — the least a ranged GET of these bytes can cost here.
-        let target = super::s3::load::Target {
-            host: self.url.trim_start_matches("http://").to_owned(),
-            bucket: BUCKET.into(),
-            signer: Some(super::s3::sigv4::Signer {
-                access_key: ACCESS.into(),
-                secret_key: SECRET.into(),
-                region: "us-east-1".into(),
-            }),
-        };
+        let target = super::s3::load::Target::signed(&self.url, BUCKET, ACCESS, SECRET);
         let mut conn = super::s3::http::Conn::open(&target.host)?;
         let path = format!("/{BUCKET}/{}", object.replace(".kvm", ".kvo"));
         let bytes = 8 * (256usize << 10);
@@ -277,23 +269,9 @@ impl Bench {
                 got.len() == 8 && got[7] == chain[7].1,
                 "B loaded the wrong bytes"
             );
-            let t = Instant::now();
-            let head = super::s3::load::head(
-                &target,
-                &conn,
-                "GET",
-                &path,
-                &[("range", &range)],
-                super::s3::sigv4::EMPTY_SHA256,
-            );
-            let answer = conn.request(&head, &[], &mut body)?;
-            baseline.push(t.elapsed().as_secs_f64() * 1e3);
-            anyhow::ensure!(
-                answer.status == 206 && body.len() == bytes,
-                "ranged GET answered {} with {} bytes",
-                answer.status,
-                body.len()
-            );
+            baseline.push(super::s3::load::timed_ranged_get(
+                &target, &mut conn, &path, &range, &mut body, bytes,
+            )?);
         }
         Ok(Row::paired(
             NAMES[2],

@@ -52,15 +52,7 @@ fn measure(dir: &std::path::Path, effort: Effort) -> anyhow::Result<Row> {
     let state = bytes::Bytes::from(pattern(STATE_BYTES, 11));
     tier.put_snapshot(&key, layout, &state)?;
 
-    let target = super::s3::load::Target {
-        host: url.trim_start_matches("http://").to_owned(),
-        bucket: BUCKET.into(),
-        signer: Some(super::s3::sigv4::Signer {
-            access_key: ACCESS.into(),
-            secret_key: SECRET.into(),
-            region: "us-east-1".into(),
-        }),
-    };
+    let target = super::s3::load::Target::signed(&url, BUCKET, ACCESS, SECRET);
     let mut conn = super::s3::http::Conn::open(&target.host)?;
     let path = format!("/{BUCKET}/{}", state_object_name(PREFIX, &layout, &key));
     let range = format!("bytes={HEADER_BYTES}-{}", HEADER_BYTES + STATE_BYTES - 1);
@@ -75,23 +67,15 @@ fn measure(dir: &std::path::Path, effort: Effort) -> anyhow::Result<Row> {
             got.as_ref() == Some(&state),
             "the remote tier returned another state"
         );
-        let t = Instant::now();
-        let head = super::s3::load::head(
+        baseline.push(super::s3::load::timed_ranged_get(
             &target,
-            &conn,
-            "GET",
+            &mut conn,
             &path,
-            &[("range", &range)],
-            super::s3::sigv4::EMPTY_SHA256,
-        );
-        let answer = conn.request(&head, &[], &mut body)?;
-        baseline.push(t.elapsed().as_secs_f64() * 1e3);
-        anyhow::ensure!(
-            answer.status == 206 && body.len() == STATE_BYTES && body[..] == state[..],
-            "ranged GET answered {} with {} bytes",
-            answer.status,
-            body.len()
-        );
+            &range,
+            &mut body,
+            STATE_BYTES,
+        )?);
+        anyhow::ensure!(body[..] == state[..], "the ranged GET returned other bytes");
     }
     drop(tier);
     drop(gateway);

@@ -177,3 +177,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// The status and code of an error answer; anything else fails the test.
+pub fn api_error(e: kvtier_client::ClientError) -> (u16, String) {
+    match e {
+        kvtier_client::ClientError::Api { status, code, .. } => (status, code),
+        other => panic!("expected an error answer, got {other:?}"),
+    }
+}

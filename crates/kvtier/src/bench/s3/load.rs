@@ -54,6 +54,53 @@ pub struct Outcome {
     pub requests: usize,
 }
 
+impl Target {
+    /// The bucket `bucket` of the S3 endpoint at `url` (`http://HOST:PORT`), requests
+    /// signed with SigV4 under `access_key`.
+    pub fn signed(url: &str, bucket: &str, access_key: &str, secret_key: &str) -> Self {
+        Self {
+            host: url.trim_start_matches("http://").to_owned(),
+            bucket: bucket.into(),
+            signer: Some(super::sigv4::Signer {
+                access_key: access_key.into(),
+                secret_key: secret_key.into(),
+                region: "us-east-1".into(),
+            }),
+        }
+    }
+}
+
+/// One signed ranged GET of `range` (`bytes=A-B`) of `path` (`/BUCKET/KEY`) over `conn`,
+/// the body read into `body`: the milliseconds it took, checked to be a 206 of
+/// `expected` bytes. The baseline of the rows that read one object of `kvtier gateway`.
+pub(crate) fn timed_ranged_get(
+    t: &Target,
+    conn: &mut Conn,
+    path: &str,
+    range: &str,
+    body: &mut Vec<u8>,
+    expected: usize,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let head = head(
+        t,
+        conn,
+        "GET",
+        path,
+        &[("range", range)],
+        super::sigv4::EMPTY_SHA256,
+    );
+    let answer = conn.request(&head, &[], body)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(
+        answer.status == 206 && body.len() == expected,
+        "ranged GET answered {} with {} bytes",
+        answer.status,
+        body.len()
+    );
+    Ok(ms)
+}
+
 fn object_key(i: usize) -> String {
     format!("bench/object-{i:05}")
 }
