@@ -64,15 +64,7 @@ fn measure(
             return Ok(Vec::new());
         }
     };
-    let mut config = kvtier_gateway::GatewayConfig::new(dir.join("s3"));
-    config.listen = "127.0.0.1:0".parse()?;
-    config.auth = kvtier_gateway::Auth::SigV4 {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-    };
-    config.durability = kvtier_ssd::Durability::BestEffort;
-    config.create_buckets = vec![BUCKET.into()];
-    let gateway = kvtier_gateway::RunningGateway::start(config).map_err(anyhow::Error::msg)?;
+    let gateway = super::s3::procs::in_process_gateway(&dir.join("s3"), ACCESS, SECRET, BUCKET)?;
     let bench = Bench {
         url: format!("http://{}", gateway.addr),
         etcd: etcd.endpoints(),

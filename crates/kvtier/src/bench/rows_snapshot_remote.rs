@@ -33,15 +33,7 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
 }
 
 fn measure(dir: &std::path::Path, effort: Effort) -> anyhow::Result<Row> {
-    let mut config = kvtier_gateway::GatewayConfig::new(dir.to_path_buf());
-    config.listen = "127.0.0.1:0".parse()?;
-    config.auth = kvtier_gateway::Auth::SigV4 {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-    };
-    config.durability = kvtier_ssd::Durability::BestEffort;
-    config.create_buckets = vec![BUCKET.into()];
-    let gateway = kvtier_gateway::RunningGateway::start(config).map_err(anyhow::Error::msg)?;
+    let gateway = super::s3::procs::in_process_gateway(dir, ACCESS, SECRET, BUCKET)?;
     let url = format!("http://{}", gateway.addr);
     let mut remote = RemoteConfig::new(vec![
         Endpoint::new(url.clone(), BUCKET).with_credentials(ACCESS, SECRET),

@@ -5,7 +5,7 @@
 
 pub(crate) mod http;
 pub(crate) mod load;
-mod procs;
+pub(crate) mod procs;
 pub(crate) mod sigv4;
 
 use std::time::Duration;

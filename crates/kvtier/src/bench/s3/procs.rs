@@ -15,6 +15,26 @@ use anyhow::{Context, bail};
 use super::sigv4::Signer;
 use crate::bench::measure::pattern;
 
+/// `kvtier gateway` in this process on a loopback port, storing into `dir`, with SigV4
+/// under `access_key` and the bucket `bucket` (best-effort durability: the rows measure
+/// reads). Stopped when dropped.
+pub fn in_process_gateway(
+    dir: &Path,
+    access_key: &str,
+    secret_key: &str,
+    bucket: &str,
+) -> anyhow::Result<kvtier_gateway::RunningGateway> {
+    let mut config = kvtier_gateway::GatewayConfig::new(dir.to_path_buf());
+    config.listen = "127.0.0.1:0".parse()?;
+    config.auth = kvtier_gateway::Auth::SigV4 {
+        access_key: access_key.into(),
+        secret_key: secret_key.into(),
+    };
+    config.durability = kvtier_ssd::Durability::BestEffort;
+    config.create_buckets = vec![bucket.into()];
+    kvtier_gateway::RunningGateway::start(config).map_err(anyhow::Error::msg)
+}
+
 /// Plain TCP over loopback answering the load generator's requests with the same bytes
 /// the S3 servers send: no parsing beyond the request line, no storage, no signature.
 pub struct RawServer {
