@@ -104,6 +104,11 @@ impl StatePublisher {
                             replace = Some(revision);
                             continue;
                         }
+                        // The record being replaced went away meanwhile: create it.
+                        None if replace.is_some() => {
+                            replace = None;
+                            continue;
+                        }
                         _ => {
                             // Fenced: this replica registers again, then retries.
                             bump(&self.stats.fenced);

@@ -27,7 +27,7 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::snapshot::SnapshotKey;
@@ -204,12 +204,12 @@ impl SnapshotStore for RemoteTier {
         }
         let name = state_object_name(&self.config().prefix, &layout, key);
         let endpoint = self.target_of(&name);
-        let mut object = BytesMut::with_capacity(HEADER_BYTES + blob.len());
-        object.extend_from_slice(&header(key, &layout, blob));
-        object.extend_from_slice(blob);
+        // The header and the state go out as two parts of one body: the state is not
+        // copied to sit behind its header.
+        let head = Bytes::copy_from_slice(&header(key, &layout, blob));
+        let payload: PutPayload = [head, blob.clone()].into_iter().collect();
         let store = self.store(endpoint);
         let path = Path::from(name.as_str());
-        let payload = PutPayload::from_bytes(object.freeze());
         self.count_put();
         match self.call(async move { store.put(&path, payload).await.map(|_| ()) }) {
             Fetch::Got(()) => {}

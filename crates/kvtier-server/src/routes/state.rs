@@ -70,23 +70,18 @@ pub async fn restore(State(app): App, body: Body) -> Result<Response, ApiError> 
             format!("cannot encode the restore head: {e}"),
         )
     })?;
-    let total =
-        12 + json.len() + restored.blocks.len() * block_bytes as usize + state_bytes as usize;
-    let mut out = Vec::with_capacity(total);
-    out.extend_from_slice(&frame::upload_head(json.len() as u32));
-    out.extend_from_slice(&json);
-    for b in &restored.blocks {
-        out.extend_from_slice(b);
-    }
-    if let Some(state) = &restored.state {
-        out.extend_from_slice(state);
-    }
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(UPLOAD_CONTENT_TYPE),
-        )],
-        out,
-    )
-        .into_response())
+    // The head, then the blocks and the state as the engine holds them: sent part by
+    // part, never copied into one buffer.
+    let mut head = frame::upload_head(json.len() as u32).to_vec();
+    head.extend_from_slice(&json);
+    let parts = std::iter::once(Bytes::from(head))
+        .chain(restored.blocks)
+        .chain(restored.state)
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut resp = Body::from_stream(futures_util::stream::iter(parts)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(UPLOAD_CONTENT_TYPE),
+    );
+    Ok(resp)
 }
