@@ -4,7 +4,9 @@
 //! caller's buffer or into buffers handed out as read-only blocks.
 
 use bytes::Bytes;
-use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec};
+use kvtier_client::wire::{
+    CheckpointSpec, LayoutSpec, LoadRequest, PromptSpec, SnapshotSpec, StateGroupSpec,
+};
 use kvtier_client::{Client as Http, ClientError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -13,6 +15,7 @@ use crate::block::Block;
 use crate::errors::{self, invalid};
 use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
+use crate::state::{GroupArg, Restored, groups_of, state_bytes_of};
 
 /// A client of one `kvtier serve` (`url`: `http://HOST:PORT`; `token`: the data token,
 /// when the server requires one).
@@ -61,7 +64,7 @@ impl Client {
     #[pyo3(signature = (
         model, dtype, tokens_per_block, num_layers, num_kv_heads, head_dim, *,
         tp_rank=0, tp_size=1, pp_stage=0, pp_size=1, lora_id=None, tenant_salt=None,
-        weights_digest=None, tokenizer_digest=None
+        weights_digest=None, tokenizer_digest=None, state_groups=None, checkpoint_every=None
     ))]
     #[allow(
         clippy::too_many_arguments,
@@ -84,7 +87,11 @@ impl Client {
         tenant_salt: Option<Vec<u8>>,
         weights_digest: Option<String>,
         tokenizer_digest: Option<String>,
+        state_groups: Option<Vec<GroupArg>>,
+        checkpoint_every: Option<u32>,
     ) -> PyResult<Layout> {
+        let groups = groups_of(state_groups);
+        let state_bytes = state_bytes_of(&groups);
         let spec = LayoutSpec {
             model_id: model.to_owned(),
             weights_digest: weights_digest.unwrap_or_default(),
@@ -100,11 +107,18 @@ impl Client {
             pp_size,
             lora_id,
             tenant_salt: hex(&tenant_salt.unwrap_or_default()),
-            state_groups: Vec::new(),
-            checkpoint_every: None,
+            state_groups: groups
+                .into_iter()
+                .map(|g| StateGroupSpec {
+                    kind: g.kind,
+                    num_layers: g.num_layers,
+                    state_bytes: g.state_bytes,
+                })
+                .collect(),
+            checkpoint_every,
         };
         let info = self.call(py, self.http.register_layout(&spec))?;
-        Ok(Layout::of_server(&info, dtype))
+        Ok(Layout::of_server(&info, dtype, state_bytes))
     }
 
     /// How many leading whole blocks of `tokens` the server holds under `layout`.
@@ -196,6 +210,39 @@ impl Client {
         let spec = snapshot_spec(layout, tokens, session);
         let got = self.call(py, self.http.snapshot_get(&spec))?;
         Ok(got.map(Block::new))
+    }
+
+    /// Keeps the recurrent state after the first `blocks` whole blocks of `tokens` on the
+    /// server (as `Engine.checkpoint_put`): `stored`, or `rejected` when the server had
+    /// no room for it.
+    fn checkpoint_put(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: usize,
+        state: &Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let blob = Exported::get(state, false, "state")?;
+        layout.check_state(blob.bytes())?;
+        // The request body owns its bytes: one copy of the state.
+        let bytes = Bytes::copy_from_slice(blob.bytes());
+        let spec = CheckpointSpec {
+            layout: layout.digest_hex().to_owned(),
+            tokens,
+            extra_keys: Vec::new(),
+            blocks,
+        };
+        let kept = self.call(py, self.http.checkpoint_put(&spec, bytes))?;
+        Ok(if kept { "stored" } else { "rejected" })
+    }
+
+    /// Every part of the server's hit for `tokens` in one answer, or nothing (as
+    /// `Engine.restore`).
+    fn restore(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Restored> {
+        let prompt = PromptSpec::new(layout.digest_hex(), tokens);
+        let got = self.call(py, self.http.restore(&prompt))?;
+        Ok(Restored::new(got.tokens, got.blocks, got.state))
     }
 
     /// The server's counters (`/v1/stats`).

@@ -21,6 +21,7 @@ use crate::block::Block;
 use crate::errors::{self, from_core, invalid};
 use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
+use crate::state::{GroupArg, Restored, groups_of, no_checkpoints_without_state, put_name};
 
 /// How long `close()` (and a garbage-collected engine) waits for queued writes.
 const CLOSE_WITHIN: Duration = Duration::from_secs(30);
@@ -93,7 +94,7 @@ impl Engine {
     #[pyo3(signature = (
         model, dtype, tokens_per_block, num_layers, num_kv_heads, head_dim, *,
         tp_rank=0, tp_size=1, pp_stage=0, pp_size=1, lora_id=None, tenant_salt=None,
-        weights_digest=None, tokenizer_digest=None
+        weights_digest=None, tokenizer_digest=None, state_groups=None, checkpoint_every=None
     ))]
     #[allow(
         clippy::too_many_arguments,
@@ -115,6 +116,8 @@ impl Engine {
         tenant_salt: Option<Vec<u8>>,
         weights_digest: Option<String>,
         tokenizer_digest: Option<String>,
+        state_groups: Option<Vec<GroupArg>>,
+        checkpoint_every: Option<u32>,
     ) -> PyResult<Layout> {
         let dtype: KvDtype = dtype.parse().map_err(from_core)?;
         let mut key = LayoutKey::new(
@@ -133,8 +136,20 @@ impl Engine {
         key.tenant_salt = tenant_salt.unwrap_or_default();
         key.weights_digest = weights_digest.unwrap_or_default();
         key.tokenizer_digest = tokenizer_digest.unwrap_or_default();
-        let core = self.engine()?.register_layout(key).map_err(from_core)?;
-        Ok(Layout::of_core(core))
+        key.state_groups = groups_of(state_groups);
+        let engine = self.engine()?;
+        let core = engine.register_layout(key).map_err(from_core)?;
+        let every = match (core.has_state(), checkpoint_every) {
+            (false, None) => None,
+            (false, Some(_)) => return Err(no_checkpoints_without_state()),
+            (true, Some(tokens)) => Some(
+                engine
+                    .set_checkpoint_every(core.digest(), tokens as usize)
+                    .map_err(from_core)?,
+            ),
+            (true, None) => Some(engine.checkpoint_every(core.digest()).map_err(from_core)?),
+        };
+        Ok(Layout::of_core(core, every.map(|t| t as u32)))
     }
 
     /// How many leading whole blocks of `tokens` are cached under `layout`. Memory only:
@@ -244,11 +259,7 @@ impl Engine {
         let put = py
             .detach(|| engine.snapshot_put(digest, &tokens, session.as_deref(), bytes))
             .map_err(from_core)?;
-        Ok(match put {
-            SnapshotPut::Stored => "stored",
-            SnapshotPut::Replaced => "replaced",
-            SnapshotPut::Rejected => "rejected",
-        })
+        Ok(put_name(put))
     }
 
     /// The state stored for exactly `tokens` (and `session`), as a read-only view, or
@@ -267,6 +278,53 @@ impl Engine {
             .detach(|| engine.snapshot_get(digest, &tokens, session.as_deref()))
             .map_err(from_core)?;
         Ok(got.map(Block::new))
+    }
+
+    /// Keeps `state`, the recurrent state of every state group of `layout` after exactly
+    /// the first `blocks` whole blocks of `tokens` (a checkpoint boundary: a multiple of
+    /// `layout.checkpoint_every` tokens); `stored`, `replaced` or `rejected` (no room in
+    /// the checkpoint budget). Refused for a layout without state groups, another
+    /// boundary, or a state of another size.
+    fn checkpoint_put(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: usize,
+        state: &Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let engine = self.engine()?;
+        let blob = Exported::get(state, false, "state")?;
+        let bytes = blob.bytes();
+        layout.check_state(bytes)?;
+        let digest = layout.core()?.digest();
+        let put = py
+            .detach(|| -> kvtier_core::Result<SnapshotPut> {
+                let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
+                engine.checkpoint_put(&prompt, blocks, bytes)
+            })
+            .map_err(from_core)?;
+        Ok(put_name(put))
+    }
+
+    /// Looks `tokens` up and reads every part of the hit at once: the KV blocks and, for
+    /// a layout with state groups, the recurrent state at their end. All or nothing: a
+    /// layout with state groups is restored only at a boundary where both are there and
+    /// readable; otherwise nothing (`tokens` 0) and the caller computes the prompt.
+    fn restore(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Restored> {
+        let engine = self.engine()?;
+        let digest = layout.core()?.digest();
+        let restored = py
+            .detach(|| -> kvtier_core::Result<kvtier_core::engine::Restored> {
+                let prompt = engine.prompt(digest, &tokens, &ExtraKeys::none())?;
+                engine.restore(&engine.lookup(&prompt))
+            })
+            .map_err(from_core)?;
+        Ok(Restored::new(
+            restored.tokens,
+            restored.blocks,
+            restored.state,
+        ))
     }
 
     /// Every counter, by the names `/v1/stats` uses.

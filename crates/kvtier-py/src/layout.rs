@@ -19,13 +19,18 @@ pub struct Layout {
     tokens_per_block: u32,
     num_layers: u32,
     dtype: String,
+    /// Bytes of the recurrent state at one boundary (0 without state groups).
+    state_bytes: u64,
+    /// For a layout with state groups, tokens between its checkpoint boundaries.
+    checkpoint_every: Option<u32>,
     /// The engine's layout, for one registered with an embedded engine.
     core: Option<Arc<CoreLayout>>,
 }
 
 impl Layout {
-    /// A layout of the embedded engine.
-    pub(crate) fn of_core(core: Arc<CoreLayout>) -> Self {
+    /// A layout of the embedded engine (`checkpoint_every`: the distance in force, for
+    /// a layout with state groups).
+    pub(crate) fn of_core(core: Arc<CoreLayout>, checkpoint_every: Option<u32>) -> Self {
         let key = core.key();
         Self {
             digest: core.digest().to_string(),
@@ -33,20 +38,47 @@ impl Layout {
             tokens_per_block: key.tokens_per_block,
             num_layers: key.num_layers,
             dtype: key.dtype.to_string(),
+            state_bytes: key.state_bytes(),
+            checkpoint_every,
             core: Some(core),
         }
     }
 
-    /// A layout a server registered.
-    pub(crate) fn of_server(info: &kvtier_client::wire::LayoutInfo, dtype: &str) -> Self {
+    /// A layout a server registered, with `state_bytes` of state per boundary.
+    pub(crate) fn of_server(
+        info: &kvtier_client::wire::LayoutInfo,
+        dtype: &str,
+        state_bytes: u64,
+    ) -> Self {
         Self {
             digest: info.layout.clone(),
             block_bytes: info.block_bytes as usize,
             tokens_per_block: info.tokens_per_block,
             num_layers: info.num_layers,
             dtype: dtype.to_owned(),
+            state_bytes,
+            checkpoint_every: info.checkpoint_every,
             core: None,
         }
+    }
+
+    /// Checks that `state` is one whole state of this layout, before anything is sent.
+    pub(crate) fn check_state(&self, state: &[u8]) -> PyResult<()> {
+        if self.state_bytes == 0 {
+            return Err(invalid(format!(
+                "layout {} names no state groups: it has no recurrent state to checkpoint",
+                self.digest
+            )));
+        }
+        if state.len() as u64 != self.state_bytes {
+            return Err(invalid(format!(
+                "a state of {} bytes; layout {} names {} bytes of state",
+                state.len(),
+                self.digest,
+                self.state_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// The engine's layout; an error for a layout registered with a server.
@@ -105,6 +137,20 @@ impl Layout {
         self.dtype.clone()
     }
 
+    /// Bytes of the recurrent state of every state group at one token boundary (0 for
+    /// an attention-only layout).
+    #[getter]
+    fn state_bytes(&self) -> u64 {
+        self.state_bytes
+    }
+
+    /// For a layout with state groups, the tokens between checkpoint boundaries (a
+    /// checkpoint is kept only after a multiple of them); `None` otherwise.
+    #[getter]
+    fn checkpoint_every(&self) -> Option<u32> {
+        self.checkpoint_every
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<kvtier.Layout {} of {} tokens per block, {} bytes per block>",
@@ -134,6 +180,9 @@ pub struct Hit {
     pub(crate) matched_tokens: usize,
     pub(crate) blocks: usize,
     pub(crate) tiers: Vec<String>,
+    /// For a layout with state groups, the fastest tier holding the state at the end of
+    /// the matched blocks.
+    pub(crate) state_tier: Option<String>,
 }
 
 impl Hit {
@@ -166,6 +215,7 @@ impl Hit {
                 .iter()
                 .map(|b| b.tier.name().to_owned())
                 .collect(),
+            state_tier: lookup.state.map(|s| s.tier.name().to_owned()),
             found: Found::Local(lookup),
         }
     }
@@ -179,19 +229,11 @@ impl Hit {
             matched_tokens: answer.matched_tokens,
             blocks: answer.blocks(),
             // One letter per block: r RAM, s SSD, o object storage.
-            tiers: answer
-                .tiers
-                .chars()
-                .map(|c| {
-                    match c {
-                        'r' => "ram",
-                        's' => "ssd",
-                        'o' => "remote",
-                        _ => "unknown",
-                    }
-                    .to_owned()
-                })
-                .collect(),
+            tiers: answer.tiers.chars().map(tier_name).collect(),
+            state_tier: answer
+                .state
+                .as_ref()
+                .map(|s| s.tier.chars().next().map_or_else(String::new, tier_name)),
             found: Found::Remote {
                 handles: answer.handles,
             },
@@ -225,8 +267,17 @@ impl Hit {
         self.tiers.clone()
     }
 
+    /// For a layout with state groups, the fastest tier holding the recurrent state at
+    /// the end of the matched blocks (a hit of such a layout always has one); `None`
+    /// otherwise.
+    #[getter]
+    fn state_tier(&self) -> Option<String> {
+        self.state_tier.clone()
+    }
+
+    /// Whether anything matched (for a recurrent-only layout, a state with no blocks).
     fn __bool__(&self) -> bool {
-        self.blocks > 0
+        self.matched_tokens > 0
     }
 
     fn __repr__(&self) -> String {
@@ -235,4 +286,15 @@ impl Hit {
             self.matched_tokens, self.blocks
         )
     }
+}
+
+/// The tier a server's one-letter code names: r RAM, s SSD, o object storage.
+fn tier_name(code: char) -> String {
+    match code {
+        'r' => "ram",
+        's' => "ssd",
+        'o' => "remote",
+        _ => "unknown",
+    }
+    .to_owned()
 }

@@ -5,6 +5,8 @@
 //!   same settings, with the same defaults, as `kvtier serve`.
 //! - [`client::Client`]: a client of `kvtier serve` with the same calls.
 //! - [`layout`]: a registered layout and the answer to a lookup (of either).
+//! - [`state`]: state groups of hybrid and recurrent models, checkpoints, and restores
+//!   that return every group's part of one boundary or nothing.
 //! - [`block::Block`]: a loaded block — a read-only buffer over kvtier's own memory, so
 //!   `memoryview(block)` and `numpy.frombuffer(block)` copy nothing.
 //! - [`input`]: buffer-protocol objects (bytes, bytearray, numpy arrays, …) read and
@@ -19,6 +21,7 @@ mod engine;
 mod errors;
 mod input;
 mod layout;
+mod state;
 
 use pyo3::prelude::*;
 
@@ -30,6 +33,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<layout::Layout>()?;
     m.add_class::<layout::Hit>()?;
     m.add_class::<block::Block>()?;
+    m.add_class::<state::Restored>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

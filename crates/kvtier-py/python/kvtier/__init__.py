@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from kvtier._kvtier import Block, Client, Engine, Hit, Layout, __version__
+from kvtier._kvtier import Block, Client, Engine, Hit, Layout, Restored, __version__
 from kvtier.errors import (
     ClosedError,
     CorruptError,
@@ -33,6 +33,7 @@ __all__ = [
     "KvtierError",
     "Layout",
     "NoSpaceError",
+    "Restored",
     "UnavailableError",
     "__version__",
 ]
