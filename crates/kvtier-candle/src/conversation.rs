@@ -14,6 +14,7 @@ use kvtier_node::Settings;
 use kvtier_node::units::ByteSize;
 
 use crate::gemma::{GemmaWeights, locate_gguf};
+use crate::hybrid::{HybridModel, synthetic_config as hybrid_config};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
 use crate::prompts::{system_prompt, user_turn};
 use crate::reuse::{Backend, GemmaRunner, MambaRunner, MambaTurn, TurnReport};
@@ -80,20 +81,40 @@ pub fn gemma_cold_turn_two(w: &Arc<GemmaWeights>) -> Result<TurnReport> {
 /// The synthetic Mamba with weights from `seed`; its safetensors file is written to a
 /// fresh temporary directory, read, and removed.
 pub fn mamba_model(seed: u64) -> Result<Arc<MambaModel>> {
-    // Several tests may build models at once in one process: one directory per call.
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "kvtier-mamba-{}-{seed}-{}",
-        std::process::id(),
-        CALLS.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+    let dir = scratch_dir("mamba", seed)?;
     let path = dir.join("mamba.safetensors");
     let model = write_synthetic(&synthetic_config(), seed, &path)
         .and_then(|()| MambaModel::load(&path, synthetic_config()));
     let _ = std::fs::remove_dir_all(&dir);
     model
+}
+
+/// Seed of the tests' synthetic hybrid.
+pub const HYBRID_SEED: u64 = 16;
+
+/// The synthetic hybrid (attention and Mamba layers) with weights from `seed`, written to
+/// a fresh temporary directory, read, and removed.
+pub fn hybrid_model(seed: u64) -> Result<Arc<HybridModel>> {
+    let dir = scratch_dir("hybrid", seed)?;
+    let path = dir.join("hybrid.safetensors");
+    let model = crate::hybrid::write_synthetic(&hybrid_config(), seed, &path)
+        .and_then(|()| HybridModel::load(&path, hybrid_config()));
+    let _ = std::fs::remove_dir_all(&dir);
+    model
+}
+
+/// A new directory for one model's weights: several tests may build models at once in
+/// one process.
+fn scratch_dir(what: &str, seed: u64) -> Result<std::path::PathBuf> {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "kvtier-{what}-{}-{seed}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+    Ok(dir)
 }
 
 /// Byte tokens of `text` (the synthetic Mamba's vocabulary is the 256 byte values).

@@ -4,6 +4,8 @@
 //!   blocks and filled back from them.
 //! - [`mamba`]: Mamba (candle-transformers) with deterministic weights and a recurrent
 //!   state that snapshots to bytes and back.
+//! - [`hybrid`]: a small hybrid (attention and Mamba layers) assembled from candle's parts,
+//!   with seeded weights: the proof of the all-or-nothing rule for hybrid hits.
 //! - [`reuse`]: a turn of a conversation with kvtier underneath — the embedded engine or
 //!   a `kvtier serve` — for attention KV blocks and for recurrent-state snapshots. The
 //!   server itself is started by the caller ([`reuse::ServeLauncher`]): this crate does
@@ -22,6 +24,7 @@ pub mod demo;
 mod digest;
 mod error;
 pub mod gemma;
+pub mod hybrid;
 pub mod mamba;
 pub mod prompts;
 pub mod reuse;

@@ -3,8 +3,10 @@
 
 mod model;
 mod snapshot;
-mod weights;
+pub(crate) mod weights;
 
 pub use model::MambaModel;
-pub use snapshot::{decode as decode_state, encode as encode_state, encoded_len as state_len};
+pub use snapshot::{
+    decode as decode_state, encode as encode_state, encoded_len as state_len, state_group,
+};
 pub use weights::{D_CONV, D_STATE, synthetic_config, write_synthetic};

@@ -22,6 +22,17 @@ const MAGIC: &[u8; 4] = b"KVMS";
 const VERSION: u32 = 1;
 const HEADER: usize = 4 + 4 * 5 + 8;
 
+/// The state group that files this encoding of a model of shape `config` in a layout
+/// key: the kind names the encoding (and its version) exactly, so no other encoding can
+/// alias it.
+pub fn state_group(config: &Config) -> kvtier_core::StateGroup {
+    kvtier_core::StateGroup {
+        kind: format!("kvtier-candle/mamba1/f32/d_state{D_STATE}/d_conv{D_CONV}/KVMS{VERSION}"),
+        num_layers: config.n_layer as u32,
+        state_bytes: encoded_len(config) as u64,
+    }
+}
+
 /// Bytes of an encoded state of a model of shape `config`.
 pub fn encoded_len(config: &Config) -> usize {
     let d_inner = d_inner(config);

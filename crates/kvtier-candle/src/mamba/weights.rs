@@ -40,7 +40,7 @@ pub fn dt_rank(config: &Config) -> usize {
 }
 
 /// SplitMix64: tiny, fast and the same on every machine.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -52,12 +52,12 @@ impl Rng {
     }
 
     /// Uniform in `[-scale, scale)`.
-    fn uniform(&mut self, scale: f32) -> f32 {
+    pub(crate) fn uniform(&mut self, scale: f32) -> f32 {
         let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
         (unit * 2.0 - 1.0) * scale
     }
 
-    fn tensor(&mut self, shape: &[usize], scale: f32) -> Result<Tensor> {
+    pub(crate) fn tensor(&mut self, shape: &[usize], scale: f32) -> Result<Tensor> {
         let n = shape.iter().product();
         let data: Vec<f32> = (0..n).map(|_| self.uniform(scale)).collect();
         Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
@@ -69,8 +69,6 @@ impl Rng {
 pub fn write_synthetic(config: &Config, seed: u64, path: &Path) -> Result<()> {
     let mut rng = Rng(seed);
     let d_model = config.d_model;
-    let d_inner = d_inner(config);
-    let dt_rank = dt_rank(config);
     let vocab =
         config.vocab_size.div_ceil(config.pad_vocab_size_multiple) * config.pad_vocab_size_multiple;
     let mut t: HashMap<String, Tensor> = HashMap::new();
@@ -84,51 +82,7 @@ pub fn write_synthetic(config: &Config, seed: u64, path: &Path) -> Result<()> {
             p("norm.weight"),
             Tensor::ones(d_model, candle_core::DType::F32, &Device::Cpu)?,
         );
-        let lin = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
-        t.insert(
-            p("mixer.in_proj.weight"),
-            rng.tensor(&[2 * d_inner, d_model], lin(d_model))?,
-        );
-        t.insert(
-            p("mixer.conv1d.weight"),
-            rng.tensor(&[d_inner, 1, D_CONV], lin(D_CONV))?,
-        );
-        t.insert(p("mixer.conv1d.bias"), rng.tensor(&[d_inner], lin(D_CONV))?);
-        t.insert(
-            p("mixer.x_proj.weight"),
-            rng.tensor(&[dt_rank + 2 * D_STATE, d_inner], lin(d_inner))?,
-        );
-        t.insert(
-            p("mixer.dt_proj.weight"),
-            rng.tensor(&[d_inner, dt_rank], lin(dt_rank))?,
-        );
-        // softplus⁻¹ of a step size log-uniform in [0.001, 0.1].
-        let bias: Vec<f32> = (0..d_inner)
-            .map(|_| {
-                let u = (rng.uniform(1.0) + 1.0) / 2.0;
-                let dt = (0.001f32.ln() + u * (0.1f32.ln() - 0.001f32.ln())).exp();
-                dt + (-(-dt).exp_m1()).ln()
-            })
-            .collect();
-        t.insert(
-            p("mixer.dt_proj.bias"),
-            Tensor::from_vec(bias, d_inner, &Device::Cpu)?,
-        );
-        let a_log: Vec<f32> = (0..d_inner)
-            .flat_map(|_| (1..=D_STATE).map(|s| (s as f32).ln()))
-            .collect();
-        t.insert(
-            p("mixer.A_log"),
-            Tensor::from_vec(a_log, (d_inner, D_STATE), &Device::Cpu)?,
-        );
-        t.insert(
-            p("mixer.D"),
-            Tensor::ones(d_inner, candle_core::DType::F32, &Device::Cpu)?,
-        );
-        t.insert(
-            p("mixer.out_proj.weight"),
-            rng.tensor(&[d_model, d_inner], lin(d_inner))?,
-        );
+        insert_mixer(&mut rng, config, &p("mixer"), &mut t)?;
     }
     t.insert(
         "backbone.norm_f.weight".into(),
@@ -136,4 +90,64 @@ pub fn write_synthetic(config: &Config, seed: u64, path: &Path) -> Result<()> {
     );
     candle_core::safetensors::save(&t, path)
         .map_err(|e| Error::Weights(format!("cannot write {}: {e}", path.display())))
+}
+
+/// The weights of one Mamba mixer (a layer's SSM, without its norm) under `prefix` (e.g.
+/// `backbone.layers.3.mixer`), drawn from `rng`.
+pub(crate) fn insert_mixer(
+    rng: &mut Rng,
+    config: &Config,
+    prefix: &str,
+    t: &mut HashMap<String, Tensor>,
+) -> Result<()> {
+    let d_model = config.d_model;
+    let d_inner = d_inner(config);
+    let dt_rank = dt_rank(config);
+    let p = |name: &str| format!("{prefix}.{name}");
+    let lin = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+    t.insert(
+        p("in_proj.weight"),
+        rng.tensor(&[2 * d_inner, d_model], lin(d_model))?,
+    );
+    t.insert(
+        p("conv1d.weight"),
+        rng.tensor(&[d_inner, 1, D_CONV], lin(D_CONV))?,
+    );
+    t.insert(p("conv1d.bias"), rng.tensor(&[d_inner], lin(D_CONV))?);
+    t.insert(
+        p("x_proj.weight"),
+        rng.tensor(&[dt_rank + 2 * D_STATE, d_inner], lin(d_inner))?,
+    );
+    t.insert(
+        p("dt_proj.weight"),
+        rng.tensor(&[d_inner, dt_rank], lin(dt_rank))?,
+    );
+    // softplus⁻¹ of a step size log-uniform in [0.001, 0.1].
+    let bias: Vec<f32> = (0..d_inner)
+        .map(|_| {
+            let u = (rng.uniform(1.0) + 1.0) / 2.0;
+            let dt = (0.001f32.ln() + u * (0.1f32.ln() - 0.001f32.ln())).exp();
+            dt + (-(-dt).exp_m1()).ln()
+        })
+        .collect();
+    t.insert(
+        p("dt_proj.bias"),
+        Tensor::from_vec(bias, d_inner, &Device::Cpu)?,
+    );
+    let a_log: Vec<f32> = (0..d_inner)
+        .flat_map(|_| (1..=D_STATE).map(|s| (s as f32).ln()))
+        .collect();
+    t.insert(
+        p("A_log"),
+        Tensor::from_vec(a_log, (d_inner, D_STATE), &Device::Cpu)?,
+    );
+    t.insert(
+        p("D"),
+        Tensor::ones(d_inner, candle_core::DType::F32, &Device::Cpu)?,
+    );
+    t.insert(
+        p("out_proj.weight"),
+        rng.tensor(&[d_model, d_inner], lin(d_inner))?,
+    );
+    Ok(())
 }

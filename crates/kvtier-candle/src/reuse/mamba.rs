@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvtier_core::{KvDtype, LayoutKey, StateGroup};
+use kvtier_core::{KvDtype, LayoutKey};
 
 use super::backend::{Backend, BoundLayout};
 use crate::gemma::argmax;
-use crate::mamba::{D_CONV, D_STATE, MambaModel, decode_state, encode_state, state_len};
+use crate::mamba::{MambaModel, decode_state, encode_state, state_group};
 use crate::{Error, Result};
 
 /// What one Mamba turn did.
@@ -79,11 +79,7 @@ impl MambaRunner {
         );
         key.weights_digest = model.weights_digest().to_owned();
         key.tokenizer_digest = format!("bytes-{}", c.vocab_size);
-        key.state_groups = vec![StateGroup {
-            kind: format!("kvtier-candle/mamba1/f32/d_state{D_STATE}/d_conv{D_CONV}/KVMS1"),
-            num_layers: c.n_layer as u32,
-            state_bytes: state_len(c) as u64,
-        }];
+        key.state_groups = vec![state_group(c)];
         key
     }
 
