@@ -1,6 +1,7 @@
 //! The `model.*` rows of `kvtier bench --models`: time to first token of a prompt whose
-//! 2,048-token prefix is cached, against computing it cold, for Gemma 3 (KV blocks) and
-//! Mamba (a state snapshot); the load's throughput against memcpy of the same bytes; and
+//! 2,048-token prefix is cached, against computing it cold, for Gemma 3 (KV blocks),
+//! Mamba (a state snapshot, or a checkpoint before a divergence) and the hybrid model (KV
+//! blocks and a checkpoint together); the load's throughput against memcpy of the same bytes; and
 //! how much of the load layer-wise loading hides behind the suffix's compute.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use crate::demo::median;
 use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
 use crate::prompts::{system_prompt, user_turn};
-use crate::reuse::{Backend, GemmaRunner, LoadMode, MambaRunner, ServeLauncher};
+use crate::reuse::{Backend, GemmaRunner, HybridRunner, LoadMode, MambaRunner, ServeLauncher};
 use crate::{Error, Result};
 
 /// Tokens of the cached prefix.
@@ -95,6 +96,9 @@ pub fn rows(
     }
     if any(&["model.mamba.checkpoint.ttft.speedup"]) {
         out.extend(mamba_checkpoint_rows(&mamba, cold_samples, hit_samples)?);
+    }
+    if any(&["model.hybrid.ttft.speedup"]) {
+        out.extend(hybrid_rows(cold_samples, hit_samples)?);
     }
     Ok(out)
 }
@@ -367,6 +371,58 @@ fn mamba_checkpoint_rows(
         median(&mut hits),
         "TTFT from the checkpoint before the divergence",
         "cold prefill of the same 2,048 tokens",
+    ))
+}
+
+/// `model.hybrid.*`: the synthetic hybrid (Mamba and attention layers) on a 2,064-token
+/// prompt whose 2,048-token prefix is cached as KV blocks plus the checkpoint after it,
+/// against computing it cold. A hit restores 128 blocks and the state, and reads the
+/// 16-token question.
+fn hybrid_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>> {
+    let model = crate::conversation::hybrid_model(crate::conversation::HYBRID_SEED)?;
+    let mut prompt: Vec<u32> = system_prompt(600)
+        .bytes()
+        .map(u32::from)
+        .take(PREFIX_TOKENS)
+        .collect();
+    if prompt.len() < PREFIX_TOKENS {
+        return Err(Error::Invalid("the hybrid prompt is too short".into()));
+    }
+    let prefix = prompt.clone();
+    prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
+    let engine = Arc::new(kvtier_core::Engine::builder().build()?);
+    let backend = Arc::new(Backend::Embedded(engine));
+    let mut runner = HybridRunner::new(model, backend, CHECKPOINT_EVERY)?;
+    runner.store_kv = false;
+    runner.store_state = false;
+    let mut cold = Vec::new();
+    for _ in 0..cold_samples.max(1) {
+        cold.push(runner.run_turn(&prompt, 1)?.ttft.as_secs_f64() * 1e3);
+    }
+    // A turn over exactly the prefix stores its blocks and the checkpoint at its end.
+    runner.store_kv = true;
+    runner.store_state = true;
+    runner.run_turn(&prefix, 1)?;
+    runner.store_kv = false;
+    runner.store_state = false;
+    let mut hits = Vec::new();
+    for _ in 0..hit_samples.max(1) {
+        let r = runner.run_turn(&prompt, 1)?;
+        if r.reused_tokens != PREFIX_TOKENS {
+            return Err(Error::Invalid(format!(
+                "the hybrid hit reused {} tokens, not {PREFIX_TOKENS}",
+                r.reused_tokens
+            )));
+        }
+        hits.push(r.ttft.as_secs_f64() * 1e3);
+    }
+    Ok(ttft_rows(
+        "model.hybrid.ttft",
+        "model.hybrid.ttft.hit.ms",
+        median(&mut cold),
+        median(&mut hits),
+        "TTFT with 128 KV blocks and the state after them restored",
+        "cold prefill of the same prompt",
     ))
 }
 

@@ -191,9 +191,12 @@ impl Rng {
     }
 }
 
+/// The state after a number of whole blocks, encoded.
+type Checkpoint = (usize, Vec<u8>);
+
 /// Every block of `prompt` and the state at every `every`-token boundary, computed
 /// straight from the model.
-fn parts(prompt: &[u32], every: usize) -> (Vec<Vec<u8>>, Vec<(usize, Vec<u8>)>) {
+fn parts(prompt: &[u32], every: usize) -> (Vec<Vec<u8>>, Vec<Checkpoint>) {
     let m = model();
     let mut state = m.fresh_state().unwrap();
     let mut states = Vec::new();

@@ -71,7 +71,7 @@ impl KvCache {
     /// Appends the tokens of `page` (as [`Self::write_page`] wrote it).
     pub fn append_page(&mut self, page: &[u8]) -> Result<()> {
         let half = page.len() / 2;
-        if page.len() % (2 * 4 * self.width.max(1)) != 0 {
+        if !page.len().is_multiple_of(2 * 4 * self.width.max(1)) {
             return Err(Error::Mismatch(format!(
                 "a KV page of {} bytes for {} floats per token",
                 page.len(),

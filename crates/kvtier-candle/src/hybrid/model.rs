@@ -18,8 +18,15 @@ const NORM_EPS: f64 = 1e-5;
 const ROPE_THETA: f64 = 10_000.0;
 
 enum Layer {
-    Mamba { norm: RmsNorm, mixer: MambaBlock },
-    Attention { norm: RmsNorm, attn: Attention },
+    // Boxed: a Mamba block is three times an attention layer's size.
+    Mamba {
+        norm: RmsNorm,
+        mixer: Box<MambaBlock>,
+    },
+    Attention {
+        norm: RmsNorm,
+        attn: Attention,
+    },
 }
 
 /// The model and what identifies it.
@@ -77,7 +84,7 @@ impl HybridModel {
             layers.push(match kind {
                 LayerKind::Mamba => {
                     // Each Mamba block keeps its state in its own slot of the one State.
-                    let mixer = MambaBlock::new(mamba_index, &mamba, vb.pp("mixer"))?;
+                    let mixer = Box::new(MambaBlock::new(mamba_index, &mamba, vb.pp("mixer"))?);
                     mamba_index += 1;
                     Layer::Mamba { norm, mixer }
                 }
