@@ -136,3 +136,15 @@ if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.kvtier-requirements 2>/dev/nu
     pip_venv --no-deps -r "$py/requirements-vllm.txt"
     printf '%s' "$stamp" > .venv/.kvtier-requirements
 fi
+# SGLang's wheel for the HiCache backend's tests, by hash and without dependencies, in a
+# folder of its own beside the venv's packages (the tests put it on sys.path after them,
+# so the venv's torch is the one used); about 250 MB, reinstalled only when its pins change.
+sgl=.venv/sglang-overlay
+sgl_stamp=$(cat "$py/requirements-sglang.txt")
+if [[ "$(cat "$sgl/.kvtier-requirements" 2>/dev/null)" != "$sgl_stamp" ]]; then
+    echo "setup: installing SGLang for the HiCache tests into $sgl" >&2
+    rm -rf "$sgl"
+    PIP_NO_CACHE_DIR=1 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        --no-deps --require-hashes --target "$sgl" -r "$py/requirements-sglang.txt"
+    printf '%s' "$sgl_stamp" > "$sgl/.kvtier-requirements"
+fi
