@@ -21,6 +21,7 @@ use kvtier_candle::conversation::{logits_difference, ssd_settings};
 use kvtier_candle::hybrid::{HYBRID_TOKENS_PER_BLOCK as TPB, HybridState};
 use kvtier_candle::reuse::{Backend, HybridRunner};
 use kvtier_core::{Engine, ExtraKeys};
+use proptest::prelude::*;
 
 use fixtures::hybrid::{DECODE, assert_same_decode, cached, cold, diverging, model, runner};
 
@@ -173,24 +174,6 @@ fn kv_restored_with_the_state_of_another_boundary_decodes_differently() {
     assert!(m.restore(&short, at_128.state.as_ref().unwrap()).is_err());
 }
 
-/// SplitMix64, for the random cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-}
-
 /// The state after a number of whole blocks, encoded.
 type Checkpoint = (usize, Vec<u8>);
 
@@ -212,89 +195,140 @@ fn parts(prompt: &[u32], every: usize) -> (Vec<Vec<u8>>, Vec<Checkpoint>) {
     (blocks, states)
 }
 
-#[test]
-fn random_partial_stores_are_served_only_where_every_part_is_present() {
+/// What one random case stores and asks for.
+#[derive(Debug, Clone)]
+struct Case {
+    /// The cached prompt (2 to 8 whole blocks and a partial one).
+    prompt: Vec<u32>,
+    /// Blocks of it whose KV is stored (from the start), modulo the blocks plus one.
+    kv_blocks: usize,
+    /// Which checkpoint boundaries (every 2 blocks) get their state stored.
+    kept: Vec<bool>,
+    /// Where the second prompt leaves the first, modulo its length plus one.
+    shared: usize,
+    /// The second prompt's own tail.
+    tail: Vec<u32>,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (2usize..=8, 0usize..TPB)
+        .prop_flat_map(|(blocks, extra)| {
+            (
+                prop::collection::vec(0u32..256, blocks * TPB + extra),
+                any::<usize>(),
+                prop::collection::vec(any::<bool>(), blocks / 2),
+                any::<usize>(),
+                prop::collection::vec(0u32..256, 1..24),
+            )
+        })
+        .prop_map(|(prompt, kv_blocks, kept, shared, tail)| Case {
+            prompt,
+            kv_blocks,
+            kept,
+            shared,
+            tail,
+        })
+}
+
+/// Stores `case`'s parts and runs its second prompt: the turn restores exactly the
+/// deepest boundary where both parts are held (or nothing) and decodes like cold.
+/// Returns whether it restored anything.
+fn run_case(case: &Case) -> bool {
     const EVERY: usize = 2 * TPB;
-    let mut rng = Rng(16);
-    let mut served_somewhere = 0;
-    for case in 0..10 {
-        let n_blocks = rng.range(2, 8);
-        let len = n_blocks * TPB + rng.range(0, TPB - 1);
-        let prompt: Vec<u32> = (0..len).map(|_| rng.range(0, 255) as u32).collect();
-        let (blocks, states) = parts(&prompt, EVERY);
-        let engine = Arc::new(Engine::builder().build().unwrap());
-        let layout = engine
-            .register_layout(HybridRunner::layout_key(&model()))
+    let prompt = &case.prompt;
+    let n_blocks = prompt.len() / TPB;
+    let (blocks, states) = parts(prompt, EVERY);
+    let engine = Arc::new(Engine::builder().build().unwrap());
+    let layout = engine
+        .register_layout(HybridRunner::layout_key(&model()))
+        .unwrap();
+    let mut reader = runner(embedded(&engine), EVERY);
+    reader.store_kv = false;
+    reader.store_state = false;
+    let kv_blocks = case.kv_blocks % (n_blocks + 1);
+    if kv_blocks > 0 {
+        let q = engine
+            .prompt(
+                layout.digest(),
+                &prompt[..kv_blocks * TPB],
+                &ExtraKeys::none(),
+            )
             .unwrap();
-        let mut reader = runner(embedded(&engine), EVERY);
-        reader.store_kv = false;
-        reader.store_state = false;
-        let p = engine
-            .prompt(layout.digest(), &prompt, &ExtraKeys::none())
-            .unwrap();
-        let kv_blocks = rng.range(0, n_blocks);
-        if kv_blocks > 0 {
-            let q = engine
-                .prompt(
-                    layout.digest(),
-                    &prompt[..kv_blocks * TPB],
-                    &ExtraKeys::none(),
-                )
-                .unwrap();
-            let payloads: Vec<&[u8]> = blocks[..kv_blocks].iter().map(Vec::as_slice).collect();
-            assert_eq!(engine.store(&q, &payloads).unwrap().stored, kv_blocks);
-        }
-        let mut kept = Vec::new();
-        for (boundary, blob) in &states {
-            if rng.range(0, 1) == 1 {
-                engine.checkpoint_put(&p, *boundary, blob).unwrap();
-                kept.push(*boundary);
-            }
-        }
-        // A second prompt sharing a random prefix with the first.
-        let shared = rng.range(0, len);
-        let mut second = prompt[..shared].to_vec();
-        if shared < len {
-            second.push((prompt[shared] + 1) % 256);
-        }
-        while second.len() < shared + rng.range(1, 24) {
-            second.push(rng.range(0, 255) as u32);
-        }
-        // Whole blocks of the looked-up part (all but the last token) equal to the
-        // first prompt's.
-        let looked_up = &second[..second.len() - 1];
-        let same_blocks = (0..looked_up.len() / TPB)
-            .take_while(|&b| {
-                (b + 1) * TPB <= prompt.len()
-                    && looked_up[b * TPB..(b + 1) * TPB] == prompt[b * TPB..(b + 1) * TPB]
-            })
-            .count();
-        let expect = kept
-            .iter()
-            .copied()
-            .filter(|&b| b <= kv_blocks.min(same_blocks))
-            .max()
-            .unwrap_or(0);
-        let turn = reader.run_turn(&second, 4).unwrap();
-        let context = format!(
-            "case {case}: {n_blocks} blocks, KV of {kv_blocks}, states at {kept:?}, {same_blocks} shared"
-        );
-        assert_eq!(turn.reused_tokens, expect * TPB, "{context}");
-        assert!(turn.refused.is_none(), "{context}: {:?}", turn.refused);
-        let reference = {
-            let engine = Arc::new(Engine::builder().build().unwrap());
-            let mut r = runner(embedded(&engine), EVERY);
-            r.store_kv = false;
-            r.store_state = false;
-            r.run_turn(&second, 4).unwrap()
-        };
-        assert_same_decode(&turn, &reference);
-        served_somewhere += usize::from(expect > 0);
+        let payloads: Vec<&[u8]> = blocks[..kv_blocks].iter().map(Vec::as_slice).collect();
+        assert_eq!(engine.store(&q, &payloads).unwrap().stored, kv_blocks);
     }
-    assert!(
-        served_somewhere >= 2,
-        "too few cases had a hit to test anything"
+    let p = engine
+        .prompt(layout.digest(), prompt, &ExtraKeys::none())
+        .unwrap();
+    let mut kept = Vec::new();
+    for ((boundary, blob), keep) in states.iter().zip(&case.kept) {
+        if *keep {
+            engine.checkpoint_put(&p, *boundary, blob).unwrap();
+            kept.push(*boundary);
+        }
+    }
+    let shared = case.shared % (prompt.len() + 1);
+    let mut second = prompt[..shared].to_vec();
+    if shared < prompt.len() {
+        second.push((prompt[shared] + 1) % 256);
+    }
+    second.extend(&case.tail);
+    // Whole blocks of the looked-up part (all but the last token) equal to the first
+    // prompt's.
+    let looked_up = &second[..second.len() - 1];
+    let same_blocks = (0..looked_up.len() / TPB)
+        .take_while(|&b| {
+            (b + 1) * TPB <= prompt.len()
+                && looked_up[b * TPB..(b + 1) * TPB] == prompt[b * TPB..(b + 1) * TPB]
+        })
+        .count();
+    let expect = kept
+        .iter()
+        .copied()
+        .filter(|&b| b <= kv_blocks.min(same_blocks))
+        .max()
+        .unwrap_or(0);
+    let turn = reader.run_turn(&second, 4).unwrap();
+    assert_eq!(
+        turn.reused_tokens,
+        expect * TPB,
+        "KV of {kv_blocks} blocks, states at {kept:?}, {same_blocks} blocks shared"
     );
+    assert!(turn.refused.is_none(), "{:?}", turn.refused);
+    let reference = {
+        let engine = Arc::new(Engine::builder().build().unwrap());
+        let mut r = runner(embedded(&engine), EVERY);
+        r.store_kv = false;
+        r.store_state = false;
+        r.run_turn(&second, 4).unwrap()
+    };
+    assert_same_decode(&turn, &reference);
+    expect > 0
+}
+
+proptest! {
+    // Each case runs the model three times over up to 150 tokens: a few dozen cases.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn random_partial_stores_are_served_only_where_every_part_is_present(case in cases()) {
+        run_case(&case);
+    }
+}
+
+#[test]
+fn a_case_with_every_part_held_restores_its_deepest_boundary() {
+    // The property above is only as good as its hits: one case that must restore.
+    let prompt: Vec<u32> = (0..5 * TPB as u32 + 3)
+        .map(|i| (i * 31 + 7) % 256)
+        .collect();
+    let case = Case {
+        tail: vec![1, 2, 3],
+        kept: vec![true, true],
+        kv_blocks: 5,
+        shared: prompt.len(),
+        prompt,
+    };
+    assert!(run_case(&case));
 }
 
 const CHILD_DIR: &str = "KVTIER_TEST_HYBRID_DIR";
