@@ -293,6 +293,19 @@ fn hit_figures(runner: &mut GemmaRunner, prompt: &[u32], samples: usize) -> Resu
     })
 }
 
+/// The byte-token models' cached prefix: the first 2,048 bytes of a system prompt.
+fn byte_prefix() -> Result<Vec<u32>> {
+    let prefix: Vec<u32> = system_prompt(600)
+        .bytes()
+        .map(u32::from)
+        .take(PREFIX_TOKENS)
+        .collect();
+    if prefix.len() < PREFIX_TOKENS {
+        return Err(Error::Invalid("the byte-token prompt is too short".into()));
+    }
+    Ok(prefix)
+}
+
 fn bench_mamba() -> Result<Arc<MambaModel>> {
     let dir = std::env::temp_dir().join(format!("kvtier-bench-mamba-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create the bench directory", e))?;
@@ -317,14 +330,7 @@ fn mamba_checkpoint_rows(
     cold_samples: usize,
     hit_samples: usize,
 ) -> Result<Vec<ModelRow>> {
-    let cached: Vec<u32> = system_prompt(600)
-        .bytes()
-        .map(u32::from)
-        .take(PREFIX_TOKENS)
-        .collect();
-    if cached.len() < PREFIX_TOKENS {
-        return Err(Error::Invalid("the Mamba prompt is too short".into()));
-    }
+    let cached = byte_prefix()?;
     let diverging = |sample: usize| -> Vec<u32> {
         let mut p = cached[..DIVERGE_AT].to_vec();
         let tail = user_turn(sample + 2, sample);
@@ -380,15 +386,8 @@ fn mamba_checkpoint_rows(
 /// 16-token question.
 fn hybrid_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>> {
     let model = crate::conversation::hybrid_model(crate::conversation::HYBRID_SEED)?;
-    let mut prompt: Vec<u32> = system_prompt(600)
-        .bytes()
-        .map(u32::from)
-        .take(PREFIX_TOKENS)
-        .collect();
-    if prompt.len() < PREFIX_TOKENS {
-        return Err(Error::Invalid("the hybrid prompt is too short".into()));
-    }
-    let prefix = prompt.clone();
+    let prefix = byte_prefix()?;
+    let mut prompt = prefix.clone();
     prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
     let backend = Arc::new(Backend::Embedded(engine));
@@ -432,12 +431,8 @@ fn mamba_rows(
     hit_samples: usize,
 ) -> Result<Vec<ModelRow>> {
     let model = model.clone();
-    let text = system_prompt(600);
-    let mut prompt: Vec<u32> = text.bytes().map(u32::from).take(PREFIX_TOKENS).collect();
-    if prompt.len() < PREFIX_TOKENS {
-        return Err(Error::Invalid("the Mamba prompt is too short".into()));
-    }
-    let prefix = prompt.clone();
+    let prefix = byte_prefix()?;
+    let mut prompt = prefix.clone();
     prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
     let mut runner = MambaRunner::new(model, Arc::new(Backend::Embedded(engine)))?;

@@ -15,7 +15,7 @@ use crate::block::Block;
 use crate::errors::{self, invalid};
 use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
-use crate::state::{GroupArg, Restored, groups_of, state_bytes_of};
+use crate::state::{GroupArg, Restored, groups_of};
 
 /// A client of one `kvtier serve` (`url`: `http://HOST:PORT`; `token`: the data token,
 /// when the server requires one).
@@ -91,7 +91,7 @@ impl Client {
         checkpoint_every: Option<u32>,
     ) -> PyResult<Layout> {
         let groups = groups_of(state_groups);
-        let state_bytes = state_bytes_of(&groups);
+        let state_bytes = kvtier_core::StateGroup::total_bytes(&groups);
         let spec = LayoutSpec {
             model_id: model.to_owned(),
             weights_digest: weights_digest.unwrap_or_default(),

@@ -21,7 +21,7 @@ use crate::block::Block;
 use crate::errors::{self, from_core, invalid};
 use crate::input::{Exported, exports_of, payloads_of, room_for, store_report};
 use crate::layout::{Found, Hit, Layout};
-use crate::state::{GroupArg, Restored, groups_of, no_checkpoints_without_state, put_name};
+use crate::state::{GroupArg, Restored, groups_of, put_name};
 
 /// How long `close()` (and a garbage-collected engine) waits for queued writes.
 const CLOSE_WITHIN: Duration = Duration::from_secs(30);
@@ -139,16 +139,9 @@ impl Engine {
         key.state_groups = groups_of(state_groups);
         let engine = self.engine()?;
         let core = engine.register_layout(key).map_err(from_core)?;
-        let every = match (core.has_state(), checkpoint_every) {
-            (false, None) => None,
-            (false, Some(_)) => return Err(no_checkpoints_without_state()),
-            (true, Some(tokens)) => Some(
-                engine
-                    .set_checkpoint_every(core.digest(), tokens as usize)
-                    .map_err(from_core)?,
-            ),
-            (true, None) => Some(engine.checkpoint_every(core.digest()).map_err(from_core)?),
-        };
+        let every = engine
+            .configure_checkpoints(core.digest(), checkpoint_every.map(|t| t as usize))
+            .map_err(from_core)?;
         Ok(Layout::of_core(core, every.map(|t| t as u32)))
     }
 

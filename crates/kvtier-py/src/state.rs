@@ -7,7 +7,6 @@ use kvtier_core::snapshot::SnapshotPut;
 use pyo3::prelude::*;
 
 use crate::block::Block;
-use crate::errors::invalid;
 
 /// One group of recurrent layers as Python names it: `(kind, num_layers, state_bytes)`,
 /// e.g. `("mamba2/bf16/...", 24, 1_572_864)`.
@@ -24,19 +23,6 @@ pub(crate) fn groups_of(groups: Option<Vec<GroupArg>>) -> Vec<kvtier_core::State
             state_bytes,
         })
         .collect()
-}
-
-/// Bytes of the whole state at one boundary: the sum over `groups`.
-pub(crate) fn state_bytes_of(groups: &[kvtier_core::StateGroup]) -> u64 {
-    groups
-        .iter()
-        .fold(0u64, |sum, g| sum.saturating_add(g.state_bytes))
-}
-
-/// The refusal of `checkpoint_every` for a layout without state groups (the engine and
-/// the server refuse it alike).
-pub(crate) fn no_checkpoints_without_state() -> PyErr {
-    invalid("checkpoint_every is a setting of layouts with state groups; this one has none")
 }
 
 /// The Python name of a checkpoint put's outcome.

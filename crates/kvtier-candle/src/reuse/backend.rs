@@ -72,9 +72,8 @@ pub struct Hit {
 #[derive(Debug, Clone)]
 enum HitHandle {
     Engine(Lookup),
-    /// 32 hex digits per block, and the prompt they were looked up for (a restore over
-    /// HTTP looks it up again, reading every part in one request).
-    Served(String, PromptSpec),
+    /// 32 hex digits per block.
+    Served(String),
 }
 
 /// Every part of one boundary a [`Backend::restore`] read, or nothing.
@@ -93,7 +92,7 @@ impl Hit {
     pub fn blocks(&self) -> usize {
         match &self.handle {
             HitHandle::Engine(l) => l.blocks.len(),
-            HitHandle::Served(h, _) => h.len() / 32,
+            HitHandle::Served(h) => h.len() / 32,
         }
     }
 }
@@ -154,7 +153,7 @@ impl Backend {
                 let answer = s.runtime.block_on(s.client.lookup(&spec))?;
                 Ok(Hit {
                     matched_tokens: answer.matched_tokens,
-                    handle: HitHandle::Served(answer.handles, spec),
+                    handle: HitHandle::Served(answer.handles),
                 })
             }
         }
@@ -185,7 +184,7 @@ impl Backend {
                 };
                 Ok(loaded.blocks)
             }
-            (Backend::Served(s), HitHandle::Served(handles, _)) => {
+            (Backend::Served(s), HitHandle::Served(handles)) => {
                 let request = LoadRequest {
                     layout: layout.digest_hex.clone(),
                     handles: handles[..blocks * 32].to_owned(),
@@ -267,28 +266,28 @@ impl Backend {
         }
     }
 
-    /// Reads every part of `hit` (KV blocks and the recurrent state of the same boundary)
-    /// or nothing; see `Engine::restore`.
-    pub fn restore(&self, hit: &Hit) -> Result<RestoredState> {
-        match (self, &hit.handle) {
-            (Backend::Embedded(engine), HitHandle::Engine(lookup)) => {
-                let r = engine.restore(lookup)?;
-                Ok(RestoredState {
-                    blocks: r.blocks,
-                    state: r.state,
-                    tokens: r.tokens,
-                })
+    /// Looks `tokens` up and reads every part of the hit at once (KV blocks and the
+    /// recurrent state of the same boundary), or nothing; see `Engine::restore`. One
+    /// request to a server.
+    pub fn restore(&self, layout: &BoundLayout, tokens: &[u32]) -> Result<RestoredState> {
+        let (blocks, state, tokens) = match self {
+            Backend::Embedded(engine) => {
+                let prompt =
+                    engine.prompt(engine_layout(layout)?.digest(), tokens, &ExtraKeys::none())?;
+                let r = engine.restore(&engine.lookup(&prompt))?;
+                (r.blocks, r.state, r.tokens)
             }
-            (Backend::Served(s), HitHandle::Served(_, prompt)) => {
-                let r = s.runtime.block_on(s.client.restore(prompt))?;
-                Ok(RestoredState {
-                    blocks: r.blocks,
-                    state: r.state,
-                    tokens: r.tokens,
-                })
+            Backend::Served(s) => {
+                let spec = PromptSpec::new(layout.digest_hex.clone(), tokens.to_vec());
+                let r = s.runtime.block_on(s.client.restore(&spec))?;
+                (r.blocks, r.state, r.tokens)
             }
-            _ => Err(Error::Invalid("a hit from another backend".into())),
-        }
+        };
+        Ok(RestoredState {
+            blocks,
+            state,
+            tokens,
+        })
     }
 
     /// Keeps the recurrent state reached after exactly `tokens`.

@@ -154,13 +154,9 @@ impl HybridRunner {
             return Ok(None);
         }
         let t = Instant::now();
-        let hit = self
+        let restored = self
             .backend
-            .lookup(&self.layout, &prompt[..prompt.len() - 1])?;
-        if hit.matched_tokens == 0 {
-            return Ok(None);
-        }
-        let restored = self.backend.restore(&hit)?;
+            .restore(&self.layout, &prompt[..prompt.len() - 1])?;
         let Some(blob) = restored.state.filter(|_| restored.tokens > 0) else {
             return Ok(None);
         };

@@ -197,13 +197,9 @@ impl MambaRunner {
             return Ok(None);
         }
         let t = Instant::now();
-        let hit = self
+        let restored = self
             .backend
-            .lookup(&self.layout, &prompt[..prompt.len() - 1])?;
-        if hit.matched_tokens == 0 {
-            return Ok(None);
-        }
-        let restored = self.backend.restore(&hit)?;
+            .restore(&self.layout, &prompt[..prompt.len() - 1])?;
         let Some(blob) = restored.state else {
             return Ok(None);
         };

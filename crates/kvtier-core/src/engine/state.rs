@@ -97,6 +97,26 @@ impl Engine {
         Ok(every)
     }
 
+    /// Applies a layout registration's checkpoint setting: `tokens`, when given, becomes
+    /// the distance between checkpoints of prompts under `layout`. Returns the distance in
+    /// force, or `None` for a layout without state groups, which has no checkpoints and
+    /// refuses a distance.
+    pub fn configure_checkpoints(
+        &self,
+        layout: LayoutDigest,
+        tokens: Option<usize>,
+    ) -> Result<Option<usize>> {
+        let l = self.layout(layout)?;
+        match (l.has_state(), tokens) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(Error::invalid(
+                "checkpoint_every is a setting of layouts with state groups; this one has none",
+            )),
+            (true, Some(tokens)) => self.set_checkpoint_every(layout, tokens).map(Some),
+            (true, None) => self.checkpoint_every(layout).map(Some),
+        }
+    }
+
     /// The boundaries of `prompt`, in whole blocks, where a checkpoint belongs: every
     /// [`Engine::checkpoint_every`] tokens, up to the prompt's last whole block.
     pub fn checkpoint_boundaries(&self, prompt: &Prompt) -> Result<Vec<usize>> {

@@ -80,6 +80,15 @@ pub struct StateGroup {
     pub state_bytes: u64,
 }
 
+impl StateGroup {
+    /// Bytes of the state of all of `groups` at one boundary (saturating).
+    pub fn total_bytes(groups: &[StateGroup]) -> u64 {
+        groups
+            .iter()
+            .fold(0u64, |sum, g| sum.saturating_add(g.state_bytes))
+    }
+}
+
 impl LayoutKey {
     /// A layout with the given shape, no parallelism, no adapter and no salt. Identity
     /// strings start empty; set them before use (an empty `model_id` is refused).
@@ -113,9 +122,7 @@ impl LayoutKey {
     /// Bytes of the whole recurrent state at one boundary: the sum over the state groups
     /// (0 for an attention-only layout).
     pub fn state_bytes(&self) -> u64 {
-        self.state_groups
-            .iter()
-            .fold(0u64, |sum, g| sum.saturating_add(g.state_bytes))
+        StateGroup::total_bytes(&self.state_groups)
     }
 
     /// Checks every field and returns the block geometry it implies.

@@ -67,30 +67,17 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
             e.message().to_string(),
         )
     })?;
-    let checkpoint_every = if layout.has_state() {
-        let every = match spec.checkpoint_every {
-            Some(tokens) => app
-                .engine
-                .set_checkpoint_every(layout.digest(), tokens as usize),
-            None => app.engine.checkpoint_every(layout.digest()),
-        }
+    let checkpoint_every = app
+        .engine
+        .configure_checkpoints(layout.digest(), spec.checkpoint_every.map(|t| t as usize))
         .map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "bad_layout",
                 e.message().to_string(),
             )
-        })?;
-        Some(every as u32)
-    } else if spec.checkpoint_every.is_some() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "bad_layout",
-            "checkpoint_every is a setting of layouts with state groups; this one has none",
-        ));
-    } else {
-        None
-    };
+        })?
+        .map(|t| t as u32);
     Ok(Json(LayoutInfo {
         layout: layout.digest().to_hex(),
         block_bytes: layout.block_bytes(),
