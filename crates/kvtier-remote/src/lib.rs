@@ -10,13 +10,19 @@
 //! - [`state`]: recurrent-state snapshots and checkpoints as self-verifying state
 //!   objects, found from memory.
 //! - [`IoRuntime`]: the runtime its requests run on, lent by the assembly.
+//! - [`http1`] and [`sigv4`]: the lean HTTP/1.1 client and the signatures its direct
+//!   reads of hits go through (`direct.rs`), one copy from the socket to the served
+//!   buffer.
 
 pub mod catalog;
 mod config;
+mod direct;
+pub mod http1;
 pub mod object;
 pub mod placement;
 mod recv;
 mod runtime;
+pub mod sigv4;
 pub mod state;
 mod tier;
 

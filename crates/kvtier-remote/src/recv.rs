@@ -34,14 +34,33 @@ struct Idle {
 impl RecvPool {
     /// An empty buffer with room for `len` bytes: an idle one if one is large enough.
     pub(crate) fn take(&self, len: usize) -> Vec<u8> {
-        let mut idle = self.idle.lock();
-        if let Some(i) = idle.buffers.iter().position(|b| b.capacity() >= len) {
-            let buf = idle.buffers.swap_remove(i);
-            idle.bytes -= buf.capacity();
-            return buf;
+        let mut buf = self
+            .take_idle(len)
+            .unwrap_or_else(|| Vec::with_capacity(len));
+        buf.clear();
+        buf
+    }
+
+    /// A buffer of exactly `len` bytes to be overwritten: an idle one keeps its old
+    /// contents (only bytes past its last length are zeroed), a new one is zeroed pages
+    /// the kernel maps on first write. Either way no pass over the buffer happens before
+    /// a read fills it.
+    pub(crate) fn take_filled(&self, len: usize) -> Vec<u8> {
+        match self.take_idle(len) {
+            Some(mut buf) => {
+                buf.resize(len, 0);
+                buf
+            }
+            None => vec![0; len],
         }
-        drop(idle);
-        Vec::with_capacity(len)
+    }
+
+    fn take_idle(&self, len: usize) -> Option<Vec<u8>> {
+        let mut idle = self.idle.lock();
+        let i = idle.buffers.iter().position(|b| b.capacity() >= len)?;
+        let buf = idle.buffers.swap_remove(i);
+        idle.bytes -= buf.capacity();
+        Some(buf)
     }
 
     /// `buf` as [`Bytes`] that return it to the pool when the last slice of them drops.
@@ -52,7 +71,7 @@ impl RecvPool {
         })
     }
 
-    fn give_back(&self, mut buf: Vec<u8>) {
+    fn give_back(&self, buf: Vec<u8>) {
         let size = buf.capacity();
         if size > KEEP_ONE {
             return;
@@ -61,7 +80,8 @@ impl RecvPool {
         if idle.bytes + size > KEEP_BYTES {
             return;
         }
-        buf.clear();
+        // Kept at its length: those bytes are initialised, so `take_filled` reuses them
+        // without zeroing.
         idle.bytes += size;
         idle.buffers.push(buf);
     }
@@ -114,6 +134,28 @@ mod tests {
         assert_eq!(again.as_ptr(), ptr, "not reused");
         assert!(again.is_empty());
         assert_eq!(pool.idle_bytes(), 0);
+        drop(pool.freeze(again));
+        let filled = pool.take_filled(3 << 20);
+        assert_eq!(filled.len(), 3 << 20);
+        assert!(filled.iter().all(|b| *b == 0), "a new buffer is zeroed");
+    }
+
+    #[test]
+    fn a_filled_buffer_is_reused_at_any_length() {
+        let pool = Arc::new(RecvPool::default());
+        let mut buf = pool.take_filled(4096);
+        buf.fill(5);
+        let ptr = buf.as_ptr();
+        drop(pool.freeze(buf));
+        let shorter = pool.take_filled(100);
+        assert_eq!((shorter.as_ptr(), shorter.len()), (ptr, 100));
+        drop(pool.freeze(shorter));
+        let longer = pool.take_filled(4096);
+        assert_eq!(longer.len(), 4096);
+        assert!(
+            longer[100..].iter().all(|b| *b == 0),
+            "bytes past the last length are zeroed"
+        );
     }
 
     #[test]

@@ -189,6 +189,40 @@ impl RemoteTier {
     pub fn state_count(&self) -> usize {
         self.states().read().len()
     }
+
+    /// [`SnapshotStore::get_snapshot`]'s read through object_store: the object and the
+    /// CRC-32C of its bytes after the header.
+    fn get_state_via_store(&self, name: &str, endpoint: usize, limit: u64) -> Fetch<(Bytes, u32)> {
+        let store = self.store(endpoint);
+        let path = Path::from(name);
+        let pool = self.recv_pool().clone();
+        self.call(async move {
+            let got = store.get(&path).await?;
+            let too_large = || object_store::Error::Generic {
+                store: "kvtier-remote",
+                source: "a state object larger than any state".into(),
+            };
+            if got.meta.size > limit {
+                return Err(too_large());
+            }
+            // Into a reused receive buffer, as ranged GETs of blocks (see `recv.rs`).
+            let mut buf = pool.take(got.meta.size as usize);
+            // The state's checksum is computed chunk by chunk as the body arrives, while
+            // the next chunk is on its way, not in one pass after the last one.
+            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+            let mut body = got.into_stream();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                if (buf.len() + chunk.len()) as u64 > limit {
+                    return Err(too_large());
+                }
+                let skip = HEADER_BYTES.saturating_sub(buf.len()).min(chunk.len());
+                digest.update(&chunk[skip..]);
+                buf.extend_from_slice(&chunk);
+            }
+            Ok((pool.freeze(buf), digest.finalize() as u32))
+        })
+    }
 }
 
 impl SnapshotStore for RemoteTier {
@@ -241,39 +275,22 @@ impl SnapshotStore for RemoteTier {
         let Some(state) = self.states().read().get(key).cloned() else {
             return Ok(None);
         };
-        let store = self.store(state.endpoint);
-        let path = Path::from(state.name.as_str());
         self.count_get();
-        let pool = self.recv_pool().clone();
-        let read = self.call(async move {
-            let got = store.get(&path).await?;
-            // A body past any state the tier writes is not one of its objects: refused
-            // before anything is allocated for it.
-            let too_large = || object_store::Error::Generic {
-                store: "kvtier-remote",
-                source: "a state object larger than any state".into(),
-            };
-            let limit = MAX_STATE_BYTES + HEADER_BYTES as u64;
-            if got.meta.size > limit {
-                return Err(too_large());
-            }
-            // Into a reused receive buffer, as ranged GETs of blocks (see `recv.rs`).
-            let mut buf = pool.take(got.meta.size as usize);
-            // The state's checksum is computed chunk by chunk as the body arrives, while
-            // the next chunk is on its way, not in one pass after the last one.
-            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-            let mut body = got.into_stream();
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk?;
-                if (buf.len() + chunk.len()) as u64 > limit {
-                    return Err(too_large());
-                }
-                let skip = HEADER_BYTES.saturating_sub(buf.len()).min(chunk.len());
-                digest.update(&chunk[skip..]);
-                buf.extend_from_slice(&chunk);
-            }
-            Ok((pool.freeze(buf), digest.finalize() as u32))
-        });
+        // A body past any state the tier writes is not one of its objects: refused before
+        // anything is allocated for it.
+        let limit = MAX_STATE_BYTES + HEADER_BYTES as u64;
+        let read = match self.direct_for(state.endpoint, &state.name) {
+            Some(direct) => direct
+                .get(
+                    &state.name,
+                    None,
+                    limit,
+                    Some(HEADER_BYTES),
+                    self.recv_pool(),
+                )
+                .map(|got| (self.recv_pool().freeze(got.body), got.crc)),
+            None => self.get_state_via_store(&state.name, state.endpoint, limit),
+        };
         match read {
             Fetch::Got((object, state_crc)) => {
                 match verified_state(&object, key, &state.layout, state_crc) {

@@ -46,6 +46,7 @@ use sha2::{Digest, Sha256};
 
 use crate::catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName};
 use crate::config::RemoteConfig;
+use crate::direct::DirectReader;
 use crate::object::{Manifest, RunObject, crc, data_of, manifest_of, names};
 use crate::placement::{Placement, Target};
 use crate::recv::RecvPool;
@@ -80,6 +81,8 @@ struct Counters {
 pub struct RemoteTier {
     config: RemoteConfig,
     stores: Vec<Arc<dyn ObjectStore>>,
+    /// Direct readers of the endpoints that allow them, by endpoint (`direct.rs`).
+    direct: Vec<Option<DirectReader>>,
     placement: Placement,
     /// Lent by the assembly; this clone keeps it running as long as the tier exists.
     runtime: IoRuntime,
@@ -114,12 +117,26 @@ pub(crate) enum Fetch<T> {
     Failed(CallError),
 }
 
+impl<T> Fetch<T> {
+    /// The answer, changed by `f` if there is one.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Fetch<U> {
+        match self {
+            Self::Got(v) => Fetch::Got(f(v)),
+            Self::Gone => Fetch::Gone,
+            Self::Failed(e) => Fetch::Failed(e),
+        }
+    }
+}
+
 /// Why a remote call failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
     /// The object store answered with an error (after its retries).
     #[error(transparent)]
     Store(object_store::Error),
+    /// A direct read failed (after its retries).
+    #[error(transparent)]
+    Direct(crate::direct::DirectError),
     /// No answer within the deadline.
     #[error("no answer within {0:?}")]
     Deadline(Duration),
@@ -182,10 +199,16 @@ impl RemoteTier {
         for e in &config.endpoints {
             stores.push(Arc::new(build_store(e, &config)?));
         }
+        let direct = config
+            .endpoints
+            .iter()
+            .map(|e| DirectReader::for_endpoint(e, &config))
+            .collect();
         let placement = Placement::new(config.endpoints.iter().map(|e| Target::new(e.id())));
         let tier = Self {
             config,
             stores,
+            direct,
             placement,
             runtime,
             blocks: RwLock::new(HashMap::new()),
@@ -282,6 +305,20 @@ impl RemoteTier {
     }
 
     /// Receive buffers of GETs, reused.
+    /// The direct reader of endpoint `index`, if it may read object `name` (`direct.rs`).
+    pub(crate) fn direct_for(&self, index: usize, name: &str) -> Option<&DirectReader> {
+        self.direct.get(index)?.as_ref().filter(|d| d.reads(name))
+    }
+
+    /// Reads answered by direct readers so far (the rest went through object_store).
+    pub fn direct_reads(&self) -> u64 {
+        self.direct
+            .iter()
+            .flatten()
+            .map(DirectReader::answered)
+            .sum()
+    }
+
     pub(crate) fn recv_pool(&self) -> &Arc<RecvPool> {
         &self.recv
     }
@@ -773,23 +810,30 @@ impl RemoteTier {
         let object = &self.checked(object)?;
         let b = object.block_bytes;
         let bytes_range = range.start as u64 * b..range.end as u64 * b;
-        let store = self.stores[object.target].clone();
-        let path = Path::from(object.data_name.as_str());
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        let pool = self.recv.clone();
-        let want = (bytes_range.end - bytes_range.start) as usize;
-        let get = async move {
-            let options = GetOptions::new().with_range(Some(bytes_range));
-            let mut body = store.get_opts(&path, options).await?.into_stream();
-            // Into a reused buffer (see `recv.rs`); a body longer or shorter than asked
-            // for is caught by the length check below.
-            let mut buf = pool.take(want);
-            while let Some(chunk) = body.next().await {
-                buf.extend_from_slice(&chunk?);
+        let want = bytes_range.end - bytes_range.start;
+        let read = match self.direct_for(object.target, &object.data_name) {
+            Some(direct) => direct
+                .get(&object.data_name, Some(bytes_range), want, None, &self.recv)
+                .map(|got| self.recv.freeze(got.body)),
+            None => {
+                let store = self.stores[object.target].clone();
+                let path = Path::from(object.data_name.as_str());
+                let pool = self.recv.clone();
+                self.call(async move {
+                    let options = GetOptions::new().with_range(Some(bytes_range));
+                    let mut body = store.get_opts(&path, options).await?.into_stream();
+                    // Into a reused buffer (see `recv.rs`); a body longer or shorter than
+                    // asked for is caught by the length check below.
+                    let mut buf = pool.take(want as usize);
+                    while let Some(chunk) = body.next().await {
+                        buf.extend_from_slice(&chunk?);
+                    }
+                    Ok(pool.freeze(buf))
+                })
             }
-            Ok(pool.freeze(buf))
         };
-        match self.call(get) {
+        match read {
             Fetch::Got(bytes) => {
                 if bytes.len() as u64 != (range.end - range.start) as u64 * b {
                     tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");

@@ -254,6 +254,7 @@ fn a_described_object_is_indexed_at_once_and_served_only_after_its_manifest_matc
     assert_eq!(reader.get_run(&hashes).unwrap().len(), 3);
     assert_eq!(reader.record_checks(), (0, 1), "checked once");
     assert_eq!(reader.requests().0, 2, "one ranged GET per load");
+    assert_eq!(reader.direct_reads(), 2, "each one a direct read");
 
     // A record whose digest is not the manifest's: indexed, never served, counted.
     let wrong = ObjectInfo {

@@ -146,6 +146,7 @@ fn a_second_replica_restores_checkpoints_and_snapshots_from_the_bucket() {
     assert_eq!((state.blocks, state.tier), (4, TierKind::Remote));
     assert_eq!(found.blocks.len(), 4);
     let (gets, _) = tier.requests();
+    let direct = tier.direct_reads();
     let restored = b.restore(&found).unwrap();
     assert_eq!(restored.tokens, 4 * TPB);
     assert_eq!(restored.state.as_deref(), Some(&states[1][..]));
@@ -156,6 +157,11 @@ fn a_second_replica_restores_checkpoints_and_snapshots_from_the_bucket() {
         tier.requests().0 - gets,
         2,
         "one ranged GET of the KV run and one GET of the state"
+    );
+    assert_eq!(
+        tier.direct_reads() - direct,
+        2,
+        "both answered by the direct reader, signed, from the gateway"
     );
     // Promoted: restoring again asks the bucket nothing.
     let again = b.restore(&b.lookup(&prompt)).unwrap();

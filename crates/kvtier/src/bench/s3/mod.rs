@@ -3,10 +3,13 @@
 //! S3 server) started here, each beside plain TCP over loopback answering the same
 //! requests with the same bytes, with the same client, in the same run.
 
-pub(crate) mod http;
 pub(crate) mod load;
 pub(crate) mod procs;
-pub(crate) mod sigv4;
+
+/// The client of every S3 request the bench sends: the remote tier's own lean HTTP/1.1
+/// connection and signatures, so a baseline GET costs what the tier's direct read of the
+/// same bytes would without the tier.
+pub(crate) use kvtier_remote::{http1 as http, sigv4};
 
 use std::time::Duration;
 

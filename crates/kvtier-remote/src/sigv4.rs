@@ -1,5 +1,6 @@
-//! AWS Signature Version 4 for the load generator's requests (header form), so the bench
-//! measures what a real client costs the server: a signature check per request.
+//! AWS Signature Version 4, header form: what the tier's direct reads ([`crate::http1`])
+//! sign their GETs with, and what kvtier bench's load generator signs every request with
+//! (so the bench measures what a real client costs the server).
 
 use kvtier_core::hash::hex;
 use sha2::{Digest, Sha256};
