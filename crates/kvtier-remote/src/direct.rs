@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use crate::config::{Endpoint, RemoteConfig};
 use crate::http1::{Conn, is_before_answer};
 use crate::recv::RecvPool;
-use crate::sigv4::{EMPTY_SHA256, Signer, amz_now, sign};
+use crate::sigv4::{EMPTY_SHA256, Signer, request_head};
 use crate::tier::{CallError, Fetch};
 
 /// Idle connections kept per endpoint.
@@ -85,7 +85,6 @@ pub(crate) struct DirectReader {
     addr: String,
     bucket: String,
     signer: Option<Signer>,
-    session_token: Option<String>,
     idle: Mutex<Vec<Conn>>,
     deadline: Duration,
     retries: usize,
@@ -123,6 +122,7 @@ impl DirectReader {
                 access_key,
                 secret_key,
                 region: endpoint.region.clone(),
+                session_token: env("AWS_SESSION_TOKEN"),
             })
         };
         // `host` without a port connects to 80; with one, as written.
@@ -138,7 +138,6 @@ impl DirectReader {
             host: host.to_owned(),
             addr,
             bucket: endpoint.bucket.clone(),
-            session_token: signer.as_ref().and_then(|_| env("AWS_SESSION_TOKEN")),
             signer,
             idle: Mutex::new(Vec::new()),
             deadline: config.deadline,
@@ -298,27 +297,15 @@ impl DirectReader {
     /// The request line and headers of a GET of `name`, signed when credentials are set.
     fn head(&self, name: &str, range: Option<&str>) -> String {
         let path = format!("/{}/{name}", self.bucket);
-        let mut headers: Vec<(&str, &str)> = vec![("host", &self.host)];
-        if let Some(r) = range {
-            headers.push(("range", r));
-        }
-        let mut out = format!("GET {path} HTTP/1.1\r\n");
-        let date;
-        if let Some(signer) = &self.signer {
-            date = amz_now();
-            headers.push(("x-amz-content-sha256", EMPTY_SHA256));
-            headers.push(("x-amz-date", &date));
-            if let Some(token) = &self.session_token {
-                headers.push(("x-amz-security-token", token));
-            }
-            headers.sort_by(|a, b| a.0.cmp(b.0));
-            let auth = sign(signer, "GET", &path, "", &headers, EMPTY_SHA256, &date);
-            out.push_str(&format!("authorization: {auth}\r\n"));
-        }
-        for (n, v) in &headers {
-            out.push_str(&format!("{n}: {v}\r\n"));
-        }
-        out
+        let range: Vec<(&str, &str)> = range.map(|r| ("range", r)).into_iter().collect();
+        request_head(
+            self.signer.as_ref(),
+            "GET",
+            &self.host,
+            &path,
+            &range,
+            EMPTY_SHA256,
+        )
     }
 }
 

@@ -39,6 +39,40 @@ pub struct Signer {
     pub secret_key: String,
     /// Region name (`us-east-1`).
     pub region: String,
+    /// Session token of temporary credentials, sent and signed as `x-amz-security-token`.
+    pub session_token: Option<String>,
+}
+
+/// The request line and headers of `method path` to `host`, with `extra` headers
+/// (lower-case names), signed by `signer` over a body whose SHA-256 is `payload_sha256`
+/// or unsigned without one; each line ends in CRLF, the blank line is left to the sender.
+pub fn request_head(
+    signer: Option<&Signer>,
+    method: &str,
+    host: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    payload_sha256: &str,
+) -> String {
+    let mut headers: Vec<(&str, &str)> = vec![("host", host)];
+    headers.extend_from_slice(extra);
+    let mut out = format!("{method} {path} HTTP/1.1\r\n");
+    let date;
+    if let Some(s) = signer {
+        date = amz_now();
+        headers.push(("x-amz-content-sha256", payload_sha256));
+        headers.push(("x-amz-date", &date));
+        if let Some(token) = &s.session_token {
+            headers.push(("x-amz-security-token", token));
+        }
+        headers.sort_by(|a, b| a.0.cmp(b.0));
+        let auth = sign(s, method, path, "", &headers, payload_sha256, &date);
+        out.push_str(&format!("authorization: {auth}\r\n"));
+    }
+    for (n, v) in &headers {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out
 }
 
 /// `(amz_date, authorization)` for a request. `headers` are the other headers to sign,

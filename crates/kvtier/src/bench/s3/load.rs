@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::http::Conn;
-use super::sigv4::{EMPTY_SHA256, Signer, amz_now, sha256_hex, sign};
+use super::sigv4::{EMPTY_SHA256, Signer, request_head, sha256_hex};
 use crate::bench::measure::pattern;
 
 /// Where to send requests.
@@ -65,6 +65,7 @@ impl Target {
                 access_key: access_key.into(),
                 secret_key: secret_key.into(),
                 region: "us-east-1".into(),
+                session_token: None,
             }),
         }
     }
@@ -113,22 +114,14 @@ pub(crate) fn head(
     extra: &[(&str, &str)],
     payload_sha: &str,
 ) -> String {
-    let mut headers: Vec<(&str, &str)> = vec![("host", conn.host())];
-    headers.extend_from_slice(extra);
-    let mut out = format!("{method} {path} HTTP/1.1\r\n");
-    let date;
-    if let Some(s) = &t.signer {
-        date = amz_now();
-        headers.push(("x-amz-content-sha256", payload_sha));
-        headers.push(("x-amz-date", &date));
-        headers.sort_by(|a, b| a.0.cmp(b.0));
-        let auth = sign(s, method, path, "", &headers, payload_sha, &date);
-        out.push_str(&format!("authorization: {auth}\r\n"));
-    }
-    for (n, v) in &headers {
-        out.push_str(&format!("{n}: {v}\r\n"));
-    }
-    out
+    request_head(
+        t.signer.as_ref(),
+        method,
+        conn.host(),
+        path,
+        extra,
+        payload_sha,
+    )
 }
 
 /// Creates the bucket (if missing) and PUTs every object.

@@ -81,6 +81,7 @@ pub fn run_cli(args: &S3BenchArgs) -> anyhow::Result<()> {
                 access_key: a.clone(),
                 secret_key: s.clone(),
                 region: args.region.clone(),
+                session_token: None,
             }),
             _ => None,
         },
@@ -169,6 +170,7 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         access_key: "kvtier-bench".into(),
         secret_key: format!("secret-{}", std::process::id()),
         region: "us-east-1".into(),
+        session_token: None,
     };
     // The baseline: plain TCP answering the same requests with the same bytes.
     let raw = procs::RawServer::start(64, 256 << 10, 128 << 10)?;
