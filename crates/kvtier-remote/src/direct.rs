@@ -468,8 +468,40 @@ mod tests {
         let start = Instant::now();
         assert!(matches!(get(&r, 8), Fetch::Failed(_)));
         let took = start.elapsed();
-        assert!(took < Duration::from_millis(2500), "took {took:?}");
+        assert!(took < Duration::from_secs(4), "took {took:?}");
         drop(listener);
+    }
+
+    #[test]
+    fn a_body_that_trickles_past_the_deadline_fails_the_read_at_the_deadline() {
+        // Every byte arrives well within a socket timeout; the whole body never does.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let r = reader(&format!("http://{}", listener.local_addr().unwrap()));
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n\r\n");
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(b"x").is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let got = r.get("kv/o.kvo", Some(0..100), 100, None, &RecvPool::default());
+        let took = start.elapsed();
+        assert!(
+            matches!(got, Fetch::Failed(_)),
+            "a trickled body was served"
+        );
+        assert!(
+            took >= Duration::from_millis(1400) && took < Duration::from_secs(4),
+            "took {took:?} for a 1.5 s deadline"
+        );
     }
 
     #[test]
