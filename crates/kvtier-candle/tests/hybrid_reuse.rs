@@ -23,7 +23,8 @@ use kvtier_candle::reuse::{Backend, HybridRunner};
 use kvtier_core::{Engine, ExtraKeys};
 use proptest::prelude::*;
 
-use fixtures::hybrid::{DECODE, assert_same_decode, cached, cold, diverging, model, runner};
+use fixtures::hybrid::{DECODE, assert_same_decode, cold, model, runner};
+use fixtures::{cached, diverging};
 
 const EVERY: usize = 64;
 

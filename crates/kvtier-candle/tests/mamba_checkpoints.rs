@@ -20,21 +20,9 @@ use kvtier_candle::reuse::{Backend, MambaRunner, MambaTurn};
 use kvtier_core::{Engine, ExtraKeys};
 
 use fixtures::mamba::{assert_same_decode, model};
+use fixtures::{cached, diverging};
 
 const EVERY: usize = 64;
-
-/// A cached prompt of 200 byte tokens.
-fn cached() -> Vec<u32> {
-    (0..200u32).map(|i| (i * 37 + 11) % 251).collect()
-}
-
-/// The cached prompt's first 150 tokens, then another 40.
-fn diverging() -> Vec<u32> {
-    let mut p = cached()[..150].to_vec();
-    p.extend((0..40u32).map(|i| (i * 53 + 5) % 241));
-    assert_ne!(p[150], cached()[150]);
-    p
-}
 
 /// `prompt` computed from nothing, with no cache.
 fn cold(prompt: &[u32]) -> MambaTurn {

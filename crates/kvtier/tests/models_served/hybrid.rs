@@ -9,7 +9,8 @@ use kvtier_candle::reuse::Backend;
 use kvtier_node::Settings;
 use kvtier_server::LocalServer;
 
-use crate::fixtures::hybrid::{DECODE, assert_same_decode, cached, cold, diverging, runner};
+use crate::fixtures::hybrid::{DECODE, assert_same_decode, cold, runner};
+use crate::fixtures::{cached, diverging};
 use crate::gateway::{ACCESS, Gateway, SECRET};
 
 const EVERY: usize = 64;
