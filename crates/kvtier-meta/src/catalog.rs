@@ -43,6 +43,8 @@ pub struct ClusterCatalog {
     sequence: AtomicU64,
     replayed: Arc<tokio::sync::Notify>,
     ready: Arc<std::sync::atomic::AtomicBool>,
+    /// True once the state follower's first full read was applied.
+    states_ready: Arc<std::sync::atomic::AtomicBool>,
     slow_consumer: Duration,
     /// A test hook: while true, the follower applies no watch response (a stalled
     /// consumer: etcd's buffers for it fill and etcd parks its watcher).
@@ -113,6 +115,7 @@ impl ClusterCatalog {
             sequence: AtomicU64::new(start),
             replayed: Arc::new(tokio::sync::Notify::new()),
             ready: Arc::default(),
+            states_ready: Arc::default(),
             slow_consumer,
             hold: tokio::sync::watch::Sender::new(false),
             view: Arc::new(View::default()),
@@ -179,7 +182,8 @@ impl ClusterCatalog {
             states: false,
         };
         // State advertisements have a follower of their own (another prefix, another
-        // watch); its replay is not part of `replayed`, and nothing re-indexes states.
+        // watch) writing into the same view, so the GC weighs runs and states together;
+        // its replay is not part of `replayed`, and nothing re-indexes states.
         let (_, no_reindex) = mpsc::unbounded_channel();
         let state_follower = Follower {
             reindex: no_reindex,
@@ -191,14 +195,16 @@ impl ClusterCatalog {
             hold: self.hold.subscribe(),
             applied: Applied::default(),
             replayed: Arc::new(tokio::sync::Notify::new()),
-            ready: Arc::default(),
-            view: Arc::new(View::default()),
+            ready: self.states_ready.clone(),
+            view: self.view.clone(),
             states: true,
         };
         let state_publisher = StatePublisher {
             tier: weak.clone(),
             member: self.member.clone(),
             stats: self.stats.clone(),
+            namespace: self.config.namespace.clone(),
+            priority: self.config.priority,
         };
         let publisher = Publisher {
             tier: weak.clone(),
@@ -215,7 +221,7 @@ impl ClusterCatalog {
             stats: self.stats.clone(),
             config: self.config.clone(),
             wall_ms: wall_ms.clone(),
-            ready: self.ready.clone(),
+            ready: [self.ready.clone(), self.states_ready.clone()],
         });
         let mut tasks = self.tasks.lock();
         let (member, clock) = (self.member.clone(), self.clock.clone());
@@ -298,7 +304,7 @@ impl ClusterCatalog {
         else {
             return Ok(Withdrawal::Unknown);
         };
-        if seen.advert.object != manifest {
+        if seen.advert.object() != manifest {
             return Ok(Withdrawal::Unknown);
         }
         let now = self.clock.wall_unix_ms();
@@ -343,7 +349,7 @@ impl ClusterCatalog {
             self.tier.lock().clone(),
         );
         let client = self.connected();
-        let (object, at_ms) = (ours.advert.object.clone(), ours.at_ms);
+        let (object, at_ms) = (ours.of.object().to_owned(), ours.at_ms);
         let mut tasks = self.tasks.lock();
         tasks.retain(|t| !t.is_finished());
         tasks.push(self.runtime.spawn(async move {
@@ -353,12 +359,12 @@ impl ClusterCatalog {
             // Only this withdrawal's tombstone: the run may have been advertised and
             // withdrawn again since, under a tombstone whose grace is its own.
             if let Ok(Some((t, revision))) = gc::read_tombstone(&mut client, &tombstone_key).await
-                && t.advert.object == object
+                && t.of.object() == object
                 && t.at_ms == at_ms
                 && let Err(why) =
                     gc::finish(&mut client, &tier, &stats, &tombstone_key, &t, revision).await
             {
-                tracing::warn!(object = %t.advert.object, reason = %why, "cannot delete a withdrawn object yet; the GC leader retries");
+                tracing::warn!(object = %t.of.object(), reason = %why, "cannot delete a withdrawn object yet; the GC leader retries");
             }
         }));
     }

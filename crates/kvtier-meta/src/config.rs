@@ -54,7 +54,7 @@ impl ClusterConfig {
             replica: replica.to_string(),
             lease_ttl: Duration::from_secs(10),
             queue: 16_384,
-            namespace: "default".into(),
+            namespace: crate::record::DEFAULT_NAMESPACE.into(),
             priority: Priority::Normal,
             gc_grace: Duration::from_secs(30),
             gc_leader: true,
@@ -80,6 +80,12 @@ impl ClusterConfig {
         if !plain(&self.replica) {
             return Err(format!(
                 "replica id `{}` must be 1 to 64 characters of [a-z0-9_-]",
+                self.replica
+            ));
+        }
+        if self.replica == crate::record::UNOWNED {
+            return Err(format!(
+                "replica id `{}` is reserved for objects whose writer is unknown",
                 self.replica
             ));
         }
@@ -146,5 +152,10 @@ mod tests {
         assert!(c.check().is_ok());
         c.replica = "R.1".into();
         assert!(c.check().is_err());
+        c.replica = crate::record::UNOWNED.into();
+        assert!(
+            c.check().is_err(),
+            "a replica took the id of unknown writers"
+        );
     }
 }

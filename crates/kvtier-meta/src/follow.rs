@@ -17,7 +17,7 @@ use etcd_client::{Client, EventType, WatchOptions};
 use kvtier_core::snapshot::SnapshotKey;
 use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 
-use crate::record::{Advert, StateAdvert};
+use crate::record::{Advert, Advertised, StateAdvert};
 use crate::stats::{ClusterStats, bump};
 use crate::status::{MAX_MESSAGE, read_pages};
 use crate::view::View;
@@ -147,7 +147,8 @@ impl Follower {
             for key in gone {
                 self.apply_delete(&tier, &key);
             }
-            self.view.retain(|k| seen.contains(k));
+            self.view
+                .retain_under(self.prefix.as_bytes(), |k| seen.contains(k));
         }
         Some(revision)
     }
@@ -240,7 +241,7 @@ impl Follower {
         check_now: bool,
     ) -> bool {
         if self.states {
-            return self.apply_state(tier, key, value);
+            return self.apply_state(tier, key, value, revision);
         }
         let advert: Advert = match serde_json::from_slice(value) {
             Ok(a) => a,
@@ -265,20 +266,20 @@ impl Follower {
                     self.stats.advertise_lag_ms.store(lag, Ordering::Relaxed);
                 }
                 self.applied.known.insert(key.to_vec(), name);
-                self.view.put(key, advert, revision);
+                self.view.put(key, Advertised::Run(advert), revision);
                 return true;
             }
         }
         let info = match advert.describe(tier) {
             Ok(i) => i,
             Err(why) => {
-                self.view.put(key, advert, revision);
+                self.view.put(key, Advertised::Run(advert), revision);
                 bump(&self.stats.records_refused);
                 tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "not adopting an advertisement");
                 return false;
             }
         };
-        self.view.put(key, advert, revision);
+        self.view.put(key, Advertised::Run(advert), revision);
         match tier.adopt_described(&info) {
             Adopted::Blocks(_) => {
                 // Not served before (objects already served took the path above): its
@@ -309,7 +310,7 @@ impl Follower {
         let Some(info) = self
             .view
             .get(key)
-            .and_then(|s| s.advert.describe(&tier).ok())
+            .and_then(|s| s.advert.run()?.describe(&tier).ok())
         else {
             return;
         };
@@ -330,27 +331,52 @@ impl Follower {
     }
 
     /// Serves the state object a state advertisement names (its first read verifies
-    /// it); a record this build cannot use withdraws whatever the key named before.
-    fn apply_state(&mut self, tier: &Arc<RemoteTier>, key: &[u8], value: &[u8]) -> bool {
-        let state = serde_json::from_slice::<StateAdvert>(value)
-            .map_err(|e| e.to_string())
-            .and_then(|a| a.describe(tier));
-        match state {
-            Ok(state) if tier.adopt_state(&state) => {
-                bump(&self.stats.states_adopted);
-                self.applied.states.insert(key.to_vec(), state.key);
-                true
-            }
-            Ok(state) => {
+    /// it); a record this build cannot use withdraws whatever the key named before. Every
+    /// record that parses joins the view, served or not, so the GC weighs it.
+    fn apply_state(
+        &mut self,
+        tier: &Arc<RemoteTier>,
+        key: &[u8],
+        value: &[u8],
+        revision: i64,
+    ) -> bool {
+        let advert = match serde_json::from_slice::<StateAdvert>(value) {
+            Ok(a) => a,
+            Err(e) => {
                 bump(&self.stats.records_refused);
-                tracing::warn!(key = %String::from_utf8_lossy(key), object = %state.name, "the remote tier refused a state advertisement");
+                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "a state advertisement is not a record this build reads");
                 self.apply_delete(tier, key);
-                false
+                return false;
+            }
+        };
+        let state = advert.describe(tier);
+        let previous = self.applied.states.remove(key);
+        self.view.put(key, Advertised::State(advert), revision);
+        let adopted = match state {
+            Ok(state) if tier.adopt_state(&state) => Some(state.key),
+            Ok(state) => {
+                tracing::warn!(key = %String::from_utf8_lossy(key), object = %state.name, "the remote tier refused a state advertisement");
+                None
             }
             Err(why) => {
-                bump(&self.stats.records_refused);
                 tracing::warn!(key = %String::from_utf8_lossy(key), reason = %why, "not adopting a state advertisement");
-                self.apply_delete(tier, key);
+                None
+            }
+        };
+        // Whatever the key named before is no longer vouched for, unless it is the same.
+        if let Some(old) = previous
+            && Some(old) != adopted
+        {
+            tier.forget_state(&old);
+        }
+        match adopted {
+            Some(state) => {
+                bump(&self.stats.states_adopted);
+                self.applied.states.insert(key.to_vec(), state);
+                true
+            }
+            None => {
+                bump(&self.stats.records_refused);
                 false
             }
         }

@@ -1,4 +1,5 @@
-//! Two-phase deletion of shared objects (docs/cluster.md, "Deleting").
+//! Two-phase deletion of shared objects, runs and state objects alike (docs/cluster.md,
+//! "Deleting").
 //!
 //! Replicas read objects without telling anyone (no reader leases), so an object may be
 //! deleted only once no read of it can still be running:
@@ -13,7 +14,8 @@
 //!    the withdrawal have finished or given up.
 //! 3. **Delete**: the manifest first (the commit point: without it nobody adopts the
 //!    object), then the data, then the tombstone (while it exists no replica can
-//!    advertise the run again). Anyone may finish a due tombstone — the deleter, or the
+//!    advertise the run again). A state object is one object: it goes, then its
+//!    tombstone. Anyone may finish a due tombstone — the deleter, or the
 //!    leader for a deleter that died — and finishing twice is harmless.
 
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use kvtier_remote::RemoteTier;
 
 use crate::member::{Identity, Membership};
-use crate::record::{Advert, RECORD_VERSION, Tombstone};
+use crate::record::{Advert, Advertised, RECORD_VERSION, Tombstone};
 use crate::stats::{ClusterStats, add, bump};
 use crate::view::Seen;
 
@@ -79,7 +81,7 @@ impl Reason {
     }
 }
 
-/// Reads the advertisement under `key`, with its revision.
+/// Reads the run advertisement under `key`, with its revision.
 pub(crate) async fn read_advert(
     client: &mut Client,
     key: &str,
@@ -89,7 +91,7 @@ pub(crate) async fn read_advert(
         serde_json::from_slice::<Advert>(kv.value())
             .ok()
             .map(|advert| Seen {
-                advert,
+                advert: Advertised::Run(advert),
                 revision: kv.mod_revision(),
             })
     }))
@@ -110,8 +112,8 @@ pub(crate) async fn withdraw(
     };
     let mut when = match authority {
         Authority::Owner(id) => {
-            if seen.advert.owner != member.replica {
-                return Ok(Withdrawal::NotOwner(seen.advert.owner.clone()));
+            if seen.advert.owner() != member.replica {
+                return Ok(Withdrawal::NotOwner(seen.advert.owner().to_owned()));
             }
             member.fence(*id)
         }
@@ -124,7 +126,7 @@ pub(crate) async fn withdraw(
             if reason == Reason::Orphan {
                 // The owner must still be gone when the withdrawal lands.
                 when.push(Compare::version(
-                    member.keys.member(&seen.advert.owner),
+                    member.keys.member(seen.advert.owner()),
                     CompareOp::Equal,
                     0,
                 ));
@@ -140,7 +142,7 @@ pub(crate) async fn withdraw(
     ));
     let tombstone = Tombstone {
         v: RECORD_VERSION,
-        advert: seen.advert.clone(),
+        of: seen.advert.clone(),
         by: member.replica.clone(),
         generation: match authority {
             Authority::Owner(id) => id.generation,
@@ -195,13 +197,20 @@ pub(crate) async fn finish(
     tombstone: &Tombstone,
     revision: i64,
 ) -> Result<u64, String> {
-    let info = tombstone.advert.describe(tier)?;
     let t = tier.clone();
-    let name = info.name.clone();
-    tokio::task::spawn_blocking(move || t.delete(&name))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    match &tombstone.of {
+        Advertised::Run(advert) => {
+            let name = advert.describe(tier)?.name;
+            tokio::task::spawn_blocking(move || t.delete(&name).map(drop))
+        }
+        Advertised::State(advert) => {
+            let state = advert.describe(tier)?;
+            tokio::task::spawn_blocking(move || t.delete_state(&state))
+        }
+    }
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
     let txn = Txn::new()
         .when(vec![Compare::mod_revision(
             tombstone_key,
@@ -211,10 +220,10 @@ pub(crate) async fn finish(
         .and_then(vec![TxnOp::delete(tombstone_key, None)]);
     let done = client.txn(txn).await.map_err(|e| e.to_string())?;
     if done.succeeded() {
-        let bytes = tombstone.advert.bytes();
+        let bytes = tombstone.of.bytes();
         bump(&stats.gc_deleted);
         add(&stats.gc_bytes, bytes);
-        tracing::info!(object = %tombstone.advert.object, reason = %tombstone.reason, bytes, "deleted a withdrawn object");
+        tracing::info!(object = %tombstone.of.object(), reason = %tombstone.reason, bytes, "deleted a withdrawn object");
         Ok(bytes)
     } else {
         // Someone else finished it first (the object is gone either way).

@@ -7,6 +7,7 @@
 //! | `ROOT/members/REPLICA` | a [`crate::record::Member`] | yes: liveness only |
 //! | `ROOT/generations/REPLICA` | the replica's generation, decimal | no |
 //! | `ROOT/states/LAYOUT/KEY` | a [`crate::record::StateAdvert`] | no: a state object outlives its writer |
+//! | `ROOT/tombstones/states/LAYOUT/KEY` | a [`crate::record::Tombstone`] of a state object | no |
 //!
 //! A run (layout, first and last block) has at most one record: the object key names the
 //! run, not the object, so the publish transaction can require that no other replica
@@ -110,11 +111,16 @@ impl Keys {
         ))
     }
 
-    /// The tombstone key that goes with an advertisement key.
-    pub fn tombstone_of(&self, object_key: &str) -> Option<String> {
-        object_key
-            .strip_prefix(&self.objects())
-            .map(|run| format!("{}{run}", self.tombstones()))
+    /// The tombstone key that goes with an advertisement key, of a run or a state object.
+    /// A state's sits under `tombstones/states/`: no layout digest is spelled `states`,
+    /// so it never meets a run's.
+    pub fn tombstone_of(&self, advert_key: &str) -> Option<String> {
+        if let Some(run) = advert_key.strip_prefix(&self.objects()) {
+            return Some(format!("{}{run}", self.tombstones()));
+        }
+        advert_key
+            .strip_prefix(&self.states())
+            .map(|state| format!("{}states/{state}", self.tombstones()))
     }
 
     /// A replica's member key.
@@ -156,6 +162,11 @@ mod tests {
         assert!(object.starts_with("kvtier/c1/objects/01010101"));
         assert_eq!(k.tombstone_of(&object), Some(k.tombstone(&l, &f, &t)));
         assert_eq!(k.tombstone_of("kvtier/c2/objects/x"), None);
+        let key = kvtier_core::snapshot::SnapshotKey([4; 32]);
+        let state = k.state(&l, &key);
+        let state_tombstone = k.tombstone_of(&state).unwrap_or_default();
+        assert!(state_tombstone.starts_with(&format!("{}states/01010101", k.tombstones())));
+        assert!(state_tombstone.ends_with(&"04".repeat(32)));
         assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
         let manifest = format!(
             "kv/{}/{}-{}.w.a.1.7.kvm",

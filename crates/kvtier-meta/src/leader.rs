@@ -9,6 +9,10 @@
 //! - **budgets**: a namespace over its byte budget is shrunk oldest first; pinned objects
 //!   are never chosen.
 //!
+//! Run objects and state objects (recurrent-state snapshots and checkpoints) are weighed
+//! together: both kinds of advertisement carry an owner, a namespace, a priority, an age
+//! and a size, and both are withdrawn and deleted the same two-phase way.
+//!
 //! Every action is a transaction that compares the leader's election key and the
 //! record's revision, and finishing a tombstone is idempotent: a leader that dies
 //! mid-sweep leaves nothing half done that its successor cannot finish, and a deposed
@@ -58,9 +62,10 @@ pub(crate) struct Leader {
     pub(crate) stats: Arc<ClusterStats>,
     pub(crate) config: ClusterConfig,
     pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
-    /// True once the follower's first full read is applied: before that the view is
-    /// partial, and judging budgets or orphans from it could pick the wrong objects.
-    pub(crate) ready: Arc<AtomicBool>,
+    /// True once each follower's (runs', states') first full read is applied: before
+    /// that the view is partial, and judging budgets or orphans from it could pick the
+    /// wrong objects.
+    pub(crate) ready: [Arc<AtomicBool>; 2],
 }
 
 impl Leader {
@@ -134,7 +139,7 @@ impl Leader {
         let Some(tier) = self.tier.upgrade() else {
             return;
         };
-        if !self.ready.load(Ordering::SeqCst) {
+        if !self.ready.iter().all(|r| r.load(Ordering::SeqCst)) {
             return;
         }
         let authority = Authority::Leader {
@@ -159,9 +164,9 @@ impl Leader {
             // Only the records of absent owners are copied out of the view.
             let orphans = self
                 .view
-                .select(|k, s| !live.contains(&s.advert.owner) && !withdrawn.contains_key(k));
+                .select(|k, s| !live.contains(s.advert.owner()) && !withdrawn.contains_key(k));
             for (k, seen) in &orphans {
-                let since = *absent.entry(seen.advert.owner.clone()).or_insert(now);
+                let since = *absent.entry(seen.advert.owner().to_owned()).or_insert(now);
                 if now.saturating_sub(since) >= self.config.orphan_after.as_millis() as u64
                     && self
                         .withdraw(client, &authority, k, seen, Reason::Orphan)
@@ -173,8 +178,9 @@ impl Leader {
             }
         }
         for (namespace, budget) in &self.config.budgets {
-            let counted =
-                |k: &[u8], s: &Seen| &s.advert.namespace == namespace && !withdrawn.contains_key(k);
+            let counted = |k: &[u8], s: &Seen| {
+                s.advert.namespace() == namespace && !withdrawn.contains_key(k)
+            };
             let mut total = self.view.bytes(counted);
             if total <= *budget {
                 continue;
@@ -182,8 +188,8 @@ impl Leader {
             // Over budget: the candidates, oldest first (pinned objects never are).
             let mut candidates = self
                 .view
-                .select(|k, s| counted(k, s) && s.advert.priority != Priority::Pinned);
-            candidates.sort_by(|a, b| (a.1.advert.ts_ms, &a.0).cmp(&(b.1.advert.ts_ms, &b.0)));
+                .select(|k, s| counted(k, s) && s.advert.priority() != Priority::Pinned);
+            candidates.sort_by(|a, b| (a.1.advert.ts_ms(), &a.0).cmp(&(b.1.advert.ts_ms(), &b.0)));
             for (k, seen) in &candidates {
                 if total <= *budget {
                     break;
@@ -262,7 +268,7 @@ impl Leader {
         .await?;
         for (key, t, revision) in due {
             if let Err(why) = gc::finish(client, tier, &self.stats, &key, &t, revision).await {
-                tracing::warn!(object = %t.advert.object, reason = %why, "GC sweep: cannot delete a withdrawn object yet");
+                tracing::warn!(object = %t.of.object(), reason = %why, "GC sweep: cannot delete a withdrawn object yet");
             }
         }
         Ok(())

@@ -8,6 +8,12 @@
 //!   never landed — is deleted once it is older than the bound, so a write still in flight
 //!   is never taken for debris.
 //!
+//! - A state object (snapshot or checkpoint) nobody advertised — the writer's queue was
+//!   full, or it died between its PUT and its record — is advertised as `unowned`: budgets
+//!   count it from then on, and the GC leader reclaims it as an orphan after
+//!   `orphan_after` (a state object's name carries no writer). It verifies itself on every
+//!   read, so it is not read here.
+//!
 //! Tombstoned objects are left to the GC.
 
 use std::collections::HashSet;
@@ -16,11 +22,12 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use kvtier_remote::object::{data_of, manifest_of};
-use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier};
+use kvtier_remote::state::HEADER_BYTES;
+use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier, StateName};
 use serde::Serialize;
 
 use crate::keys::Keys;
-use crate::record::{Advert, Tombstone};
+use crate::record::{Advert, Priority, RECORD_VERSION, StateAdvert, Tombstone, UNOWNED};
 use crate::status::read_pages;
 
 /// The catalog of a tier opened only to survey its bucket: it adopts nothing at open.
@@ -48,6 +55,10 @@ pub struct Report {
     pub young: u64,
     /// Objects waiting in a tombstone (the GC's).
     pub tombstoned: u64,
+    /// State objects among the advertised ones (`advertised` counts them too).
+    pub states_advertised: u64,
+    /// State objects advertised by this run (`readvertised` counts them too).
+    pub states_readvertised: u64,
 }
 
 /// How reconcile runs.
@@ -91,12 +102,21 @@ pub async fn reconcile(
     })
     .await
     .map_err(|e| e.to_string())?;
+    read_pages(client, &keys.states(), |kvs| {
+        advertised.extend(
+            kvs.iter()
+                .filter_map(|kv| serde_json::from_slice::<StateAdvert>(kv.value()).ok())
+                .filter_map(|a| place(&a.endpoint, &a.object)),
+        );
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     let mut tombstoned: HashSet<(usize, String)> = HashSet::new();
     read_pages(client, &keys.tombstones(), |kvs| {
         tombstoned.extend(
             kvs.iter()
                 .filter_map(|kv| serde_json::from_slice::<Tombstone>(kv.value()).ok())
-                .filter_map(|t| place(&t.advert.endpoint, &t.advert.object)),
+                .filter_map(|t| place(t.of.endpoint(), t.of.object())),
         );
     })
     .await
@@ -111,6 +131,19 @@ pub async fn reconcile(
         ..Report::default()
     };
     for object in &listed {
+        if let Some(state) = tier.state_of(object) {
+            let place = (state.endpoint, state.name.clone());
+            if advertised.contains(&place) {
+                report.advertised += 1;
+                report.states_advertised += 1;
+            } else if tombstoned.contains(&place) {
+                report.tombstoned += 1;
+            } else if advertise_state(client, tier, &keys, &state, object.size, options).await? {
+                report.readvertised += 1;
+                report.states_readvertised += 1;
+            }
+            continue;
+        }
         let manifest = if object.name.ends_with(".kvm") {
             object.name.clone()
         } else if let Some(m) = manifest_of(&object.name) {
@@ -167,6 +200,77 @@ pub async fn reconcile(
     Ok(report)
 }
 
+/// Advertises the state object `state` (`size` bytes in the bucket) as `unowned` if its
+/// key has neither record nor tombstone; true if it is advertised now (or would be, with
+/// `dry_run`).
+async fn advertise_state(
+    client: &mut Client,
+    tier: &RemoteTier,
+    keys: &Keys,
+    state: &StateName,
+    size: u64,
+    options: &Options,
+) -> Result<bool, String> {
+    let key = keys.state(&state.layout, &state.key);
+    let (Some(endpoint), Some(tombstone)) =
+        (tier.endpoint_id(state.endpoint), keys.tombstone_of(&key))
+    else {
+        return Ok(false);
+    };
+    let advert = StateAdvert {
+        v: RECORD_VERSION,
+        object: state.name.clone(),
+        endpoint,
+        layout: state.layout.to_hex(),
+        key: kvtier_core::hash::hex(&state.key.0),
+        bytes: size.saturating_sub(HEADER_BYTES as u64),
+        owner: UNOWNED.into(),
+        generation: 0,
+        priority: Priority::Normal,
+        namespace: options.namespace.clone(),
+        ts_ms: options.now_ms,
+    };
+    put_if_free(client, &key, &tombstone, &advert, options.dry_run).await
+}
+
+/// Writes `record` under `key` if neither it nor `tombstone` exists (with `dry_run`, only
+/// says whether `key` is free).
+async fn put_if_free(
+    client: &mut Client,
+    key: &str,
+    tombstone: &str,
+    record: &impl Serialize,
+    dry_run: bool,
+) -> Result<bool, String> {
+    if dry_run {
+        let free = client
+            .get(key, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .kvs()
+            .is_empty();
+        return Ok(free);
+    }
+    let txn = Txn::new()
+        .when(vec![
+            Compare::version(key, CompareOp::Equal, 0),
+            Compare::version(tombstone, CompareOp::Equal, 0),
+        ])
+        .and_then(vec![TxnOp::put(
+            key,
+            serde_json::to_string(record).unwrap_or_default(),
+            None,
+        )]);
+    let done = client.txn(txn).await.map_err(|e| e.to_string())?;
+    if done.succeeded() {
+        tracing::info!(
+            key,
+            "reconcile: advertised an object its writer never advertised"
+        );
+    }
+    Ok(done.succeeded())
+}
+
 /// Advertises `info` under its writer's name if its run has neither record nor tombstone;
 /// true if it is advertised now (or would be, with `dry_run`).
 async fn advertise(
@@ -190,7 +294,7 @@ async fn advertise(
         .rsplit_once(".w.")
         .and_then(|(_, t)| t.strip_suffix(".kvm"));
     let mut parts = tag.unwrap_or("").split('.');
-    let owner = parts.next().filter(|o| !o.is_empty()).unwrap_or("unowned");
+    let owner = parts.next().filter(|o| !o.is_empty()).unwrap_or(UNOWNED);
     let generation = parts.next().and_then(|g| g.parse().ok()).unwrap_or(0);
     let advert = Advert::of(
         info,
@@ -200,28 +304,5 @@ async fn advertise(
         &options.namespace,
         options.now_ms,
     );
-    if options.dry_run {
-        let free = client
-            .get(key.as_str(), None)
-            .await
-            .map_err(|e| e.to_string())?
-            .kvs()
-            .is_empty();
-        return Ok(free);
-    }
-    let txn = Txn::new()
-        .when(vec![
-            Compare::version(key.as_str(), CompareOp::Equal, 0),
-            Compare::version(tombstone.as_str(), CompareOp::Equal, 0),
-        ])
-        .and_then(vec![TxnOp::put(
-            key.as_str(),
-            serde_json::to_string(&advert).unwrap_or_default(),
-            None,
-        )]);
-    let done = client.txn(txn).await.map_err(|e| e.to_string())?;
-    if done.succeeded() {
-        tracing::info!(object = %info.name.manifest, owner, "reconcile: advertised an object its writer never advertised");
-    }
-    Ok(done.succeeded())
+    put_if_free(client, &key, &tombstone, &advert, options.dry_run).await
 }

@@ -72,14 +72,95 @@ pub struct Advert {
     pub ts_ms: u64,
 }
 
-/// A run being deleted: written in the same transaction that withdraws its advertisement;
-/// the object is deleted after the grace window, then the tombstone.
+/// Either kind of advertisement, as the GC weighs them: owner, namespace, priority, age
+/// and size mean the same for both, so one budget and one orphan rule cover runs and
+/// states together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Advertised {
+    /// A run object's advertisement (under `ROOT/objects/`).
+    #[serde(rename = "advert")]
+    Run(Advert),
+    /// A state object's advertisement (under `ROOT/states/`).
+    #[serde(rename = "state")]
+    State(StateAdvert),
+}
+
+impl Advertised {
+    /// The object's name.
+    pub fn object(&self) -> &str {
+        match self {
+            Self::Run(a) => &a.object,
+            Self::State(s) => &s.object,
+        }
+    }
+
+    /// The endpoint holding it, by id.
+    pub fn endpoint(&self) -> &str {
+        match self {
+            Self::Run(a) => &a.endpoint,
+            Self::State(s) => &s.endpoint,
+        }
+    }
+
+    /// The replica that wrote it.
+    pub fn owner(&self) -> &str {
+        match self {
+            Self::Run(a) => &a.owner,
+            Self::State(s) => &s.owner,
+        }
+    }
+
+    /// Its budget namespace.
+    pub fn namespace(&self) -> &str {
+        match self {
+            Self::Run(a) => &a.namespace,
+            Self::State(s) => &s.namespace,
+        }
+    }
+
+    /// Its budget class.
+    pub fn priority(&self) -> Priority {
+        match self {
+            Self::Run(a) => a.priority,
+            Self::State(s) => s.priority,
+        }
+    }
+
+    /// When it was advertised, Unix milliseconds.
+    pub fn ts_ms(&self) -> u64 {
+        match self {
+            Self::Run(a) => a.ts_ms,
+            Self::State(s) => s.ts_ms,
+        }
+    }
+
+    /// Bytes of data the object holds.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Self::Run(a) => a.bytes(),
+            Self::State(s) => s.bytes,
+        }
+    }
+
+    /// The run advertisement, if it is one.
+    pub fn run(&self) -> Option<&Advert> {
+        match self {
+            Self::Run(a) => Some(a),
+            Self::State(_) => None,
+        }
+    }
+}
+
+/// An object being deleted: written in the same transaction that withdraws its
+/// advertisement; the object is deleted after the grace window, then the tombstone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tombstone {
     /// [`RECORD_VERSION`].
     pub v: u32,
-    /// The withdrawn advertisement.
-    pub advert: Advert,
+    /// The withdrawn advertisement, under the field naming its kind (`advert` for a run,
+    /// as version-1 tombstones always were; `state` for a state object).
+    #[serde(flatten)]
+    pub of: Advertised,
     /// Who withdrew it (the owner, or the GC leader for an absent owner).
     pub by: String,
     /// Their generation.
@@ -112,8 +193,27 @@ pub struct StateAdvert {
     pub owner: String,
     /// The owner's generation when it advertised.
     pub generation: u64,
+    /// Budget class (records written before states had one are normal).
+    #[serde(default)]
+    pub priority: Priority,
+    /// Budget namespace (records written before states had one are in `default`).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
     /// When it was advertised, Unix milliseconds.
     pub ts_ms: u64,
+}
+
+/// The owner written into records of objects whose writer is unknown (`kvtier cluster
+/// reconcile` finds them): no replica may take that id (`ClusterConfig::check`), so its
+/// member key never exists and the GC leader reclaims them as orphans after
+/// `orphan_after`.
+pub const UNOWNED: &str = "unowned";
+
+/// The namespace of a replica that names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.into()
 }
 
 impl StateAdvert {
@@ -275,6 +375,51 @@ mod tests {
         let (l, f, t) = back.run().unwrap_or_default();
         assert_eq!((l.0, f.0, t.0), ([7; 16], [1; 16], [2; 16]));
         assert_eq!(back.bytes(), 8192);
+    }
+
+    #[test]
+    fn a_tombstone_names_its_kind_and_version_one_records_still_read() {
+        let run = Advert::of(&info(), "http://h/b".into(), "a", 3, "default", 5);
+        let tombstone = |of| Tombstone {
+            v: RECORD_VERSION,
+            of,
+            by: "gc".into(),
+            generation: 2,
+            at_ms: 9,
+            reason: "budget".into(),
+        };
+        // A run's tombstone is written as version-1 builds wrote it: the advert under
+        // `advert`, beside the other fields.
+        let t = tombstone(Advertised::Run(run.clone()));
+        let text = serde_json::to_string(&t).unwrap_or_default();
+        let old: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(old["advert"]["object"], "kv/x.kvm");
+        assert_eq!(old["reason"], "budget");
+        assert_eq!(serde_json::from_str::<Tombstone>(&text).ok(), Some(t));
+
+        // A state advertisement written before states had a namespace and a priority.
+        let v1 = r#"{"v":1,"object":"kv/state/aa/bb.kvs","endpoint":"http://h/b",
+            "layout":"07070707070707070707070707070707","key":"01","bytes":10,
+            "owner":"a","generation":1,"ts_ms":4}"#;
+        let state: StateAdvert = serde_json::from_str(v1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (state.namespace.as_str(), state.priority),
+            ("default", Priority::Normal)
+        );
+        let t = tombstone(Advertised::State(state));
+        let text = serde_json::to_string(&t).unwrap_or_default();
+        assert!(text.contains("\"state\":{") && !text.contains("\"advert\""));
+        let back: Tombstone = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back.of.object(), "kv/state/aa/bb.kvs");
+        assert_eq!((back.of.bytes(), back.of.owner()), (10, "a"));
+        assert!(back.of.run().is_none());
+        // Neither kind: not a tombstone.
+        assert!(
+            serde_json::from_str::<Tombstone>(
+                r#"{"v":1,"by":"x","generation":1,"at_ms":0,"reason":"owner"}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

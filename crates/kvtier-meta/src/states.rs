@@ -7,7 +7,13 @@
 //! but the prefix it was computed after), so two replicas that write the same key write
 //! the same name: the first advertisement stands and later ones find it there. The
 //! object verifies itself on every read, so the record only points; fencing guards the
-//! owner field, which only says who wrote it.
+//! owner field, which says who may delete it while alive.
+//!
+//! States are aged out like runs: their records carry the writer's namespace and priority,
+//! the GC leader weighs them in the same budgets and orphan rule, and a withdrawal leaves
+//! a tombstone under `ROOT/tombstones/states/` until the object is deleted. While that
+//! tombstone stands no replica advertises the key again: the object under its name is
+//! about to go, whoever wrote it last.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -17,7 +23,7 @@ use kvtier_remote::{RemoteTier, StateName};
 use tokio::sync::mpsc;
 
 use crate::member::Membership;
-use crate::record::{RECORD_VERSION, StateAdvert};
+use crate::record::{Priority, RECORD_VERSION, StateAdvert};
 use crate::stats::{ClusterStats, bump};
 
 /// A state object written by this replica: what it is, its bytes, when.
@@ -28,6 +34,10 @@ pub(crate) struct StatePublisher {
     pub(crate) tier: Weak<RemoteTier>,
     pub(crate) member: Arc<Membership>,
     pub(crate) stats: Arc<ClusterStats>,
+    /// Written into every record (budgets are per namespace).
+    pub(crate) namespace: String,
+    /// Written into every record.
+    pub(crate) priority: Priority,
 }
 
 impl StatePublisher {
@@ -60,6 +70,9 @@ impl StatePublisher {
             };
             drop(tier);
             let key = self.member.keys.state(&state.layout, &state.key);
+            let Some(tombstone_key) = self.member.keys.tombstone_of(&key) else {
+                return;
+            };
             let advert = StateAdvert {
                 v: RECORD_VERSION,
                 object: state.name.clone(),
@@ -69,6 +82,8 @@ impl StatePublisher {
                 bytes,
                 owner: self.member.replica.clone(),
                 generation: id.generation,
+                priority: self.priority,
+                namespace: self.namespace.clone(),
                 ts_ms,
             };
             let value = serde_json::to_string(&advert).unwrap_or_default();
@@ -77,17 +92,39 @@ impl StatePublisher {
                 Some(revision) => Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
                 None => Compare::version(key.as_str(), CompareOp::Equal, 0),
             });
+            when.push(Compare::version(
+                tombstone_key.as_str(),
+                CompareOp::Equal,
+                0,
+            ));
             let txn = Txn::new()
                 .when(when)
                 .and_then(vec![TxnOp::put(key.as_str(), value, None)])
-                .or_else(vec![TxnOp::get(key.as_str(), None)]);
+                .or_else(vec![
+                    TxnOp::get(key.as_str(), None),
+                    TxnOp::get(tombstone_key.as_str(), None),
+                ]);
             match client.txn(txn).await {
                 Ok(r) if r.succeeded() => {
                     bump(&self.stats.states_published);
                     return;
                 }
                 Ok(r) => {
-                    let held = r.op_responses().into_iter().find_map(|op| match op {
+                    let reads = r.op_responses();
+                    let tombstoned = matches!(
+                        reads.get(1),
+                        Some(etcd_client::TxnOpResponse::Get(g)) if !g.kvs().is_empty()
+                    );
+                    if tombstoned {
+                        // Withdrawn and due for deletion: the object under this name
+                        // goes with it, so this replica stops serving it too.
+                        if let Some(tier) = self.tier.upgrade() {
+                            tier.forget_state(&state.key);
+                        }
+                        bump(&self.stats.publish_lost);
+                        return;
+                    }
+                    let held = reads.into_iter().take(1).find_map(|op| match op {
                         etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
                             let same =
                                 serde_json::from_slice::<StateAdvert>(kv.value()).is_ok_and(|a| {

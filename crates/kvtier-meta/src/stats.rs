@@ -21,8 +21,9 @@ pub struct ClusterStats {
     pub records_refused: AtomicU64,
     /// Advertisements published by this replica.
     pub published: AtomicU64,
-    /// Publishes that found another replica's advertisement (or a tombstone) for the run:
-    /// this replica's object was deleted.
+    /// Publishes that found another replica's advertisement (or a tombstone) for the run,
+    /// or a tombstone for the state: this replica's object was deleted (a state's goes
+    /// with the tombstone's).
     pub publish_lost: AtomicU64,
     /// Publishes and deletes refused because this replica's lease or generation was no
     /// longer current.

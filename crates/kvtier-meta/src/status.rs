@@ -1,6 +1,6 @@
 //! What `kvtier cluster status` reports, read from etcd alone: the live replicas and
-//! their generations, the GC leader, and advertised objects and bytes per owner and per
-//! namespace, with the tombstones waiting for their grace window.
+//! their generations, the GC leader, and advertised objects (runs and state objects) and
+//! bytes per owner and per namespace, with the tombstones waiting for their grace window.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,7 @@ use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use serde::Serialize;
 
 use crate::keys::{Keys, prefix_end};
-use crate::record::{Advert, Member, Priority};
+use crate::record::{Advert, Advertised, Member, Priority, StateAdvert};
 
 /// Records per page when reading a whole prefix (fewer when a page of them is larger
 /// than [`MAX_MESSAGE`]).
@@ -121,12 +121,33 @@ pub struct LiveReplica {
 /// Objects and bytes of one owner or namespace.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Usage {
-    /// Advertised objects.
+    /// Advertised run objects.
     pub objects: u64,
-    /// Their bytes.
+    /// Advertised state objects (snapshots and checkpoints of recurrent state).
+    pub states: u64,
+    /// The bytes of both (what a namespace's budget counts).
     pub bytes: u64,
-    /// Pinned objects among them.
+    /// Pinned objects among both.
     pub pinned: u64,
+}
+
+impl Status {
+    /// Counts one advertisement into its owner's and its namespace's usage.
+    fn count(&mut self, advert: &Advertised) {
+        for usage in [
+            self.owners.entry(advert.owner().to_owned()).or_default(),
+            self.namespaces
+                .entry(advert.namespace().to_owned())
+                .or_default(),
+        ] {
+            match advert {
+                Advertised::Run(_) => usage.objects += 1,
+                Advertised::State(_) => usage.states += 1,
+            }
+            usage.bytes += advert.bytes();
+            usage.pinned += u64::from(advert.priority() == Priority::Pinned);
+        }
+    }
 }
 
 /// The cluster as etcd has it.
@@ -202,17 +223,18 @@ pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_c
     // page by page, never held whole.
     status.revision = read_pages(client, &keys.objects(), |kvs| {
         for kv in kvs {
-            let Ok(a) = serde_json::from_slice::<Advert>(kv.value()) else {
-                status.unreadable += 1;
-                continue;
-            };
-            for usage in [
-                status.owners.entry(a.owner.clone()).or_default(),
-                status.namespaces.entry(a.namespace.clone()).or_default(),
-            ] {
-                usage.objects += 1;
-                usage.bytes += a.bytes();
-                usage.pinned += u64::from(a.priority == Priority::Pinned);
+            match serde_json::from_slice::<Advert>(kv.value()) {
+                Ok(a) => status.count(&Advertised::Run(a)),
+                Err(_) => status.unreadable += 1,
+            }
+        }
+    })
+    .await?;
+    read_pages(client, &keys.states(), |kvs| {
+        for kv in kvs {
+            match serde_json::from_slice::<StateAdvert>(kv.value()) {
+                Ok(a) => status.count(&Advertised::State(a)),
+                Err(_) => status.unreadable += 1,
             }
         }
     })

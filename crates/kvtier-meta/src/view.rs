@@ -1,6 +1,6 @@
-//! What this replica knows of the cluster's advertisements, as the follower applied them:
-//! owner, namespace, priority, age, size and the revision each was last written at. The
-//! GC leader decides from this view instead of reading every record on every sweep; every
+//! What this replica knows of the cluster's advertisements, of runs and of state objects
+//! (each under its own key), as the followers applied them: owner, namespace, priority,
+//! age, size and the revision each was last written at. The GC leader decides from this view instead of reading every record on every sweep; every
 //! action it takes is a transaction that compares the record's revision, so a view that
 //! is behind costs a refused transaction, never a wrong delete.
 
@@ -8,13 +8,13 @@ use std::collections::HashMap;
 
 use parking_lot::RwLock;
 
-use crate::record::Advert;
+use crate::record::Advertised;
 
-/// One advertisement, summarised.
+/// One advertisement (of a run or a state object), as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
     /// The record, as written.
-    pub advert: Advert,
+    pub advert: Advertised,
     /// Its `mod_revision` in etcd.
     pub revision: i64,
 }
@@ -26,7 +26,7 @@ pub struct View {
 }
 
 impl View {
-    pub(crate) fn put(&self, key: &[u8], advert: Advert, revision: i64) {
+    pub(crate) fn put(&self, key: &[u8], advert: Advertised, revision: i64) {
         self.records
             .write()
             .insert(key.to_vec(), Seen { advert, revision });
@@ -36,9 +36,12 @@ impl View {
         self.records.write().remove(key);
     }
 
-    /// Keeps only the keys `keep` says yes to (after a full read).
-    pub(crate) fn retain(&self, keep: impl Fn(&[u8]) -> bool) {
-        self.records.write().retain(|k, _| keep(k));
+    /// Of the keys under `prefix`, keeps only those `keep` says yes to (after a full read
+    /// of that prefix; the other follower's records are left alone).
+    pub(crate) fn retain_under(&self, prefix: &[u8], keep: impl Fn(&[u8]) -> bool) {
+        self.records
+            .write()
+            .retain(|k, _| !k.starts_with(prefix) || keep(k));
     }
 
     /// How many advertisements are known.

@@ -1,6 +1,8 @@
 //! `kvtier cluster reconcile`'s core: an object whose writer died between its manifest PUT
 //! and its advertisement is advertised (and then served by every replica); what cannot be
-//! advertised is deleted only once older than the bound.
+//! advertised is deleted only once older than the bound. A state object nobody advertised
+//! is advertised as `unowned`, served, counted, and reclaimed by the GC leader as an
+//! orphan.
 
 #![allow(
     clippy::panic,
@@ -16,6 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Replica, World, remote, wait_until};
+use kvtier_core::layout::LayoutDigest;
+use kvtier_core::snapshot::SnapshotKey;
+use kvtier_core::tier::SnapshotStore;
 use kvtier_core::tier::conformance::{test_chain, test_layout};
 use kvtier_core::tier::{NoSink, Tier};
 use kvtier_meta::reconcile::{self, Options};
@@ -157,4 +162,75 @@ fn reconcile_advertises_what_a_crash_left_unadvertised_and_removes_only_old_debr
     );
     assert_eq!(reader.tier.get(&last).unwrap(), Some(kept[2].1.clone()));
     drop(reader);
+}
+
+#[test]
+fn reconcile_advertises_an_unadvertised_state_as_unowned_and_the_leader_reclaims_it() {
+    let w = World::start(1);
+    let World { etcd, url, rt, .. } = &w;
+    // Started before the state is written: it lists states only at its open.
+    let reader = Replica::start(rt, etcd.endpoints(), "reader", remote(url, SOON), |_| {});
+    reader.ready(rt);
+    let writer = Arc::new(
+        RemoteTier::open_with_catalog(
+            remote(url, SOON),
+            Arc::new(NoSink),
+            Arc::new(Mute::default()),
+        )
+        .unwrap(),
+    );
+    let (key, layout) = (SnapshotKey([8; 32]), LayoutDigest([9; 16]));
+    let state: bytes::Bytes = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    writer.put_snapshot(&key, layout, &state).unwrap();
+    assert!(!reader.tier.contains_snapshot(&key));
+
+    let mut client = w.client();
+    let options = |dry_run: bool| Options {
+        cluster: common::CLUSTER.into(),
+        older_than: Duration::from_secs(3600),
+        namespace: "default".into(),
+        dry_run,
+        now_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    };
+    let dry = rt
+        .block_on(reconcile::reconcile(&mut client, &writer, &options(true)))
+        .unwrap();
+    assert_eq!(dry.states_readvertised, 1, "{dry:?}");
+    assert_eq!(w.status().owners.get("unowned").map(|u| u.states), None);
+
+    let first = rt
+        .block_on(reconcile::reconcile(&mut client, &writer, &options(false)))
+        .unwrap();
+    assert_eq!(
+        (first.states_readvertised, first.removed),
+        (1, 0),
+        "{first:?}"
+    );
+    assert!(wait_until(SOON, || reader.tier.contains_snapshot(&key)));
+    assert_eq!(reader.tier.get_snapshot(&key).unwrap(), Some(state.clone()));
+    let unowned = w.status().owners["unowned"];
+    assert_eq!((unowned.states, unowned.bytes), (1, state.len() as u64));
+    let again = rt
+        .block_on(reconcile::reconcile(&mut client, &writer, &options(false)))
+        .unwrap();
+    assert_eq!(
+        (again.states_advertised, again.states_readvertised),
+        (1, 0),
+        "{again:?}"
+    );
+
+    // Nobody owns it: the GC leader reclaims it once `orphan_after` has passed.
+    let leader = Replica::start(rt, etcd.endpoints(), "gc", remote(url, SOON), |c| {
+        c.gc_leader = true;
+        c.gc_grace = Duration::from_millis(200);
+        c.orphan_after = Duration::from_secs(1);
+    });
+    leader.ready(rt);
+    assert!(wait_until(SOON, || leader.stat("orphans_reclaimed") == 1));
+    assert!(wait_until(SOON, || !reader.tier.contains_snapshot(&key)));
+    assert!(wait_until(SOON, || writer.list_states().is_empty()));
+    drop((reader, leader));
 }

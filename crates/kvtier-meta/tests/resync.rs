@@ -63,10 +63,14 @@ fn withdraw_half(rt: &tokio::runtime::Runtime, a: &Replica, of: &[BlockHash]) ->
         let hex = h.to_hex();
         let (_, seen) = view
             .iter()
-            .find(|(_, s)| s.advert.blocks == vec![hex.clone()])
+            .find(|(_, s)| {
+                s.advert
+                    .run()
+                    .is_some_and(|r| r.blocks == vec![hex.clone()])
+            })
             .unwrap_or_else(|| panic!("object {i} not advertised"));
         let out = rt
-            .block_on(a.catalog.withdraw(&seen.advert.object))
+            .block_on(a.catalog.withdraw(seen.advert.object()))
             .unwrap();
         assert!(matches!(out, Withdrawal::Withdrawn(_)), "{out:?}");
         gone.push(*h);

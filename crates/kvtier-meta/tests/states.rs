@@ -20,16 +20,13 @@ use common::{CLUSTER, Replica, World, remote, wait_until};
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::snapshot::SnapshotKey;
 use kvtier_core::tier::SnapshotStore;
-use kvtier_meta::{Keys, StateAdvert};
+use kvtier_meta::{Keys, Priority, StateAdvert};
 use kvtier_remote::state::state_object_name;
 
 const SOON: Duration = Duration::from_secs(20);
 
 fn state(seed: u8) -> Bytes {
-    (0..300_000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 ^ seed)
-        .collect::<Vec<u8>>()
-        .into()
+    common::state_bytes(seed, 300_000)
 }
 
 #[test]
@@ -68,6 +65,8 @@ fn a_running_replica_serves_another_replicas_state_through_the_cluster() {
         bytes: 300_000,
         owner: "intruder".into(),
         generation: 1,
+        priority: Priority::Normal,
+        namespace: "default".into(),
         ts_ms: 0,
     };
     let mut client = world.client();

@@ -59,6 +59,8 @@ pub struct Listed {
     pub name: String,
     /// When it was last written, Unix milliseconds.
     pub modified_ms: u64,
+    /// Its size in bytes.
+    pub size: u64,
 }
 
 /// What [`crate::RemoteTier::adopt`] came to.

@@ -36,6 +36,7 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
+use crate::catalog::Listed;
 use crate::object::crc;
 use crate::tier::{Fetch, RemoteTier};
 
@@ -152,17 +153,20 @@ impl RemoteTier {
     pub fn list_states(&self) -> Vec<StateName> {
         let prefix = self.config().prefix.clone();
         self.list_under(&format!("{prefix}/state"))
-            .into_iter()
-            .filter_map(|o| {
-                let (layout, key) = parse_state_name(&prefix, &o.name)?;
-                Some(StateName {
-                    endpoint: o.endpoint,
-                    name: o.name,
-                    layout,
-                    key,
-                })
-            })
+            .iter()
+            .filter_map(|o| self.state_of(o))
             .collect()
+    }
+
+    /// The state object a listed object is, if its name is one of the tier's state names.
+    pub fn state_of(&self, listed: &Listed) -> Option<StateName> {
+        let (layout, key) = parse_state_name(&self.config().prefix, &listed.name)?;
+        Some(StateName {
+            endpoint: listed.endpoint,
+            name: listed.name.clone(),
+            layout,
+            key,
+        })
     }
 
     /// Serves the state object `state` names from now on, without reading it (its first
@@ -183,6 +187,38 @@ impl RemoteTier {
     /// whether it was served.
     pub fn forget_state(&self, key: &SnapshotKey) -> bool {
         self.states().write().remove(key).is_some()
+    }
+
+    /// Deletes the state object `state` from its endpoint (the cluster's GC, once no read
+    /// of it can still be running). It is forgotten first, so no read starts meanwhile;
+    /// an object already gone counts as deleted.
+    pub fn delete_state(&self, state: &StateName) -> Result<()> {
+        if state.endpoint >= self.endpoints() {
+            return Err(Error::invalid(format!(
+                "endpoint {} is not one of the tier's {}",
+                state.endpoint,
+                self.endpoints()
+            )));
+        }
+        {
+            let mut served = self.states().write();
+            if served.get(&state.key).is_some_and(|s| s.name == state.name) {
+                served.remove(&state.key);
+            }
+        }
+        let store = self.store(state.endpoint);
+        let path = Path::from(state.name.as_str());
+        match self.call(async move { store.delete(&path).await }) {
+            Fetch::Got(()) | Fetch::Gone => Ok(()),
+            Fetch::Failed(e) => {
+                self.count_io_error();
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot delete remote state object `{}`", state.name),
+                )
+                .with_source(e))
+            }
+        }
     }
 
     /// How many state objects the tier serves.

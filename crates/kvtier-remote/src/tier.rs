@@ -381,6 +381,7 @@ impl RemoteTier {
                         endpoint: t,
                         name: meta.location.to_string(),
                         modified_ms: meta.last_modified.timestamp_millis().max(0) as u64,
+                        size: meta.size,
                     });
                 }
                 Ok(names)

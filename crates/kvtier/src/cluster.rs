@@ -123,8 +123,8 @@ fn text(s: &Status) -> String {
         out.push_str(&format!("objects per {title}:\n"));
         for (k, u) in usage {
             out.push_str(&format!(
-                "  {k}: {} objects, {} bytes, {} pinned\n",
-                u.objects, u.bytes, u.pinned
+                "  {k}: {} objects, {} states, {} bytes, {} pinned\n",
+                u.objects, u.states, u.bytes, u.pinned
             ));
         }
     }

@@ -147,6 +147,14 @@ impl Replica {
     }
 }
 
+/// `len` bytes of recurrent state, different for each seed.
+pub fn state_bytes(seed: u8, len: usize) -> bytes::Bytes {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 ^ seed)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
 /// Waits until `f` holds or `timeout` passes; whether it held.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
@@ -170,14 +178,17 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The manifest names `replica` knows advertised, with their owners.
+/// The manifest names of the runs `replica` knows advertised, with their owners.
 pub fn adverts(replica: &Replica) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = replica
         .catalog
         .view()
         .all()
         .into_iter()
-        .map(|(_, s)| (s.advert.object, s.advert.owner))
+        .filter_map(|(_, s)| {
+            let run = s.advert.run()?;
+            Some((run.object.clone(), run.owner.clone()))
+        })
         .collect();
     out.sort();
     out

@@ -166,9 +166,13 @@ impl Bench {
             }
             took.push(t.elapsed().as_secs_f64() * 1e3);
             if record_bytes == 0 {
-                record_bytes = b.catalog.view().all().first().map_or(0, |(_, s)| {
-                    serde_json::to_vec(&s.advert).map_or(0, |v| v.len())
-                });
+                record_bytes = b
+                    .catalog
+                    .view()
+                    .all()
+                    .first()
+                    .and_then(|(_, s)| serde_json::to_vec(s.advert.run()?).ok())
+                    .map_or(0, |v| v.len());
             }
         }
         let raw = self.raw_put_to_watch(samples, record_bytes.max(1))?;
@@ -241,7 +245,7 @@ impl Bench {
             .view()
             .all()
             .first()
-            .map(|(_, s)| s.advert.object.clone())
+            .map(|(_, s)| s.advert.object().to_owned())
             .ok_or_else(|| anyhow::anyhow!("no advertisement"))?;
         // The baseline client: kvtier bench's lean HTTP/1.1 client, one keep-alive
         // connection, SigV4 — the least a ranged GET of these bytes can cost here.
