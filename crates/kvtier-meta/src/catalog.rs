@@ -16,7 +16,7 @@ use crate::gc::{self, Authority, Reason, Withdrawal};
 use crate::keys::Keys;
 use crate::leader::Leader;
 use crate::member::Membership;
-use crate::publish::Publisher;
+use crate::publish::{Publisher, Wrote};
 use crate::record::Tombstone;
 use crate::states::{StatePublisher, Written};
 use crate::stats::{ClusterStats, bump};
@@ -33,9 +33,9 @@ pub struct ClusterCatalog {
     clock: Arc<dyn Clock>,
     member: Arc<Membership>,
     stats: Arc<ClusterStats>,
-    queue: mpsc::Sender<(ObjectInfo, u64)>,
+    queue: mpsc::Sender<Wrote>,
     /// Taken by `start`.
-    pending: parking_lot::Mutex<Option<mpsc::Receiver<(ObjectInfo, u64)>>>,
+    pending: parking_lot::Mutex<Option<mpsc::Receiver<Wrote>>>,
     /// State objects written, to advertise.
     state_queue: mpsc::Sender<Written>,
     /// Taken by `start`.
@@ -428,7 +428,7 @@ impl Catalog for ClusterCatalog {
     fn wrote(&self, object: &ObjectInfo) {
         if self
             .queue
-            .try_send((object.clone(), self.clock.wall_unix_ms()))
+            .try_send((Box::new(object.clone()), self.clock.wall_unix_ms()))
             .is_err()
         {
             bump(&self.stats.publish_dropped);

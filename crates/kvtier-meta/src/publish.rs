@@ -86,6 +86,10 @@ const IN_FLIGHT: usize = 128;
 /// outcome. A lone advertisement waits for nobody.
 const BATCH: usize = 16;
 
+/// An object the tier wrote, and when: boxed, so the queue's slots stay small (a full
+/// queue holds thousands, and its blocks are allocated as it fills).
+pub(crate) type Wrote = (Box<ObjectInfo>, u64);
+
 /// The publishing task's side of the queue.
 #[derive(Clone)]
 pub(crate) struct Publisher {
@@ -101,7 +105,7 @@ pub(crate) struct Publisher {
 impl Publisher {
     /// Publishes what arrives on `rx`, up to [`IN_FLIGHT`] at once, until the queue closes
     /// (the catalog is dropped). Aborting this task aborts the ones in flight.
-    pub(crate) async fn run(self, mut rx: mpsc::Receiver<(ObjectInfo, u64)>, client: Client) {
+    pub(crate) async fn run(self, mut rx: mpsc::Receiver<Wrote>, client: Client) {
         let mut in_flight = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
@@ -140,19 +144,20 @@ impl Publisher {
     }
 
     /// Publishes `batch` in one transaction if it can, else one by one.
-    async fn publish_batch(&self, mut client: Client, batch: Vec<(ObjectInfo, u64)>) {
+    async fn publish_batch(&self, mut client: Client, batch: Vec<Wrote>) {
         if batch.len() > 1 && self.publish_together(&mut client, &batch).await {
+            bump(&self.stats.publish_transactions);
             crate::stats::add(&self.stats.published, batch.len() as u64);
             return;
         }
         for (info, ts_ms) in batch {
-            self.publish(client.clone(), info, ts_ms).await;
+            self.publish(client.clone(), *info, ts_ms).await;
         }
     }
 
     /// One transaction for all of `batch`: the fence, and no advertisement and no
     /// tombstone for any of its runs. Whether it committed.
-    async fn publish_together(&self, client: &mut Client, batch: &[(ObjectInfo, u64)]) -> bool {
+    async fn publish_together(&self, client: &mut Client, batch: &[Wrote]) -> bool {
         let (Some(tier), Some(id)) = (self.tier.upgrade(), self.member.identity()) else {
             return false;
         };
@@ -201,6 +206,7 @@ impl Publisher {
                     .await
                 {
                     Ok(Published::Done) => {
+                        bump(&self.stats.publish_transactions);
                         bump(&self.stats.published);
                         break;
                     }

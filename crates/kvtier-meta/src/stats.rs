@@ -30,6 +30,9 @@ pub struct ClusterStats {
     pub fenced: AtomicU64,
     /// Advertisements dropped because the queue was full.
     pub publish_dropped: AtomicU64,
+    /// Transactions that advertised runs (`published` / this is the records per
+    /// transaction the batching reached).
+    pub publish_transactions: AtomicU64,
     /// Publish attempts that failed (etcd unreachable) and were retried.
     pub publish_retries: AtomicU64,
     /// Last advertise lag seen on this replica (record written → applied), milliseconds.
@@ -75,6 +78,7 @@ impl ClusterStats {
             ("fenced", g(&self.fenced)),
             ("publish_dropped", g(&self.publish_dropped)),
             ("publish_retries", g(&self.publish_retries)),
+            ("publish_transactions", g(&self.publish_transactions)),
             ("advertise_lag_ms", g(&self.advertise_lag_ms)),
             ("registrations", g(&self.registrations)),
             ("gc_tombstones", g(&self.gc_tombstones)),

@@ -19,17 +19,18 @@ pub struct Seen {
     pub revision: i64,
 }
 
-/// The advertisements this replica knows, by key.
+/// The advertisements this replica knows, by key. Each record is boxed: the map grows by
+/// doubling, and a rehash then moves a pointer per record, not the record.
 #[derive(Debug, Default)]
 pub struct View {
-    records: RwLock<HashMap<Vec<u8>, Seen>>,
+    records: RwLock<HashMap<Vec<u8>, Box<Seen>>>,
 }
 
 impl View {
     pub(crate) fn put(&self, key: &[u8], advert: Advertised, revision: i64) {
         self.records
             .write()
-            .insert(key.to_vec(), Seen { advert, revision });
+            .insert(key.to_vec(), Box::new(Seen { advert, revision }));
     }
 
     pub(crate) fn remove(&self, key: &[u8]) {
@@ -56,7 +57,7 @@ impl View {
 
     /// The record under `key`.
     pub fn get(&self, key: &[u8]) -> Option<Seen> {
-        self.records.read().get(key).cloned()
+        self.records.read().get(key).map(|s| Seen::clone(s))
     }
 
     /// The records `keep` says yes to (key, summary), copied out of the view.
@@ -65,7 +66,7 @@ impl View {
             .read()
             .iter()
             .filter(|(k, v)| keep(k, v))
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.clone(), Seen::clone(v)))
             .collect()
     }
 
@@ -84,7 +85,7 @@ impl View {
         self.records
             .read()
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.clone(), Seen::clone(v)))
             .collect()
     }
 }
