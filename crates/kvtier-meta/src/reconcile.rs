@@ -27,7 +27,7 @@ use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier, StateName};
 use serde::Serialize;
 
 use crate::keys::Keys;
-use crate::record::{Advert, Priority, RECORD_VERSION, StateAdvert, Tombstone, UNOWNED};
+use crate::record::{Advert, StateAdvert, Tombstone, UNOWNED};
 use crate::status::read_pages;
 
 /// The catalog of a tier opened only to survey its bucket: it adopts nothing at open.
@@ -217,19 +217,15 @@ async fn advertise_state(
     else {
         return Ok(false);
     };
-    let advert = StateAdvert {
-        v: RECORD_VERSION,
-        object: state.name.clone(),
+    let advert = StateAdvert::of(
+        state,
         endpoint,
-        layout: state.layout.to_hex(),
-        key: kvtier_core::hash::hex(&state.key.0),
-        bytes: size.saturating_sub(HEADER_BYTES as u64),
-        owner: UNOWNED.into(),
-        generation: 0,
-        priority: Priority::Normal,
-        namespace: options.namespace.clone(),
-        ts_ms: options.now_ms,
-    };
+        size.saturating_sub(HEADER_BYTES as u64),
+        UNOWNED,
+        0,
+        &options.namespace,
+        options.now_ms,
+    );
     put_if_free(client, &key, &tombstone, &advert, options.dry_run).await
 }
 

@@ -217,6 +217,32 @@ fn default_namespace() -> String {
 }
 
 impl StateAdvert {
+    /// The advertisement of state object `state` (`bytes` of state), held at `endpoint`,
+    /// written by `owner` under `generation`; normal priority until the caller says.
+    pub fn of(
+        state: &StateName,
+        endpoint: String,
+        bytes: u64,
+        owner: &str,
+        generation: u64,
+        namespace: &str,
+        ts_ms: u64,
+    ) -> Self {
+        Self {
+            v: RECORD_VERSION,
+            object: state.name.clone(),
+            endpoint,
+            layout: state.layout.to_hex(),
+            key: kvtier_core::hash::hex(&state.key.0),
+            bytes,
+            owner: owner.to_string(),
+            generation,
+            priority: Priority::Normal,
+            namespace: namespace.to_string(),
+            ts_ms,
+        }
+    }
+
     /// What `tier` serves for this record, or why it cannot: a malformed field, an unknown
     /// version or endpoint.
     pub fn describe(&self, tier: &RemoteTier) -> Result<StateName, String> {

@@ -23,7 +23,7 @@ use kvtier_remote::{RemoteTier, StateName};
 use tokio::sync::mpsc;
 
 use crate::member::Membership;
-use crate::record::{Priority, RECORD_VERSION, StateAdvert};
+use crate::record::{Priority, StateAdvert};
 use crate::stats::{ClusterStats, bump};
 
 /// A state object written by this replica: what it is, its bytes, when.
@@ -73,19 +73,16 @@ impl StatePublisher {
             let Some(tombstone_key) = self.member.keys.tombstone_of(&key) else {
                 return;
             };
-            let advert = StateAdvert {
-                v: RECORD_VERSION,
-                object: state.name.clone(),
+            let mut advert = StateAdvert::of(
+                &state,
                 endpoint,
-                layout: state.layout.to_hex(),
-                key: kvtier_core::hash::hex(&state.key.0),
                 bytes,
-                owner: self.member.replica.clone(),
-                generation: id.generation,
-                priority: self.priority,
-                namespace: self.namespace.clone(),
+                &self.member.replica,
+                id.generation,
+                &self.namespace,
                 ts_ms,
-            };
+            );
+            advert.priority = self.priority;
             let value = serde_json::to_string(&advert).unwrap_or_default();
             let mut when = self.member.fence(id);
             when.push(match replace {
