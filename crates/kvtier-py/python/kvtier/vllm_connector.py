@@ -31,7 +31,14 @@ model, dtype and geometry, after exactly the same tokens.
   only where every group holds the prefix; such models load each request whole on a
   thread while it waits (vLLM takes their load failures per request only), writing only
   the sliding-window pages vLLM keeps; a store takes the pages a window dropped from
-  kvtier. Groups of other kinds (Mamba, …) are never served. docs/vllm.md.
+  kvtier.
+- Models with recurrent groups (Mamba, gated delta nets; vLLM's ``align`` cache mode,
+  which prefix caching turns on): one layout for the whole model, its attention layers as
+  KV blocks and its recurrent layers as a state group, so kvtier's composition rule
+  serves a hit only at a boundary where the KV blocks and the state after exactly those
+  blocks are both held. Stored at the boundaries vLLM hands over with their states;
+  restored whole (``restore``: both parts or nothing). Groups of other kinds are never
+  served. docs/vllm.md.
 - A request's cache salt is part of its key (the layout's tenant salt): a salted prefix
   is only ever served to requests with the same salt. Requests kvtier cannot key exactly
   are never served and never stored: a LoRA adapter, multimodal inputs (when in doubt,
@@ -47,6 +54,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import threading
@@ -62,9 +70,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.forward_context import get_forward_context
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 import kvtier
+from kvtier._vllm_recurrent import RecurrentGroup, RecurrentModel
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -121,24 +130,41 @@ class _Group:
     """One of vLLM's KV cache groups (layers sharing a block table)."""
 
     index: int
-    #: "full", "window", or the name of a kind kvtier does not serve.
+    #: "full", "window", "recurrent", or the name of a kind kvtier does not serve.
     kind: str
     layers: tuple[str, ...]
     #: A sliding-window group's window, in tokens.
     window: int | None = None
     #: Whether vLLM transfers this group at all (its other groups are rebuilt from it).
     transfer: bool = True
+    #: Tokens per block of this group's table.
+    block_size: int = 0
+    #: A recurrent group's description of its state.
+    recurrent: RecurrentGroup | None = None
 
     @classmethod
     def of(cls, index: int, spec: Any) -> _Group:
         kv = spec.kv_cache_spec
+        layers = tuple(spec.layer_names)
+        recurrent = None
         if type(kv) is FullAttentionSpec:
             kind, window = "full", None
         elif type(kv) is SlidingWindowSpec:
             kind, window = "window", int(kv.sliding_window)
+        elif isinstance(kv, MambaSpec) and kv.mamba_cache_mode == "align" and not kv.num_speculative_blocks:
+            # Only vLLM's "align" mode keeps the state at block boundaries (prefix caching
+            # on); in any other mode a group's state is at no boundary kvtier can key.
+            kind, window = "recurrent", None
+            mamba_type = getattr(kv.mamba_type, "value", kv.mamba_type)
+            recurrent = RecurrentGroup(index, layers, str(mamba_type), tuple(map(tuple, kv.shapes)), tuple(kv.dtypes))
         else:
             kind, window = type(kv).__name__, None
-        return cls(index, kind, tuple(spec.layer_names), window, bool(getattr(spec, "enable_kv_transfer", True)))
+            if isinstance(kv, MambaSpec) and kv.num_speculative_blocks:
+                kind = "MambaSpec with speculative decoding"
+            elif isinstance(kv, MambaSpec):
+                kind = f"MambaSpec in mamba_cache_mode {kv.mamba_cache_mode!r} (turn prefix caching on)"
+        transfer = bool(getattr(spec, "enable_kv_transfer", True))
+        return cls(index, kind, layers, window, transfer, int(kv.block_size), recurrent)
 
 
 _EMBEDDED: dict[str, kvtier.Engine] = {}
@@ -310,10 +336,24 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # hybrid allocator, one per kind of layer (full attention, sliding window, …).
         groups = [_Group.of(i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)]
         self._groups = [g for g in groups if g.transfer]
-        unserved = sorted({g.kind for g in self._groups if g.kind not in ("full", "window")})
+        unserved = sorted({g.kind for g in self._groups if g.kind not in ("full", "window", "recurrent")})
+        # A model with recurrent groups is one kvtier layout: its attention layers as KV
+        # blocks, its recurrent layers as a state group, so that kvtier's composition rule
+        # serves a hit only where both are held at one boundary (_vllm_recurrent).
+        self._recurrent: RecurrentModel | None = None
+        recurrent = [g for g in self._groups if g.kind == "recurrent"]
+        if recurrent:
+            attention = [g for g in self._groups if g.kind != "recurrent"]
+            if not attention or any(g.kind != "full" for g in attention):
+                unserved.append("recurrent beside other than full attention")
+            elif len({g.block_size for g in self._groups}) != 1:
+                unserved.append("recurrent with a block size of its own")
+            else:
+                self._recurrent = RecurrentModel(attention, [g.recurrent for g in recurrent if g.recurrent])
+                self._block_size = recurrent[0].block_size
         # Whether kvtier serves this model at all: every group must be one it keys
         # exactly (a hit must restore every layer at one token boundary: when in doubt,
-        # miss). Recurrent (Mamba) groups are not served yet.
+        # miss).
         self._serves = bool(self._groups) and not unserved
         if unserved:
             logger.warning(
@@ -343,6 +383,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # worker says its load thread is done: get_transfer_results).
         self._async_to_load: dict[str, tuple[Request, list[list[int]], int]] = {}
         self._loaded: dict[str, int] = {}
+        # A model with recurrent groups: its requests (their tokens, for the boundaries
+        # vLLM hands over in later steps) and the longest boundary kvtier holds for each.
+        self._requests: dict[str, Request] = {}
+        self._held: dict[str, int] = {}
         self._had_async: set[str] = set()
         # Worker side: layer order, gathered saves (by request and group), failed loads.
         self._layer_names: list[str] | None = None
@@ -352,7 +396,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # finished while theirs ran, and the KV cache tensors they write into.
         self._async_loads: dict[str, _AsyncLoad] = {}
         self._finishing: set[str] = set()
-        self._kv_caches: dict[str, torch.Tensor] | None = None
+        self._kv_caches: dict[str, Any] | None = None
         self._load_errors: set[int] = set()
         # This step's loads, their deadline, and the layers written into vLLM's cache.
         self._loads: _LayerLoads | None = None
@@ -369,6 +413,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         requests with that salt. A model of one full-attention group keys it as the model
         itself (its layers in forward order); otherwise each group is a model of its own
         layers, named in the key, in the group's order."""
+        if self._recurrent is not None:
+            return self._recurrent_layout(salt)
         layout = self._layouts.get((group.index, salt))
         if layout is None:
             tenant = None if salt is None else salt.encode("utf-8")
@@ -393,6 +439,35 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._layouts[(group.index, salt)] = layout
         return layout
 
+    def _recurrent_layout(self, salt: str | None) -> Any:
+        """The one layout of a model with recurrent groups: its attention layers (groups in
+        order) as KV blocks and its recurrent layers as a state group, checkpoints at every
+        block boundary (where vLLM's align mode keeps states). The model field names the
+        group structure by digest (layer names would not fit in a key's field)."""
+        model = self._recurrent
+        assert model is not None
+        layout = self._layouts.get((-1, salt))
+        if layout is None:
+            structure = json.dumps([[g.index, g.kind, list(g.layers)] for g in self._groups])
+            digest = hashlib.sha256(structure.encode()).hexdigest()[:16]
+            layout = self._client.register_layout(
+                f"{self._model_name} [kv cache groups {digest}: attention and recurrent]",
+                self._dtype,
+                self._block_size,
+                len(model.attention_layers),
+                self._kv_heads,
+                self._head_size,
+                tp_rank=self._tp[0],
+                tp_size=self._tp[1],
+                tenant_salt=None if salt is None else salt.encode("utf-8"),
+                weights_digest=self._revisions[0],
+                tokenizer_digest=self._revisions[1],
+                state_groups=[(model.kind, model.state_layers, model.state_bytes)],
+                checkpoint_every=self._block_size,
+            )
+            self._layouts[(-1, salt)] = layout
+        return layout
+
     # ---- scheduler side ----
 
     @staticmethod
@@ -413,12 +488,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # request does not carry its cache salt.
         salt = request.cache_salt
         self._salt[request.request_id] = salt
+        if self._recurrent is not None:
+            self._requests[request.request_id] = request
         if usable <= num_computed_tokens:
             return 0, False
         try:
-            # A hit restores every group at one token boundary: the shortest group's.
+            # A hit restores every group at one token boundary: the shortest group's (for
+            # a model with recurrent groups, kvtier's composition rule in one lookup).
+            groups = self._groups[:1] if self._recurrent is not None else self._groups
             matched = min(
-                self._client.lookup(self._layout(g, salt), tokens[:usable]).matched_tokens for g in self._groups
+                self._client.lookup(self._layout(g, salt), tokens[:usable]).matched_tokens for g in groups
             )
         except kvtier.KvtierError as e:
             logger.warning("kvtier lookup failed, computing instead: %s", e)
@@ -465,6 +544,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 _, local = loading
                 blocks = [g[: matched // bs] for g in block_ids]
                 meta.jobs.append(_Job(new.req_id, tokens[:matched], blocks, local // bs, True, salt))
+            if self._recurrent is not None:
+                self._held[new.req_id] = max(self._held.get(new.req_id, 0), matched)
+                continue  # stored at the boundaries vLLM hands over (below)
             # Store the prompt's whole blocks computed by the end of this step, unless
             # kvtier holds them all already (a request it cannot key is never stored).
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
@@ -485,7 +567,44 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             blocks = [list(g)[: matched // bs] for g in new_ids]
             meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, request.cache_salt))
         self._to_load.clear()
+        if self._recurrent is not None:
+            meta.jobs += self._boundary_stores(scheduler_output)
         return meta
+
+    def _boundary_stores(self, scheduler_output: SchedulerOutput) -> list[_Job]:
+        """A model with recurrent groups is stored where vLLM's align mode hands over a
+        boundary state (``kv_connector_block_state``): the block that holds each recurrent
+        group's state after exactly that many tokens, which this step's forward pass
+        writes. Each boundary every recurrent group hands over becomes one store: the KV
+        blocks up to it and the state at it (a checkpoint), under the tokens before it."""
+        model = self._recurrent
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        if model is None or state is None:
+            return []
+        bs, jobs = self._block_size, []
+        wanted = {g.index for g in model.recurrent}
+        for req_id, offers in state.boundary_state_offloads.items():
+            request = self._requests.get(req_id)
+            if request is None or req_id not in self._salt:
+                continue  # not a request kvtier can key
+            by_boundary: dict[int, dict[int, int]] = {}
+            for group_id, block_id, boundary in offers:
+                if group_id in wanted:
+                    by_boundary.setdefault(boundary, {})[group_id] = block_id
+            table = state.get_block_ids(req_id)
+            for boundary, blocks in sorted(by_boundary.items()):
+                held = self._held.get(req_id, 0)
+                if boundary <= held or boundary % bs or blocks.keys() != wanted or table is None:
+                    continue
+                if boundary > len(request.all_token_ids):
+                    continue
+                ids = [list(g)[: boundary // bs] for g in table]
+                for group_id, block_id in blocks.items():
+                    ids[group_id] = [block_id]
+                tokens = list(request.all_token_ids[:boundary])
+                jobs.append(_Job(req_id, tokens, ids, 0, False, self._salt.get(req_id)))
+                self._held[req_id] = boundary
+        return jobs
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         # A request whose asynchronous load failed is computed from the start: its blocks
@@ -509,6 +628,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._async_to_load.pop(req_id, None)
         self._loaded.pop(req_id, None)
         self._salt.pop(req_id, None)
+        self._requests.pop(req_id, None)
+        self._held.pop(req_id, None)
         delay = req_id in self._had_async
         self._had_async.discard(req_id)
         return delay, None
@@ -529,7 +650,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return self._layer_names
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._kv_caches = kv_caches
+        caches: dict[str, Any] = dict(kv_caches)
+        if self._recurrent is not None:
+            # vLLM registers a recurrent layer's raw pages (bytes, padded to an attention
+            # page); the layer's own cache is its state tensors, views of those pages.
+            layers = self._vllm_config.compilation_config.static_forward_context
+            for g in self._recurrent.recurrent:
+                for name in g.layers:
+                    caches[name] = tuple(layers[name].kv_cache)
+        self._kv_caches = caches
 
     def _slot(self, layer_name: str) -> tuple[_Group, int]:
         """The group of a layer and the layer's place in that group's payload."""
@@ -545,6 +674,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             logger.error("KvtierConnector: vLLM registered no KV caches; recomputing")
             return False
         n = len(job.tokens) // self._block_size
+        if self._recurrent is not None:
+            return self._restore_recurrent(caches, job, n)
         for g in self._groups:
             ids = job.block_ids[g.index]
             # A full-attention group needs every block; a sliding-window one only those
@@ -562,6 +693,40 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             for li, name in enumerate(g.layers):
                 caches[name][dst] = per[src, li]
         return True
+
+    def _restore_recurrent(self, caches: dict[str, Any], job: _Job, n: int) -> bool:
+        """Restores a model with recurrent groups at the boundary after `n` blocks: the KV
+        blocks and the state there, read at once (kvtier's restore is all or nothing) —
+        the state into the block vLLM gave each recurrent group at that boundary (the
+        last of its table, where align mode reads a request's initial state)."""
+        model = self._recurrent
+        assert model is not None
+        restored = self._client.restore(self._recurrent_layout(job.salt), job.tokens)
+        if restored.tokens != n * self._block_size or restored.state is None or len(restored.blocks) != n:
+            return False
+        states = {g.index: job.block_ids[g.index][n - 1] for g in model.recurrent}
+        if _NULL_BLOCK in states.values() or any(
+            _NULL_BLOCK in job.block_ids[g.index][job.skip : n] for g in model.attention
+        ):
+            logger.error("KvtierConnector: vLLM gave no block for a restored boundary; recomputing")
+            return False
+        model.scatter_kv(caches, job.block_ids, restored.blocks, job.skip)
+        model.scatter_state(caches, states, restored.state)
+        return True
+
+    def _store_recurrent(self, job: _Job) -> None:
+        """Stores `job`'s boundary: the KV blocks before it, then the state at it (a
+        checkpoint after those blocks); read from vLLM's caches after the forward pass
+        that computed them."""
+        model, caches = self._recurrent, self._kv_caches
+        assert model is not None and caches is not None
+        n = len(job.tokens) // self._block_size
+        layout = self._recurrent_layout(job.salt)
+        kv = model.gather_kv(caches, job.block_ids, n)
+        self._client.store(layout, job.tokens, kv.view(torch.uint8).reshape(-1).numpy())
+        # (Should this part fail, kvtier holds KV without the state: never a hit.)
+        state = model.gather_state(caches, {g.index: job.block_ids[g.index][0] for g in model.recurrent})
+        self._client.checkpoint_put(layout, job.tokens, n, state.numpy())
 
     def _fetch(self, group: _Group, salt: str | None, tokens: list[int], n: int) -> torch.Tensor | None:
         """The first `n` blocks kvtier holds for `tokens` in `group`, as
@@ -674,8 +839,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         jobs = [j for j in meta.jobs if not j.load and j.req_id not in self._short]
-        if not jobs or (self._async and layer_name not in self._slot_of):
-            return
+        if not jobs or self._recurrent is not None or (self._async and layer_name not in self._slot_of):
+            return  # (a model with recurrent groups is gathered whole in wait_for_save)
         group, li = self._slot(layer_name)
         for job in jobs:
             ids = job.block_ids[group.index]
@@ -693,6 +858,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         assert isinstance(meta, KvtierConnectorMetadata)
         self._settle()
         short, self._short = self._short, set()
+        if self._recurrent is not None:
+            for job in (j for j in meta.jobs if not j.load):
+                try:
+                    self._store_recurrent(job)
+                except Exception:  # noqa: BLE001 - a store never fails the step
+                    logger.exception("kvtier store failed (the KV stays computed, not cached)")
+            return
         for job in (j for j in meta.jobs if not j.load):
             for group in self._groups:
                 parts = self._saving.pop((job.req_id, group.index), None)

@@ -8,7 +8,9 @@ usage: engine_run.py MODEL_DIR URL|embedded:DIR|none PROMPT_TOKENS DTYPE [READY_
 
 With READY_FILE and GO_FILE, the engine writes READY_FILE once it is up and waits for
 GO_FILE before generating (so a test can change the world in between). The environment
-variable KVTIER_TEST_CACHE_SALT gives the prompt a cache salt.
+variable KVTIER_TEST_CACHE_SALT gives the prompt a cache salt; KVTIER_TEST_RECURRENT=1 runs
+a model with recurrent layers (prefix caching on, see below); KVTIER_TEST_PATCH breaks the
+connector's recurrent path on purpose (`patch`), for the tests' controls.
 """
 
 from __future__ import annotations
@@ -19,10 +21,40 @@ import sys
 import time
 
 
+def patch(kind: str) -> None:
+    """Breaks the connector's recurrent path on purpose, for the tests' controls (in this
+    process: the engine then runs with the uni executor)."""
+    from kvtier._vllm_recurrent import RecurrentModel
+
+    if kind == "zero-state":
+        # A restored boundary gets the KV but the state of an empty prompt: what a cache
+        # that restores KV without the recurrent state does.
+        scatter = RecurrentModel.scatter_state
+
+        def zeroed(self, caches, blocks, state):  # type: ignore[no-untyped-def]
+            scatter(self, caches, blocks, state)
+            for g in self.recurrent:
+                for view in self._state_tensors(caches, g, blocks[g.index]):
+                    view.zero_()
+
+        RecurrentModel.scatter_state = zeroed  # type: ignore[method-assign]
+    elif kind == "no-state":
+        # Stores keep their KV blocks, but every state fails to be gathered.
+        def fail(self, caches, blocks):  # type: ignore[no-untyped-def]
+            raise RuntimeError("test: no state")
+
+        RecurrentModel.gather_state = fail  # type: ignore[method-assign]
+    else:
+        raise SystemExit(f"unknown patch {kind}")
+
+
 def main() -> None:
-    if sys.argv[2].startswith("embedded:"):
+    patched = os.environ.get("KVTIER_TEST_PATCH")
+    if sys.argv[2].startswith("embedded:") or patched:
         # vLLM's CPU platform runs the uni executor only without the engine-core process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if patched:
+        patch(patched)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -46,6 +78,10 @@ def main() -> None:
                     "ssd": {"min_free": "0", "durability": "written"},
                 }
             }
+    # A model with recurrent layers: vLLM keeps their states at block boundaries only with
+    # prefix caching on (its "align" mode), which each run's fresh process starts empty.
+    recurrent = os.environ.get("KVTIER_TEST_RECURRENT") == "1"
+    memory = {"kv_cache_memory_bytes": 256 << 20} if recurrent else {"gpu_memory_utilization": 0.05}
     llm = LLM(
         model=model,
         skip_tokenizer_init=True,
@@ -54,14 +90,15 @@ def main() -> None:
         max_model_len=1024,
         enforce_eager=True,
         max_num_seqs=4,
-        # On CPU this is the share of host memory vLLM reserves for its KV cache.
-        gpu_memory_utilization=0.05,
-        # Only kvtier may supply a prefix: vLLM's own cache would hide a miss.
-        enable_prefix_caching=False,
+        # On CPU the share of host memory vLLM reserves for its KV cache (or its size).
+        **memory,
+        # Only kvtier may supply a prefix: vLLM's own cache would hide a miss (with one
+        # prompt per process, it never hits; a recurrent model needs it on, above).
+        enable_prefix_caching=recurrent,
         kv_transfer_config=kv,
         # An embedded kvtier engine needs the connector's scheduler and worker sides in one
         # process (vLLM's CPU platform otherwise runs the worker in a process of its own).
-        **({"distributed_executor_backend": "uni"} if embedded else {}),
+        **({"distributed_executor_backend": "uni"} if embedded or patched else {}),
     )
     if len(sys.argv) > 6:
         ready, go = sys.argv[5], sys.argv[6]

@@ -60,14 +60,22 @@ def models(tmp_path_factory):
     return a, b
 
 
-def engine(model: Path, url: str | None, dtype: str = "bfloat16", between=None, salt: str | None = None) -> dict:
+def engine(
+    model: Path,
+    url: str | None,
+    dtype: str = "bfloat16",
+    between=None,
+    salt: str | None = None,
+    prompt: int = PROMPT,
+    env: dict[str, str] | None = None,
+) -> dict:
     """One engine run; its result. ``between`` runs once the engine is up, before it
-    generates; ``salt`` is the prompt's cache salt."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    generates; ``salt`` is the prompt's cache salt; ``env``, engine_run.py's switches."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
     env.pop("KVTIER_TEST_CACHE_SALT", None)
     if salt is not None:
         env["KVTIER_TEST_CACHE_SALT"] = salt
-    args = [sys.executable, str(HERE / "engine_run.py"), str(model), url or "none", str(PROMPT), dtype]
+    args = [sys.executable, str(HERE / "engine_run.py"), str(model), url or "none", str(prompt), dtype]
     if between is not None:
         ready, go = model.parent / f"ready-{time.time_ns()}", model.parent / f"go-{time.time_ns()}"
         args += [str(ready), str(go)]
