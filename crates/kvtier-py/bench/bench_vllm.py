@@ -64,7 +64,10 @@ def engine_main(model: str, url: str, pairs: int) -> None:
         max_num_batched_tokens=4096,
         enforce_eager=True,
         max_num_seqs=2,
-        gpu_memory_utilization=0.1,
+        # A fixed KV cache (2 sequences of 4,096 tokens need 64 MiB): a share of host
+        # memory (gpu_memory_utilization) depends on the machine and, on CPU, has vLLM's
+        # own process memory taken out of it.
+        kv_cache_memory_bytes=512 << 20,
         enable_prefix_caching=False,
         kv_transfer_config={
             "kv_connector": "KvtierConnector",

@@ -81,7 +81,6 @@ def main() -> None:
     # A model with recurrent layers: vLLM keeps their states at block boundaries only with
     # prefix caching on (its "align" mode), which each run's fresh process starts empty.
     recurrent = os.environ.get("KVTIER_TEST_RECURRENT") == "1"
-    memory = {"kv_cache_memory_bytes": 256 << 20} if recurrent else {"gpu_memory_utilization": 0.05}
     llm = LLM(
         model=model,
         skip_tokenizer_init=True,
@@ -90,8 +89,10 @@ def main() -> None:
         max_model_len=1024,
         enforce_eager=True,
         max_num_seqs=4,
-        # On CPU the share of host memory vLLM reserves for its KV cache (or its size).
-        **memory,
+        # The KV cache's size. (Not a share of host memory, gpu_memory_utilization: on CPU
+        # vLLM subtracts its own process's memory from that share, which left nothing for
+        # the cache on a 16 GB machine.)
+        kv_cache_memory_bytes=256 << 20,
         # Only kvtier may supply a prefix: vLLM's own cache would hide a miss (with one
         # prompt per process, it never hits; a recurrent model needs it on, above).
         enable_prefix_caching=recurrent,
