@@ -721,6 +721,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         model, caches = self._recurrent, self._kv_caches
         assert model is not None and caches is not None
         n = len(job.tokens) // self._block_size
+        if any(_NULL_BLOCK in job.block_ids[g.index][:n] for g in model.attention) or any(
+            job.block_ids[g.index][0] == _NULL_BLOCK for g in model.recurrent
+        ):
+            logger.warning("KvtierConnector: a boundary without all of its blocks in vLLM's cache; not stored")
+            return
         layout = self._recurrent_layout(job.salt)
         kv = model.gather_kv(caches, job.block_ids, n)
         self._client.store(layout, job.tokens, kv.view(torch.uint8).reshape(-1).numpy())
