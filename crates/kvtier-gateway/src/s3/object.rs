@@ -47,8 +47,8 @@ fn content_type_of(o: &Object) -> Option<s3s::dto::ContentType> {
 }
 
 /// The byte range a Range header selects, or 416 exactly as S3 answers. (Malformed and
-/// multi-range headers never get here: the listener drops them, and S3 then sends the
-/// whole object.)
+/// multi-range headers never get here: the listener drops them, or for a signed one the
+/// route of `serve/signed_range.rs`, and S3 then sends the whole object.)
 fn select(range: Option<Range>, size: u64) -> S3Result<(std::ops::Range<u64>, bool)> {
     match range {
         None => Ok((0..size, false)),

@@ -11,6 +11,7 @@
 mod access;
 mod conns;
 mod refusals;
+mod signed_range;
 mod unsigned;
 mod wrap;
 
@@ -207,12 +208,14 @@ impl RunningGateway {
                 access_key,
                 secret_key,
             } => {
+                let verified = S3ServiceBuilder::new(gateway.clone()).build();
                 let mut builder = S3ServiceBuilder::new(gateway.authenticated());
                 builder.set_auth(OneKey {
                     access_key: access_key.clone(),
                     secret_key: SecretKey::from(secret_key.as_str()),
                 });
                 builder.set_access(access::PublicReadOnly { store });
+                builder.set_route(signed_range::WholeObject { verified });
                 builder
             }
         };

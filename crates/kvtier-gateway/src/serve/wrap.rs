@@ -6,9 +6,9 @@
 //!   Content-Length, not `aws-chunked`): s3s needs a length, so such a body is gathered
 //!   (up to [`CHUNKED_MAX`]) and handed on with its length; larger ones get 411.
 //! - **Range**: a malformed or multi-range `Range` header is dropped, so the whole object
-//!   is sent with 200, as S3 does — when the signature does not cover it (unsigned
-//!   requests, presigned URLs). A signed one cannot be dropped without breaking the
-//!   signature; s3s then answers 400 (a remaining difference, docs/gateway.md).
+//!   is sent with 200, as S3 does. When the signature covers it (boto3 signs it), it
+//!   cannot be dropped here without breaking the signature: the request is marked, and
+//!   dropped after s3s has checked the signature (`signed_range.rs`).
 //! - **An empty Content-MD5** is refused (`InvalidDigest`), as S3 refuses it.
 //! - **Presigned URLs** valid for more than 7 days are refused (403), as S3 refuses them.
 //! - **XML answers**: characters XML 1.0 cannot carry literally (C0 controls but tab and
@@ -39,7 +39,7 @@ use hyper::body::Incoming;
 use s3s::service::S3Service;
 
 use super::refusals::Refusals;
-use super::unsigned;
+use super::{signed_range, unsigned};
 
 /// The largest chunked body without a length that is accepted (gathered in memory).
 pub const CHUNKED_MAX: usize = 8 << 20;
@@ -174,7 +174,7 @@ fn single_range(v: &str) -> bool {
 }
 
 /// Whether the request's SigV4 signature covers its Range header (then it cannot be
-/// dropped without breaking the signature, and s3s answers 400 for it).
+/// dropped before s3s has checked the signature).
 fn range_is_signed(parts: &http::request::Parts) -> bool {
     let in_header = parts
         .headers
@@ -278,9 +278,12 @@ impl Shaper {
         }
         if let Some(r) = parts.headers.get(http::header::RANGE)
             && !r.to_str().is_ok_and(single_range)
-            && !range_is_signed(&parts)
         {
-            parts.headers.remove(http::header::RANGE);
+            if range_is_signed(&parts) {
+                parts.extensions.insert(signed_range::SignedBadRange);
+            } else {
+                parts.headers.remove(http::header::RANGE);
+            }
         }
         let chunked_without_length = parts
             .headers
