@@ -14,41 +14,16 @@ use super::input::{
     stream_into, write_conditions,
 };
 use super::list::{Names, owner};
-use super::object::info_from;
+use super::object::{info_from, upload_info};
 use super::{Gateway, blocking, etag, s3_err, timestamp};
-use crate::store::Completed;
+use crate::store::{Completed, ObjectInfo};
 
 pub(super) async fn create(
     gw: &Gateway,
-    input: CreateMultipartUploadInput,
+    mut input: CreateMultipartUploadInput,
 ) -> S3Result<CreateMultipartUploadOutput> {
     check_key(&input.key)?;
-    check_metadata(input.metadata.as_ref())?;
-    let public_read = canned_public_read(
-        input.acl.as_ref().map(|a| a.as_str()),
-        &[
-            input.grant_full_control.as_ref(),
-            input.grant_read.as_ref(),
-            input.grant_read_acp.as_ref(),
-            input.grant_write_acp.as_ref(),
-        ],
-    )?;
-    let headers = kept_headers(
-        input.cache_control,
-        input.content_disposition,
-        input.content_encoding,
-        input.content_language,
-        input.expires.as_ref(),
-    );
-    let info = crate::store::ObjectInfo {
-        public_read,
-        ..info_from(
-            input.content_type.map(|c| c.to_string()),
-            input.metadata,
-            headers,
-            gw.store.now_ms(),
-        )
-    };
+    let info = upload_info!(gw, input);
     let store = gw.store.clone();
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
     let upload_id = blocking(move || store.create_upload(&bucket, &key, info)).await?;

@@ -183,20 +183,47 @@ fn conditioned(
     }
 }
 
+/// What PutObject and CreateMultipartUpload keep of their input (`$input`, either s3s
+/// input type: the same field names, hence a macro) as the object's info: metadata
+/// checked, the canned ACL and grants read, the kept headers, stamped now. Evaluates to
+/// `ObjectInfo` and returns the error from the enclosing function.
+macro_rules! upload_info {
+    ($gw:expr, $input:expr) => {{
+        check_metadata($input.metadata.as_ref())?;
+        let public_read = canned_public_read(
+            $input.acl.as_ref().map(|a| a.as_str()),
+            &[
+                $input.grant_full_control.as_ref(),
+                $input.grant_read.as_ref(),
+                $input.grant_read_acp.as_ref(),
+                $input.grant_write_acp.as_ref(),
+            ],
+        )?;
+        let headers = kept_headers(
+            $input.cache_control.take(),
+            $input.content_disposition.take(),
+            $input.content_encoding.take(),
+            $input.content_language.take(),
+            $input.expires.as_ref(),
+        );
+        ObjectInfo {
+            public_read,
+            ..info_from(
+                $input.content_type.take().map(|c| c.to_string()),
+                $input.metadata.take(),
+                headers,
+                $gw.store.now_ms(),
+            )
+        }
+    }};
+}
+pub(super) use upload_info;
+
 pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Result<PutObjectOutput> {
-    let input = req.input;
+    let mut input = req.input;
     check_key(&input.key)?;
-    check_metadata(input.metadata.as_ref())?;
     check_md5_form(input.content_md5.as_deref())?;
-    let public_read = canned_public_read(
-        input.acl.as_ref().map(|a| a.as_str()),
-        &[
-            input.grant_full_control.as_ref(),
-            input.grant_read.as_ref(),
-            input.grant_read_acp.as_ref(),
-            input.grant_write_acp.as_ref(),
-        ],
-    )?;
+    let info = upload_info!(gw, input);
     let cond = write_conditions(
         input.if_match.as_ref(),
         input.if_none_match.as_ref(),
@@ -222,22 +249,6 @@ pub(super) async fn put(gw: &Gateway, req: S3Request<PutObjectInput>) -> S3Resul
         Err(e) => return Err(s3_err(e)),
     };
     cond.check_write(current.as_deref()).map_err(s3_err)?;
-    let headers = kept_headers(
-        input.cache_control,
-        input.content_disposition,
-        input.content_encoding,
-        input.content_language,
-        input.expires.as_ref(),
-    );
-    let info = ObjectInfo {
-        public_read,
-        ..info_from(
-            input.content_type.map(|c| c.to_string()),
-            input.metadata,
-            headers,
-            gw.store.now_ms(),
-        )
-    };
     let store = gw.store.clone();
     let (bucket, key) = (input.bucket, input.key);
     let writer = {
@@ -280,6 +291,31 @@ pub fn access_denied() -> S3Error {
     s3_error!(AccessDenied, "Access Denied")
 }
 
+/// The headers GET and HEAD answer for the same object and selection, as an s3s output
+/// struct of type `$out` (two types with the same field names, hence a macro).
+macro_rules! object_headers {
+    ($out:ident, $object:expr, $range:expr, $partial:expr, $parts_count:expr) => {{
+        let object = &$object;
+        let h = &object.info.headers;
+        $out {
+            content_length: Some(($range.end - $range.start) as i64),
+            content_range: $partial.then(|| content_range(&$range, object.size)),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(&object.info.etag)),
+            last_modified: Some(timestamp(object.info.modified_ms)),
+            content_type: content_type_of(object),
+            metadata: metadata_of(object),
+            cache_control: h.cache_control.clone(),
+            content_disposition: h.content_disposition.clone(),
+            content_encoding: h.content_encoding.clone(),
+            content_language: h.content_language.clone(),
+            expires: expires_of(object),
+            parts_count: $parts_count,
+            ..$out::default()
+        }
+    }};
+}
+
 pub(super) fn get(
     gw: &Gateway,
     input: GetObjectInput,
@@ -309,23 +345,9 @@ pub(super) fn get(
         c.ranged_gets.fetch_add(1, Ordering::Relaxed);
     }
     c.bytes_out.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-    let h = &object.info.headers;
     Ok(GetObjectOutput {
         body: Some(StreamingBlob::from(s3s::Body::from(bytes))),
-        content_length: Some((range.end - range.start) as i64),
-        content_range: partial.then(|| content_range(&range, object.size)),
-        accept_ranges: Some("bytes".into()),
-        e_tag: Some(etag(&object.info.etag)),
-        last_modified: Some(timestamp(object.info.modified_ms)),
-        content_type: content_type_of(&object),
-        metadata: metadata_of(&object),
-        cache_control: h.cache_control.clone(),
-        content_disposition: h.content_disposition.clone(),
-        content_encoding: h.content_encoding.clone(),
-        content_language: h.content_language.clone(),
-        expires: expires_of(&object),
-        parts_count,
-        ..GetObjectOutput::default()
+        ..object_headers!(GetObjectOutput, object, range, partial, parts_count)
     })
 }
 
@@ -346,23 +368,13 @@ pub(super) fn head(
         partial,
         parts_count,
     } = select_any(&object, input.range, input.part_number)?;
-    let h = &object.info.headers;
-    Ok(HeadObjectOutput {
-        content_length: Some((range.end - range.start) as i64),
-        content_range: partial.then(|| content_range(&range, object.size)),
-        accept_ranges: Some("bytes".into()),
-        e_tag: Some(etag(&object.info.etag)),
-        last_modified: Some(timestamp(object.info.modified_ms)),
-        content_type: content_type_of(&object),
-        metadata: metadata_of(&object),
-        cache_control: h.cache_control.clone(),
-        content_disposition: h.content_disposition.clone(),
-        content_encoding: h.content_encoding.clone(),
-        content_language: h.content_language.clone(),
-        expires: expires_of(&object),
-        parts_count,
-        ..HeadObjectOutput::default()
-    })
+    Ok(object_headers!(
+        HeadObjectOutput,
+        object,
+        range,
+        partial,
+        parts_count
+    ))
 }
 
 /// GetObjectAttributes: ETag, size, storage class (always `STANDARD`) and, for a
