@@ -43,6 +43,14 @@ impl Endpoint {
     pub fn id(&self) -> String {
         format!("{}/{}", self.url.trim_end_matches('/'), self.bucket)
     }
+
+    /// Whether `id` is this endpoint's [`Self::id`] (without building it: a follower
+    /// asks once per record it receives).
+    pub fn has_id(&self, id: &str) -> bool {
+        id.strip_suffix(self.bucket.as_str())
+            .and_then(|rest| rest.strip_suffix('/'))
+            .is_some_and(|url| url == self.url.trim_end_matches('/'))
+    }
 }
 
 /// Settings of a [`crate::RemoteTier`].
@@ -71,6 +79,34 @@ impl RemoteConfig {
             deadline: Duration::from_secs(2),
             retries: 3,
             max_run_blocks: 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+
+    /// `has_id` says yes exactly to the id `id()` builds, however the URL ends.
+    #[test]
+    fn has_id_matches_id_and_nothing_else() {
+        for url in [
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+            "http://s3//",
+        ] {
+            let e = Endpoint::new(url, "kv");
+            assert!(e.has_id(&e.id()), "{url}");
+            for other in [
+                format!("{}x", e.id()),
+                format!("{}1/kv", url.trim_end_matches('/')),
+                format!("{}kv", url.trim_end_matches('/')),
+                format!("{}/kv", url.trim_end_matches('/')).replace("kv", "kvv"),
+                "kv".to_string(),
+                "/kv".to_string(),
+            ] {
+                assert!(!e.has_id(&other), "{url} vs {other}");
+            }
         }
     }
 }

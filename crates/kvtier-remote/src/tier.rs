@@ -712,7 +712,7 @@ impl RemoteTier {
     /// through different addresses (a proxy, another host name).
     pub fn endpoint_index(&self, id: &str) -> Option<usize> {
         let endpoints = &self.config.endpoints;
-        if let Some(i) = endpoints.iter().position(|e| e.id() == id) {
+        if let Some(i) = endpoints.iter().position(|e| e.has_id(id)) {
             return Some(i);
         }
         let bucket = id.rsplit('/').next()?;

@@ -8,7 +8,8 @@
 //! - `cluster.replay.100k.s`: a replica cold-starts until 100,000 advertised objects hit;
 //!   baseline: the paginated etcd read of the same records.
 //! - `cluster.publish.ops`: objects advertised per second while 4 threads report writes;
-//!   baseline: the same records written raw, batched as the publisher batches them, with
+//!   baseline: the same records (the publishing replica's own keys and values, byte for
+//!   byte, under its own fence) written raw, batched as the publisher batches them, with
 //!   the same concurrency (one record per transaction is printed beside it).
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::{Layout, LayoutDigest};
 use kvtier_core::tier::{BlockMeta, NoSink, Tier};
 use kvtier_core::{KvDtype, LayoutKey};
-use kvtier_meta::etcd_client::{self, Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
+use kvtier_meta::etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
 use kvtier_meta::{Advert, ClusterCatalog, ClusterConfig};
 use kvtier_remote::{Endpoint, ObjectInfo, ObjectName, RemoteConfig, RemoteTier};
 
@@ -368,11 +369,15 @@ impl Bench {
         anyhow::ensure!(infos.len() == n, "wrote {} of {n} objects", infos.len());
         let p = self.replica("pub", "p")?;
         let stats = p.catalog.stats().clone();
+        let raw = RawRecords::of(self, &p, "raw", &infos)?;
         // Each sample publishes all n objects and is paired with a raw sample of the same
-        // records; one sample lasts a fraction of a second, so a full run takes five and
-        // quotes their medians. Between samples the records are deleted (p forgets the
+        // records. One sample lasts a fraction of a second and etcd's own rate swings from
+        // one to the next (its backend commits every 100 ms), so a full run takes many and
+        // quotes the median of the per-sample ratios. Every timed phase starts on a store
+        // compacted up to now, and the two alternate which goes first, so neither runs on
+        // the other's history. Between samples the records are deleted (p forgets the
         // objects) and p adopts the objects again, untimed.
-        let samples = if self.effort.scale > 1 { 5 } else { 1 };
+        let samples = if self.effort.scale > 1 { 15 } else { 1 };
         let (mut value, mut baseline) = (Vec::new(), Vec::new());
         for sample in 0..samples {
             for info in &infos {
@@ -382,52 +387,98 @@ impl Bench {
                     info.name.manifest
                 );
             }
-            let before = stats.published.load(Ordering::Relaxed);
-            // Timed: four storing threads report their writes to the catalog (as the tier
-            // does after each PUT) until every object is advertised.
-            let t = Instant::now();
-            std::thread::scope(|s| {
-                for k in 0..PUBLISH_THREADS {
-                    let (infos, catalog) = (&infos, p.catalog.clone());
-                    s.spawn(move || {
-                        for info in infos.iter().skip(k).step_by(PUBLISH_THREADS) {
-                            kvtier_remote::Catalog::wrote(catalog.as_ref(), info);
-                        }
-                    });
-                }
-            });
-            while stats.published.load(Ordering::Relaxed) < before + n as u64 {
-                anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "publishing stalled");
-                std::thread::sleep(Duration::from_millis(1));
+            let raw_first = sample % 2 == 1;
+            if raw_first {
+                self.compact()?;
+                baseline.push(self.raw_txns(&raw, 16, false)?);
             }
-            value.push(n as f64 / t.elapsed().as_secs_f64());
-            // The baseline: the same records written raw with the publisher's batching
-            // (16 to a transaction) — the best etcd does for these bytes here.
-            baseline.push(self.raw_txns(n, 16, &format!("bench/batched{sample}/"), false)?);
+            self.compact()?;
+            value.push(self.publish_sample(&p, &infos)?);
+            if !raw_first {
+                self.compact()?;
+                baseline.push(self.raw_txns(&raw, 16, false)?);
+            }
             if sample + 1 < samples {
                 self.withdraw_all(&p, "pub")?;
             }
         }
+        anyhow::ensure!(
+            stats.resyncs_compacted.load(Ordering::Relaxed) == 0,
+            "a compaction made the publishing replica resync: the samples are not comparable"
+        );
         let transactions = stats.publish_transactions.load(Ordering::Relaxed);
-        let mut sorted = value.clone();
-        sorted.sort_by(f64::total_cmp);
-        let typical = sorted[sorted.len() / 2];
+        let mut values = value.clone();
+        values.sort_by(f64::total_cmp);
+        let mut ratios: Vec<f64> = value.iter().zip(&baseline).map(|(v, b)| v / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        let quartile = |v: &[f64], q: usize| v[(v.len() - 1) * q / 4];
         // Context: one record per transaction (the baseline), and batched while a
         // client watches.
-        let single = self.raw_txns(n, 1, "bench/single/", false)?;
-        let watched = self.raw_txns(n, 16, "bench/watched/", true)?;
+        self.compact()?;
+        let single = self.raw_txns(&raw, 1, false)?;
+        self.compact()?;
+        let watched = self.raw_txns(&raw, 16, true)?;
         println!(
-            "  (publish: {samples} samples of {n}, {:.1} records per transaction; raw records/s one per transaction {single:.0}, ratio {:.2}; batched with one watcher on their prefix {watched:.0})",
+            "  (publish: {samples} samples of {n}, {:.1} records per transaction, per-sample ratios {:.2}–{:.2}–{:.2} (quartiles); raw records/s one per transaction {single:.0}, ratio {:.2}; batched with one watcher on their prefix {watched:.0})",
             (n * samples) as f64 / transactions.max(1) as f64,
-            typical / single
+            quartile(&ratios, 1),
+            quartile(&ratios, 2),
+            quartile(&ratios, 3),
+            quartile(&values, 2) / single
         );
         Ok(Row::paired(
             NAMES[4],
             &value,
             &baseline,
             "ops/s",
-            "raw etcd records/s of the same shape, 16 to a transaction, 128 transactions in flight",
+            "the same records raw (keys as long, same values and fence), 16 to a transaction, 128 transactions in flight",
         ))
+    }
+
+    /// Objects advertised per second while four storing threads report `infos` to `p`'s
+    /// catalog (as the tier does after each PUT), until every one is advertised.
+    fn publish_sample(&self, p: &Replica, infos: &[ObjectInfo]) -> anyhow::Result<f64> {
+        let stats = p.catalog.stats();
+        let before = stats.published.load(Ordering::Relaxed);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for k in 0..PUBLISH_THREADS {
+                let catalog = p.catalog.clone();
+                s.spawn(move || {
+                    for info in infos.iter().skip(k).step_by(PUBLISH_THREADS) {
+                        kvtier_remote::Catalog::wrote(catalog.as_ref(), info);
+                    }
+                });
+            }
+        });
+        let n = infos.len() as u64;
+        while stats.published.load(Ordering::Relaxed) < before + n {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "publishing stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// Compacts etcd's history up to now (as a deployment's auto-compaction does), so
+    /// every timed phase starts from the same store, not after the revisions of the ones
+    /// before it.
+    fn compact(&self) -> anyhow::Result<()> {
+        let mut client = self.client()?;
+        self.rt.block_on(async {
+            let revision = client
+                .get("bench/none", None)
+                .await?
+                .header()
+                .map(|h| h.revision())
+                .unwrap_or(0);
+            client
+                .compact(
+                    revision,
+                    Some(kvtier_meta::etcd_client::CompactionOptions::new().with_physical()),
+                )
+                .await?;
+            Ok::<_, anyhow::Error>(())
+        })
     }
 
     /// Deletes every advertisement of `cluster` and waits until `replica` has applied the
@@ -450,18 +501,19 @@ impl Bench {
         Ok(())
     }
 
-    /// Raw records per second: `n` records of the publish's shape (each compared absent
-    /// with its tombstone, under two more compares standing for the fence), `per_txn` to
-    /// a transaction, 128 transactions in flight (as many as the publisher keeps); with
-    /// `watch`, one more client watches their prefix meanwhile.
-    fn raw_txns(&self, n: usize, per_txn: usize, prefix: &str, watch: bool) -> anyhow::Result<f64> {
+    /// Raw records per second: `records` (key and value) written straight to etcd,
+    /// `per_txn` to a transaction — each record compared absent with its tombstone
+    /// (`fence` first) — 128 transactions in flight (as many as the publisher keeps); with
+    /// `watch`, one more client watches their prefix meanwhile. Every transaction must
+    /// commit. The records are deleted afterwards (untimed), so the next sample finds etcd
+    /// as this one did.
+    fn raw_txns(&self, raw: &RawRecords, per_txn: usize, watch: bool) -> anyhow::Result<f64> {
         let client = self.client()?;
-        let value = vec![b'x'; 700];
         let watcher = if watch {
             let mut w = self.client()?;
             let mut stream = self
                 .rt
-                .block_on(w.watch(prefix.to_owned(), Some(WatchOptions::new().with_prefix())))?;
+                .block_on(w.watch(raw.prefix.clone(), Some(WatchOptions::new().with_prefix())))?;
             Some(self.rt.spawn(async move {
                 let _keep = w;
                 while let Ok(Some(_)) = stream.message().await {}
@@ -469,32 +521,28 @@ impl Bench {
         } else {
             None
         };
+        let n = raw.records.len();
         let txns = n.div_ceil(per_txn);
+        let records = Arc::new(raw.records.clone());
         let t = Instant::now();
         self.rt.block_on(async {
             let mut set = tokio::task::JoinSet::new();
             for k in 0..128 {
-                let (mut c, value, prefix) = (client.clone(), value.clone(), prefix.to_owned());
+                let (mut c, records, fence) = (client.clone(), records.clone(), raw.fence.clone());
                 set.spawn(async move {
                     for j in (k..txns).step_by(128) {
-                        let mut when = vec![
-                            Compare::version("bench/none-a", CompareOp::Equal, 0),
-                            Compare::version("bench/none-b", CompareOp::Equal, 0),
-                        ];
+                        let mut when = fence.clone();
                         let mut puts = Vec::with_capacity(per_txn);
-                        for i in j * per_txn..((j + 1) * per_txn).min(n) {
-                            let key = format!("{prefix}{i}");
+                        for (key, tomb, value) in &records[j * per_txn..((j + 1) * per_txn).min(n)]
+                        {
                             when.push(Compare::version(key.as_str(), CompareOp::Equal, 0));
-                            when.push(Compare::version(
-                                format!("{prefix}tomb/{i}"),
-                                CompareOp::Equal,
-                                0,
-                            ));
-                            puts.push(TxnOp::put(key.as_str(), value.clone(), None));
+                            when.push(Compare::version(tomb.as_str(), CompareOp::Equal, 0));
+                            puts.push(TxnOp::put(key.as_str(), value.as_str(), None));
                         }
-                        c.txn(Txn::new().when(when).and_then(puts)).await?;
+                        let r = c.txn(Txn::new().when(when).and_then(puts)).await?;
+                        anyhow::ensure!(r.succeeded(), "a raw transaction did not commit");
                     }
-                    Ok::<_, etcd_client::Error>(())
+                    Ok::<_, anyhow::Error>(())
                 });
             }
             while let Some(r) = set.join_next().await {
@@ -506,8 +554,87 @@ impl Bench {
         if let Some(w) = watcher {
             w.abort();
         }
+        let mut c = client;
+        self.rt.block_on(c.delete(
+            raw.prefix.as_str(),
+            Some(kvtier_meta::etcd_client::DeleteOptions::new().with_prefix()),
+        ))?;
         Ok(rate)
     }
+}
+
+/// What the publish row's baseline writes: replica `p`'s own advertisements of its
+/// objects, byte for byte, under keys of the same length in a sibling cluster nobody
+/// watches, and `p`'s own fence (its generation's value and its member key's lease).
+struct RawRecords {
+    prefix: String,
+    /// Advertisement key, tombstone key, value.
+    records: Vec<(String, String, String)>,
+    fence: Vec<Compare>,
+}
+
+impl RawRecords {
+    fn of(
+        bench: &Bench,
+        replica: &Replica,
+        cluster: &str,
+        infos: &[ObjectInfo],
+    ) -> anyhow::Result<Self> {
+        let config = replica.catalog.config();
+        let ours = kvtier_meta::Keys::new(&config.name);
+        let keys = kvtier_meta::Keys::new(cluster);
+        anyhow::ensure!(
+            keys.root().len() == ours.root().len(),
+            "the baseline's keys must be as long as the replica's"
+        );
+        let generation = replica.catalog.generation();
+        let endpoint = replica.tier.endpoint_id(0).unwrap_or_default();
+        let mut records = Vec::with_capacity(infos.len());
+        for info in infos {
+            let (key, tomb) = keys
+                .of_object(info)
+                .ok_or_else(|| anyhow::anyhow!("an object without blocks"))?;
+            let mut advert = Advert::of(
+                info,
+                endpoint.clone(),
+                &config.replica,
+                generation,
+                &config.namespace,
+                now_ms(),
+            );
+            advert.priority = config.priority;
+            records.push((key, tomb, serde_json::to_string(&advert)?));
+        }
+        let mut client = bench.client()?;
+        let member = ours.member(&config.replica);
+        let lease = bench
+            .rt
+            .block_on(client.get(member.as_str(), None))?
+            .kvs()
+            .first()
+            .map(|kv| kv.lease())
+            .ok_or_else(|| anyhow::anyhow!("replica {} is not registered", config.replica))?;
+        let fence = vec![
+            Compare::value(
+                ours.generation(&config.replica),
+                CompareOp::Equal,
+                generation.to_string(),
+            ),
+            Compare::lease(member, CompareOp::Equal, lease),
+        ];
+        Ok(Self {
+            prefix: keys.root().to_owned(),
+            records,
+            fence,
+        })
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A writer's catalog that names objects like replica `p` and tells nobody of them.
