@@ -14,7 +14,7 @@ use s3s::dto::{
 };
 use s3s::{S3Result, s3_error};
 
-use super::input::{canned_public_read, check_key};
+use super::input::{bucket_grants, canned_public_read, check_key};
 use super::list::owner;
 use super::{Gateway, s3_err};
 use crate::store::StoreError;
@@ -107,13 +107,7 @@ pub(super) fn put_object(gw: &Gateway, input: PutObjectAclInput) -> S3Result<Put
         object.info.public_read,
         input.acl.as_ref().map(|a| a.as_str()),
         input.access_control_policy.is_some(),
-        &[
-            input.grant_full_control.as_ref(),
-            input.grant_read.as_ref(),
-            input.grant_read_acp.as_ref(),
-            input.grant_write.as_ref(),
-            input.grant_write_acp.as_ref(),
-        ],
+        &bucket_grants!(input),
     )?;
     Ok(PutObjectAclOutput::default())
 }
@@ -124,13 +118,7 @@ pub(super) fn put_bucket(gw: &Gateway, input: PutBucketAclInput) -> S3Result<Put
         public_read,
         input.acl.as_ref().map(|a| a.as_str()),
         input.access_control_policy.is_some(),
-        &[
-            input.grant_full_control.as_ref(),
-            input.grant_read.as_ref(),
-            input.grant_read_acp.as_ref(),
-            input.grant_write.as_ref(),
-            input.grant_write_acp.as_ref(),
-        ],
+        &bucket_grants!(input),
     )?;
     Ok(PutBucketAclOutput::default())
 }

@@ -202,6 +202,22 @@ pub async fn stream_into(
     }
 }
 
+/// The five `x-amz-grant-*` headers of a bucket request or an ACL call (`$input`: any s3s
+/// input type with these fields — they share names, not a trait), for
+/// [`canned_public_read`] and `acl::restates`. Object uploads have no `grant_write`.
+macro_rules! bucket_grants {
+    ($input:expr) => {
+        [
+            $input.grant_full_control.as_ref(),
+            $input.grant_read.as_ref(),
+            $input.grant_read_acp.as_ref(),
+            $input.grant_write.as_ref(),
+            $input.grant_write_acp.as_ref(),
+        ]
+    };
+}
+pub(crate) use bucket_grants;
+
 /// What a request's canned ACL (`x-amz-acl`) asks of an object or bucket: whether it is
 /// `public-read`. With one account, `private`, `authenticated-read`,
 /// `bucket-owner-read` and `bucket-owner-full-control` all mean "the owner only", as

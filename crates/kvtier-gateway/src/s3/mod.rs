@@ -131,13 +131,7 @@ impl S3 for Gateway {
         let input = req.input;
         let public_read = input::canned_public_read(
             input.acl.as_ref().map(|a| a.as_str()),
-            &[
-                input.grant_full_control.as_ref(),
-                input.grant_read.as_ref(),
-                input.grant_read_acp.as_ref(),
-                input.grant_write.as_ref(),
-                input.grant_write_acp.as_ref(),
-            ],
+            &input::bucket_grants!(input),
         )?;
         let location = input
             .create_bucket_configuration

@@ -247,6 +247,12 @@ def acls_and_more():
     assert not public(s3.get_bucket_acl(Bucket="priv")["Grants"])
     s3.put_object_acl(Bucket="pub", Key="closed", ACL="private")
     s3.put_bucket_acl(Bucket="pub", ACL="public-read")
+    # Explicit grants are refused beside a canned ACL too, by every call that takes them.
+    everyone = "uri=http://acs.amazonaws.com/groups/global/AllUsers"
+    assert err(lambda: s3.create_bucket(Bucket="grant-bucket", GrantRead=everyone)) == ("NotImplemented", 501)
+    assert err(lambda: s3.head_bucket(Bucket="grant-bucket"))[1] == 404
+    assert err(lambda: s3.put_bucket_acl(Bucket="pub", ACL="public-read", GrantWrite=everyone)) == ("NotImplemented", 501)
+    assert err(lambda: s3.put_object_acl(Bucket="pub", Key="open", ACL="public-read", GrantReadACP=everyone)) == ("NotImplemented", 501)
     assert err(lambda: s3.put_object_acl(Bucket="pub", Key="closed", ACL="public-read")) == ("NotImplemented", 501)
     assert err(lambda: anon.get_object(Bucket="pub", Key="closed")) == ("AccessDenied", 403)
     assert err(lambda: s3.put_bucket_acl(Bucket="priv", ACL="public-read")) == ("NotImplemented", 501)
