@@ -54,10 +54,17 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let settings = settings.settings().map_err(anyhow::Error::msg)?;
             let (endpoints, name) =
                 kvtier_node::cluster_endpoints(&settings).map_err(anyhow::Error::msg)?;
-            let status = runtime.block_on(async {
-                let mut client = kvtier_meta::connect_once(&endpoints).await?;
-                kvtier_meta::status::status(&mut client, &name).await
-            })?;
+            let status = runtime
+                .block_on(async {
+                    let mut client = kvtier_meta::connect_once(&endpoints).await?;
+                    kvtier_meta::status::status(&mut client, &name).await
+                })
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot read cluster {name} from etcd at {}: {e}",
+                        endpoints.join(",")
+                    )
+                })?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
@@ -94,7 +101,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let report = runtime.block_on(async {
                 let mut client = kvtier_meta::connect_once(&endpoints)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| format!("cannot reach etcd at {}: {e}", endpoints.join(",")))?;
                 reconcile::reconcile(&mut client, &tier, &options).await
             });
             let report = report.map_err(anyhow::Error::msg)?;

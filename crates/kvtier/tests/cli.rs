@@ -54,6 +54,33 @@ fn unknown_arguments_fail_cleanly() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// A dead etcd is a clear error, soon: nothing listening (refused), and a listener that
+/// accepts connections but never answers (the client's keep-alive gives up on it).
+#[test]
+fn cluster_status_fails_fast_and_clearly_without_etcd() -> Result<(), Box<dyn std::error::Error>> {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    for addr in [closed, silent.local_addr()?] {
+        let started = std::time::Instant::now();
+        let out = kvtier()
+            .args(["cluster", "status", "--cluster", &format!("etcd://{addr}")])
+            .output()?;
+        let took = started.elapsed();
+        let err = String::from_utf8(out.stderr)?;
+        assert!(!out.status.success(), "{addr}: {err}");
+        assert!(
+            err.contains("cannot read cluster") && err.contains(&addr.to_string()),
+            "{addr}: {err}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{addr}: took {took:?}"
+        );
+    }
+    drop(silent);
+    Ok(())
+}
+
 #[test]
 fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-{}", std::process::id()));
