@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvtier_core::clock::SystemClock;
+use kvtier_core::clock::{ClockExt, SystemClock};
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::{Layout, LayoutDigest};
 use kvtier_core::tier::{BlockMeta, NoSink, Tier};
@@ -523,12 +523,12 @@ impl Bench {
         };
         let n = raw.records.len();
         let txns = n.div_ceil(per_txn);
-        let records = Arc::new(raw.records.clone());
         let t = Instant::now();
         self.rt.block_on(async {
             let mut set = tokio::task::JoinSet::new();
             for k in 0..128 {
-                let (mut c, records, fence) = (client.clone(), records.clone(), raw.fence.clone());
+                let (mut c, records, fence) =
+                    (client.clone(), raw.records.clone(), raw.fence.clone());
                 set.spawn(async move {
                     for j in (k..txns).step_by(128) {
                         let mut when = fence.clone();
@@ -569,7 +569,7 @@ impl Bench {
 struct RawRecords {
     prefix: String,
     /// Advertisement key, tombstone key, value.
-    records: Vec<(String, String, String)>,
+    records: Arc<Vec<(String, String, String)>>,
     fence: Vec<Compare>,
 }
 
@@ -589,6 +589,7 @@ impl RawRecords {
         );
         let generation = replica.catalog.generation();
         let endpoint = replica.tier.endpoint_id(0).unwrap_or_default();
+        let clock = SystemClock::new();
         let mut records = Vec::with_capacity(infos.len());
         for info in infos {
             let (key, tomb) = keys
@@ -600,7 +601,7 @@ impl RawRecords {
                 &config.replica,
                 generation,
                 &config.namespace,
-                now_ms(),
+                clock.wall_unix_ms(),
             );
             advert.priority = config.priority;
             records.push((key, tomb, serde_json::to_string(&advert)?));
@@ -624,17 +625,10 @@ impl RawRecords {
         ];
         Ok(Self {
             prefix: keys.root().to_owned(),
-            records,
+            records: Arc::new(records),
             fence,
         })
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// A writer's catalog that names objects like replica `p` and tells nobody of them.
