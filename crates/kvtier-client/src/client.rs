@@ -10,8 +10,8 @@ use crate::conn::{Pool, Response};
 use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
 use crate::wire::frame::{self, EndStatus};
 use crate::wire::{
-    CheckpointSpec, ErrorBody, Health, LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer,
-    PromptSpec, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer, StoreAnswer,
+    CheckpointSpec, ErrorBody, FlushAnswer, Health, LayoutInfo, LayoutSpec, LoadRequest,
+    LookupAnswer, PromptSpec, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer, StoreAnswer,
     UPLOAD_CONTENT_TYPE,
 };
 
@@ -413,12 +413,16 @@ impl Client {
         self.post_json("/admin/ssd", request).await
     }
 
-    /// `POST /admin/flush`: waits until everything queued for the SSD is written.
+    /// `POST /admin/flush`: waits until everything queued for the SSD is written; true
+    /// only if it all was (see [`Client::admin_flush_report`]).
     pub async fn admin_flush(&self) -> Result<bool> {
-        let v: serde_json::Value = self
-            .post_json("/admin/flush", &serde_json::json!({}))
-            .await?;
-        Ok(v.get("drained").and_then(serde_json::Value::as_bool) == Some(true))
+        Ok(self.admin_flush_report().await?.drained)
+    }
+
+    /// `POST /admin/flush`, the whole answer: whether everything queued was written and
+    /// synced, and how many blocks queued since the previous flush were not.
+    pub async fn admin_flush_report(&self) -> Result<FlushAnswer> {
+        self.post_json("/admin/flush", &serde_json::json!({})).await
     }
 
     /// `POST /admin/cluster/withdraw`: deletes this replica's object `manifest` from the

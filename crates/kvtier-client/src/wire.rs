@@ -372,6 +372,30 @@ pub struct SsdAdminAnswer {
     pub ssd: Option<serde_json::Value>,
 }
 
+/// The answer to `POST /admin/flush`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushAnswer {
+    /// Every queue emptied, every tier synced, and every block and snapshot queued since
+    /// the previous flush reached its tier: everything acknowledged survives a power loss.
+    pub drained: bool,
+    /// Blocks and snapshots queued since the previous flush that were not written (a
+    /// failed write, a refusal such as a full disk, a full queue's drop), over every tier.
+    pub unwritten: u64,
+    /// The same per tier below RAM, by tier name (`ssd`, `remote`).
+    pub tiers: std::collections::BTreeMap<String, TierFlushAnswer>,
+}
+
+/// How one tier's flush went (see [`FlushAnswer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierFlushAnswer {
+    /// Its queue emptied before the deadline.
+    pub drained: bool,
+    /// Its sync succeeded.
+    pub synced: bool,
+    /// Blocks and snapshots queued since the previous flush that did not reach it.
+    pub unwritten: u64,
+}
+
 /// Binary framing of load responses and upload requests.
 pub mod frame {
     /// First bytes of a load response.

@@ -42,8 +42,8 @@ pub mod stats;
 pub mod tier;
 
 pub use engine::{
-    Ack, DEFAULT_MAX_TOKENS, Engine, EngineBuilder, EngineConfig, Loaded, PersistConfig,
-    PersistMode, Reattached, StoreOptions, StoreReport, TierOpener,
+    Ack, DEFAULT_MAX_TOKENS, Engine, EngineBuilder, EngineConfig, Flushed, Loaded, PersistConfig,
+    PersistMode, Reattached, StoreOptions, StoreReport, TierFlushed, TierOpener,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};

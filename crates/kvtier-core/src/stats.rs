@@ -148,6 +148,8 @@ pub struct TierStats {
     pub resident_bytes: u64,
     /// The tier's byte capacity.
     pub capacity_bytes: u64,
+    /// Records rewritten to reclaim space (compaction), for tiers that compact.
+    pub relocated: u64,
 }
 
 const REJECTED: &str = "Puts a tier refused, by reason";
@@ -174,6 +176,7 @@ impl TierStats {
         Counter { name: "resident_blocks", family: "tier_resident_blocks", label: None, help: "Blocks held now", kind: G, read: |s| s.resident_blocks },
         Counter { name: "resident_bytes", family: "tier_resident_bytes", label: None, help: "Payload bytes held now", kind: G, read: |s| s.resident_bytes },
         Counter { name: "capacity_bytes", family: "tier_capacity_bytes", label: None, help: "Byte capacity", kind: G, read: |s| s.capacity_bytes },
+        Counter { name: "relocated", family: "tier_relocated", label: None, help: "Records rewritten to reclaim space (compaction)", kind: C, read: |s| s.relocated },
     ];
 
     /// The counters as `(name, value)` pairs, each name starting with `prefix_`.

@@ -358,6 +358,12 @@ fn a_demotion_the_tier_refuses_leaves_the_index() {
         .unwrap();
     assert_eq!(e.lookup(&first).blocks.len(), 1, "queued: still findable");
     lower.open();
+    // The queue empties, but a block in it was not written: the flush says so.
+    let flushed = e.flush_report(Duration::from_secs(10));
+    assert!(flushed.tiers.iter().all(|t| t.drained && t.synced));
+    assert_eq!(flushed.unwritten(), 1, "{flushed:?}");
+    assert!(!flushed.clean());
+    // Counted once: the next flush has nothing new to report.
     assert!(e.flush(Duration::from_secs(10)));
     assert!(
         e.lookup(&first).is_miss(),

@@ -108,9 +108,6 @@ fn default_replica(port: u16) -> String {
 /// How long a start that fails after the engine is built waits for its queued writes.
 const SHUTDOWN_ON_FAILED_START: Duration = Duration::from_secs(30);
 
-/// How often the SSD tier enforces budgets and TTL in the background.
-const MAINTENANCE_EVERY: Duration = Duration::from_secs(10);
-
 /// A running kvtier node: the engine with its tiers, and the settings in force.
 pub struct Node {
     /// The engine.
@@ -337,6 +334,8 @@ fn ssd_opener(
     config.namespace_bytes = ssd.namespace_budget.map(|b| b.0);
     config.ttl = ssd.ttl.0;
     config.min_free_bytes = ssd.min_free.0;
+    config.store.segment_bytes = ssd.segment_size.0;
+    let maintenance_every = ssd.maintenance_every.0;
     // Syncs are the engine's business (a `synced` store waits for a group commit): the
     // store itself never syncs per write.
     config.store.durability = Durability::Persistent {
@@ -345,7 +344,7 @@ fn ssd_opener(
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
         let tier = Arc::new(SsdTier::open(config, clock, sink)?);
         *recovery.lock() = Some(tier.recovery_report().clone());
-        if let Err(e) = SsdTier::spawn_maintenance(&tier, MAINTENANCE_EVERY) {
+        if let Err(e) = SsdTier::spawn_maintenance(&tier, maintenance_every) {
             tracing::warn!(error = %e, "cannot start the SSD maintenance thread; budgets are enforced on writes only");
         }
         Ok(tier as Arc<dyn Tier>)

@@ -63,6 +63,10 @@ pub struct SsdSettings {
     pub overflow: Overflow,
     /// How long shutdown and reattach wait for the queue to drain.
     pub drain_timeout: HumanDuration,
+    /// Size at which a segment file is sealed and the next one started.
+    pub segment_size: ByteSize,
+    /// How often expiry, budgets and compaction run.
+    pub maintenance_every: HumanDuration,
 }
 
 impl SsdSettings {
@@ -93,6 +97,8 @@ impl Default for SsdSettings {
             writer_wait: HumanDuration(engine.writer.wait),
             overflow: engine.writer.overflow,
             drain_timeout: HumanDuration(Duration::from_secs(30)),
+            segment_size: ByteSize(256 << 20),
+            maintenance_every: HumanDuration(Duration::from_secs(10)),
         }
     }
 }
@@ -398,6 +404,12 @@ impl Settings {
         if self.ram.0 == 0 {
             return Err("ram must be larger than 0".into());
         }
+        if self.ssd.segment_size.0 < 8 << 10 {
+            return Err("ssd.segment_size must be at least 8KiB".into());
+        }
+        if self.ssd.maintenance_every.0.is_zero() {
+            return Err("ssd.maintenance_every must be longer than 0".into());
+        }
         if self.max_body.0 < 1024 {
             return Err("max_body must be at least 1KiB".into());
         }
@@ -524,6 +536,12 @@ pub struct ServeArgs {
     /// How long shutdown and reattach wait for the SSD queue [default: 30s].
     #[arg(long, env = "KVTIER_SSD_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub ssd_drain_timeout: Option<HumanDuration>,
+    /// Size at which an SSD segment is sealed (at least 8KiB) [default: 256MiB].
+    #[arg(long, env = "KVTIER_SSD_SEGMENT_SIZE", value_name = "BYTES")]
+    pub ssd_segment_size: Option<ByteSize>,
+    /// How often SSD expiry, budgets and compaction run [default: 10s].
+    #[arg(long, env = "KVTIER_SSD_MAINTENANCE_EVERY", value_name = "DURATION")]
+    pub ssd_maintenance_every: Option<HumanDuration>,
     /// Remote tier endpoint URLs, comma-separated [default: none, no remote tier].
     #[arg(
         long,
@@ -729,6 +747,8 @@ impl ServeArgs {
         set(&mut ssd.writer_wait, &self.ssd_writer_wait);
         set(&mut ssd.overflow, &self.ssd_overflow);
         set(&mut ssd.drain_timeout, &self.ssd_drain_timeout);
+        set(&mut ssd.segment_size, &self.ssd_segment_size);
+        set(&mut ssd.maintenance_every, &self.ssd_maintenance_every);
         if self.admin_token.is_some() {
             s.auth.admin_token = self.admin_token.clone();
         }

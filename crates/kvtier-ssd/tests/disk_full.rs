@@ -158,9 +158,18 @@ fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
     let payload = vec![7u8; layout.block_bytes() as usize];
     let refs: Vec<&[u8]> = (0..40).map(|_| payload.as_slice()).collect();
     assert_eq!(e.store(&prompt, &refs).unwrap().stored, 40);
-    assert!(e.flush(Duration::from_secs(10)));
+    // The queue drains, but what the full disk refused is not on it, and the flush says
+    // so — it does not report "drained" over lost writes.
+    let flushed = e.flush_report(Duration::from_secs(10));
     let s = e.stats();
-    assert!(s.writer(TierKind::Ssd).unwrap().failed > 0, "{s:?}");
+    let w = s.writer(TierKind::Ssd).unwrap();
+    assert!(w.failed > 0, "{s:?}");
+    assert!(!flushed.clean(), "{flushed:?}");
+    assert_eq!(
+        flushed.unwritten(),
+        w.failed + w.rejected,
+        "{flushed:?} {w:?}"
+    );
     // RAM serves everything.
     let hit = e.lookup(&prompt);
     assert_eq!(hit.blocks.len(), 40);

@@ -13,7 +13,7 @@ use super::stack::Slot;
 use crate::error::Result;
 use crate::events::{Removal, ResidencyEvent};
 use crate::tier::writer::Shutdown;
-use crate::tier::{BlockMeta, PutOutcome};
+use crate::tier::{BlockMeta, PutOutcome, TierKind};
 
 /// What [`Engine::reattach_persistent`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,6 +28,46 @@ pub struct Reattached {
     pub attached: bool,
     /// Blocks the new tier held when it was opened (recovered from its directory).
     pub attached_blocks: u64,
+}
+
+/// What [`Engine::flush_report`] found, per tier below RAM (slowest last).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// One entry per tier.
+    pub tiers: Vec<TierFlushed>,
+}
+
+impl Flushed {
+    /// Every queue drained, every tier synced, nothing left unwritten.
+    pub fn clean(&self) -> bool {
+        self.tiers.iter().all(TierFlushed::clean)
+    }
+
+    /// Blocks and snapshots not written, over every tier.
+    pub fn unwritten(&self) -> u64 {
+        self.tiers.iter().map(|t| t.unwritten).sum()
+    }
+}
+
+/// How one tier's flush went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierFlushed {
+    /// The tier.
+    pub kind: TierKind,
+    /// Its queue emptied before the deadline.
+    pub drained: bool,
+    /// Its sync succeeded.
+    pub synced: bool,
+    /// Blocks and snapshots admitted for writing since the previous flush that did not
+    /// reach it.
+    pub unwritten: u64,
+}
+
+impl TierFlushed {
+    /// Drained, synced, nothing unwritten.
+    pub fn clean(&self) -> bool {
+        self.drained && self.synced && self.unwritten == 0
+    }
 }
 
 impl Engine {
@@ -113,24 +153,51 @@ impl Engine {
     }
 
     /// Waits until every block queued for every tier below RAM is written (all within
-    /// `timeout`), and syncs each tier. Returns whether they all drained and synced;
-    /// `true` without any. What a flush reports done survives a power loss.
+    /// `timeout`), and syncs each tier. Returns whether they all drained and synced and
+    /// every write since the previous flush reached its tier; `true` without any tier.
+    /// What a flush reports done survives a power loss. [`Engine::flush_report`] says
+    /// what was not done.
     pub fn flush(&self, timeout: Duration) -> bool {
+        self.flush_report(timeout).clean()
+    }
+
+    /// [`Engine::flush`], tier by tier: whether each queue drained and each tier synced,
+    /// and how many blocks and snapshots admitted for writing since the previous flush did
+    /// not reach it (a failed write, a refusal such as a full disk, a full queue's drop).
+    /// Those are counted once: the next flush reports only what failed after this one.
+    pub fn flush_report(&self, timeout: Duration) -> Flushed {
         let deadline = Instant::now() + timeout;
-        let mut all = true;
-        for slot in self.stack.slots().iter() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let drained = slot.writer.flush(left);
-            let synced = match slot.tier.make_durable() {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(tier = slot.kind().name(), error = %e, "flush could not sync a tier");
-                    false
+        let tiers = self
+            .stack
+            .slots()
+            .iter()
+            .map(|slot| {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let drained = slot.writer.flush(left);
+                let synced = match slot.tier.make_durable() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(tier = slot.kind().name(), error = %e, "flush could not sync a tier");
+                        false
+                    }
+                };
+                let unwritten = slot.writer.take_unwritten();
+                if unwritten > 0 {
+                    tracing::warn!(
+                        tier = slot.kind().name(),
+                        unwritten,
+                        "blocks queued since the previous flush were not written"
+                    );
                 }
-            };
-            all &= drained && synced;
-        }
-        all
+                TierFlushed {
+                    kind: slot.kind(),
+                    drained,
+                    synced,
+                    unwritten,
+                }
+            })
+            .collect();
+        Flushed { tiers }
     }
 
     /// Swaps the persistent tier on a running engine (seed 000's quiesce → detach →

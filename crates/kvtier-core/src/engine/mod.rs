@@ -37,7 +37,7 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 pub use builder::{DEFAULT_MAX_TOKENS, EngineBuilder, EngineConfig};
-pub use lifecycle::Reattached;
+pub use lifecycle::{Flushed, Reattached, TierFlushed};
 pub use policy::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener, TierPolicy};
 
 pub use state::Restored;

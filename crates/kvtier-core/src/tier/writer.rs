@@ -196,6 +196,9 @@ struct Counters {
     sync_fallback: AtomicU64,
     dropped_full: AtomicU64,
     dropped_closed: AtomicU64,
+    /// Blocks and snapshots admitted for writing that did not reach the tier (failed,
+    /// refused, dropped on a full queue) since the last [`WriteBehind::take_unwritten`].
+    unwritten: AtomicU64,
 }
 
 /// Told about a queued block that did not reach the tier (write failed or refused).
@@ -239,6 +242,7 @@ impl Shared {
             }
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.counters.unwritten.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "write-behind snapshot store failed");
             }
         }
@@ -275,10 +279,12 @@ impl Shared {
             }
             Ok(other) => {
                 c.rejected.fetch_add(1, Ordering::Relaxed);
+                c.unwritten.fetch_add(1, Ordering::Relaxed);
                 Ok(other)
             }
             Err(e) => {
                 c.failed.fetch_add(1, Ordering::Relaxed);
+                c.unwritten.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(block = %meta.hash, tier = self.target.kind().name(), error = %e, "write-behind store failed");
                 Err(())
             }
@@ -411,6 +417,7 @@ impl WriteBehind {
             }
             Overflow::Drop => {
                 s.counters.dropped_full.fetch_add(1, Ordering::Relaxed);
+                s.counters.unwritten.fetch_add(1, Ordering::Relaxed);
                 Enqueued::Dropped
             }
         }
@@ -459,6 +466,7 @@ impl WriteBehind {
                         pending.remove(&m.hash);
                     }
                     s.counters.dropped_full.fetch_add(n, Ordering::Relaxed);
+                    s.counters.unwritten.fetch_add(n, Ordering::Relaxed);
                     Enqueued::Dropped
                 }
             }
@@ -510,6 +518,14 @@ impl WriteBehind {
                 return s.pending.lock().is_empty();
             }
         }
+    }
+
+    /// How many blocks and snapshots admitted for writing did not reach the tier — the
+    /// write failed or the tier refused it, or a full queue dropped it — since the previous
+    /// call (or the start); resets the count. A flush reports it: a queue that emptied is
+    /// not a queue whose every block was written.
+    pub fn take_unwritten(&self) -> u64 {
+        self.shared.counters.unwritten.swap(0, Ordering::SeqCst)
     }
 
     /// Whether `hash` is queued and not yet written.
@@ -644,6 +660,9 @@ fn write_batch(s: &Shared, batch: Vec<(BlockMeta, Bytes)>) {
         Err(_) => {
             s.counters
                 .failed
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            s.counters
+                .unwritten
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
             tracing::error!(
                 blocks = batch.len(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use kvtier_client::wire::{SsdAdmin, SsdAdminAnswer};
+use kvtier_client::wire::{FlushAnswer, SsdAdmin, SsdAdminAnswer, TierFlushAnswer};
 
 use super::input::{self, blocking, read_body};
 use crate::config::SsdSettings;
@@ -104,12 +104,30 @@ pub async fn ssd(
     }))
 }
 
-/// `POST /admin/flush`: waits until everything queued for the SSD is written.
-pub async fn flush(State(app): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+/// `POST /admin/flush`: waits until everything queued for the tiers below RAM is written
+/// and synced. `drained` is true only if every queue emptied, every tier synced and no
+/// write failed since the previous flush; `unwritten` counts what did not reach its tier.
+pub async fn flush(State(app): State<Arc<AppState>>) -> Result<Json<FlushAnswer>, ApiError> {
     let timeout = app.node.settings.read().ssd.drain_timeout.0;
     let engine = app.engine.clone();
-    let drained = blocking(move || Ok(engine.flush(timeout))).await?;
-    Ok(Json(serde_json::json!({ "drained": drained })))
+    let report = blocking(move || Ok(engine.flush_report(timeout))).await?;
+    let tiers = report
+        .tiers
+        .iter()
+        .map(|t| {
+            let answer = TierFlushAnswer {
+                drained: t.drained,
+                synced: t.synced,
+                unwritten: t.unwritten,
+            };
+            (t.kind.name().to_owned(), answer)
+        })
+        .collect();
+    Ok(Json(FlushAnswer {
+        drained: report.clean(),
+        unwritten: report.unwritten(),
+        tiers,
+    }))
 }
 
 /// `POST /admin/cluster/withdraw {"object": MANIFEST}`: deletes one of this replica's

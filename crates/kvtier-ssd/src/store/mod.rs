@@ -234,6 +234,13 @@ impl SegmentStore {
             recovery::recover(dir, recovery::Mode::Repair)?;
         report.previous_shutdown_clean = previous_clean;
         let store = Self::assemble(dir, config, segments, max_seen, Some(lock), clock);
+        if previous_clean != Some(true) {
+            // A run that did not end cleanly may have left records in the page cache only
+            // (written, not yet synced). A store acknowledged `synced` that finds such a
+            // block held must not be answered before it is durable, so the first sync of
+            // this run covers every segment recovery kept.
+            store.mark_all_unsynced();
+        }
         Ok((store, recovered, report))
     }
 
@@ -437,6 +444,15 @@ impl SegmentStore {
         }
         // Counted under the same lock as the sets, so a sync that reads the count also
         // takes every segment the counted writes touched.
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Marks every segment's data and log as not yet synced (see `open_with_clock`).
+    fn mark_all_unsynced(&self) {
+        let ids: Vec<u64> = self.segments.read().keys().copied().collect();
+        let mut u = self.unsynced.lock();
+        u.data.extend(&ids);
+        u.logs.extend(&ids);
         self.writes.fetch_add(1, Ordering::SeqCst);
     }
 

@@ -57,6 +57,14 @@ impl SsdTier {
                 .collect();
             for old in movers {
                 let hash = old.meta.hash;
+                // While this copy is written no store of the key runs (see `claims.rs`):
+                // a copy found dropped below was deleted, not stored again meanwhile, so
+                // its tombstone on the new copy deletes nothing a store wrote.
+                let _claim = self.claims.claim(key_of(&hash));
+                let current = self.blocks.read().get(&hash).cloned();
+                if !current.is_some_and(|now| Arc::ptr_eq(&now, &old)) {
+                    continue;
+                }
                 let payload = match self.store.read(&old.loc, &key_of(&hash), None) {
                     Ok(p) => p,
                     Err(ReadFault::Corrupt(why)) => {
@@ -90,7 +98,8 @@ impl SsdTier {
                     c.records_relocated += 1;
                     done.relocated += 1;
                 } else {
-                    // Dropped while we copied it: the new copy is dead space.
+                    // Dropped while we copied it: the new copy, the newest, carries the
+                    // delete.
                     drop(c);
                     let _ = self.store.tombstone(&loc, key_of(&hash));
                 }

@@ -11,6 +11,7 @@
 //! quarantined and counted, and its bytes are never returned.
 
 mod capacity;
+mod claims;
 mod compact;
 mod snapshots;
 
@@ -113,6 +114,8 @@ pub struct SsdTier {
     store: SegmentStore,
     blocks: RwLock<HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>>>,
     snapshots: RwLock<HashMap<[u8; 32], Arc<snapshots::HeldSnapshot>>>,
+    /// Keys being written: one writer per key at a time (see `claims.rs`).
+    claims: claims::Claims,
     quarantine: Mutex<HashMap<BlockHash, u64>>,
     counters: Mutex<Counters>,
     hits: AtomicU64,
@@ -238,6 +241,7 @@ impl SsdTier {
             store,
             blocks: RwLock::new(blocks),
             snapshots: RwLock::new(snapshot_map),
+            claims: claims::Claims::default(),
             quarantine: Mutex::new(HashMap::new()),
             counters: Mutex::new(counters),
             hits: AtomicU64::new(0),
@@ -373,6 +377,12 @@ impl SsdTier {
             self.counters.lock().rejected_quarantined += 1;
             return Ok(PutOutcome::Rejected(RejectReason::Quarantined));
         }
+        let key = key_of(&meta.hash);
+        // Another write of this block (the write-behind queue's, a durable store's, a
+        // compaction's) finishes first; then the block is held — a duplicate, and the
+        // record that writer published is on disk when this returns — or it is not, and
+        // this writes it. Never two copies written side by side (see `claims.rs`).
+        let _claim = self.claims.claim(key);
         if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
             if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
                 held.last_access.store(self.now(), Ordering::Relaxed);
@@ -400,7 +410,6 @@ impl SsdTier {
         if !self.make_room(meta.layout, payload.len() as u64)? {
             return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
         }
-        let key = key_of(&meta.hash);
         let loc = match self.write_record(meta, &payload, to_sync) {
             Ok(loc) => loc,
             Err(e) => {
@@ -414,14 +423,8 @@ impl SsdTier {
             meta: meta.clone(),
             last_access: AtomicU64::new(self.now()),
         });
+        // The claim kept every other writer of this key out, so the map cannot hold it.
         let mut blocks = self.blocks.write();
-        if blocks.contains_key(&meta.hash) {
-            // A concurrent put of the same block won; ours is dead space.
-            drop(blocks);
-            let _ = self.store.tombstone(&loc, key);
-            self.counters.lock().dedup_skips += 1;
-            return Ok(PutOutcome::Duplicate);
-        }
         blocks.insert(meta.hash, held);
         {
             let mut c = self.counters.lock();
@@ -565,6 +568,7 @@ impl Tier for SsdTier {
             resident_bytes: c.resident_bytes,
             capacity_bytes: self.config.capacity_bytes,
             rejected_no_space: c.rejected_no_space,
+            relocated: c.records_relocated,
             ..TierStats::default()
         }
     }

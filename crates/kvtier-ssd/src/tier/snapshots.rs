@@ -66,10 +66,12 @@ impl SsdTier {
             .collect();
         let mut moved = 0;
         for (key, held) in movers {
+            let _claim = self.claims.claim(key);
             match self.store.read(&held.loc, &key, None) {
                 Ok(blob) => {
-                    self.put_snapshot(&SnapshotKey(key), held.layout, &blob)?;
-                    moved += 1;
+                    if self.write_snapshot(&key, held.layout, &blob, Some(&held))? {
+                        moved += 1;
+                    }
                 }
                 Err(ReadFault::Corrupt(_)) => self.drop_snapshot(&key),
                 Err(ReadFault::Io(e)) => return Err(e),
@@ -77,15 +79,24 @@ impl SsdTier {
         }
         Ok(moved)
     }
-}
 
-impl SnapshotStore for SsdTier {
-    fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()> {
+    /// Appends a copy of snapshot `key` and serves it from now on; the caller holds the
+    /// key's claim. With `replacing`, only if the tier still serves that copy (compaction
+    /// moving it): a snapshot dropped meanwhile stays dropped — its new copy is tombstoned,
+    /// and as the newest copy that tombstone keeps the key deleted. Returns whether the
+    /// new copy is served.
+    fn write_snapshot(
+        &self,
+        key: &[u8; 32],
+        layout: LayoutDigest,
+        blob: &Bytes,
+        replacing: Option<&Arc<HeldSnapshot>>,
+    ) -> Result<bool> {
         let chunk_log2 = self.config.store.chunk_log2;
         let header = RecordHeader {
             kind: Kind::Snapshot,
             layout,
-            key: key.0,
+            key: *key,
             parent: BlockHash::default(),
             position: 0,
             tokens: Vec::new(),
@@ -103,7 +114,17 @@ impl SnapshotStore for SsdTier {
             layout,
             last_access: AtomicU64::new(self.now()),
         });
-        let old = self.snapshots.write().insert(key.0, held);
+        let old = {
+            let mut map = self.snapshots.write();
+            let still =
+                replacing.is_none_or(|r| map.get(key).is_some_and(|now| Arc::ptr_eq(now, r)));
+            if !still {
+                drop(map);
+                let _ = self.store.tombstone(&loc, *key);
+                return Ok(false);
+            }
+            map.insert(*key, held)
+        };
         let mut c = self.counters.lock();
         *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
         if let Some(old) = old {
@@ -111,9 +132,18 @@ impl SnapshotStore for SsdTier {
                 *live = live.saturating_sub(old.loc.record_len);
             }
             drop(c);
-            let _ = self.store.tombstone(&old.loc, key.0);
+            // Older than the copy just written (one writer per key), so this tombstone
+            // never decides the key.
+            let _ = self.store.tombstone(&old.loc, *key);
         }
-        Ok(())
+        Ok(true)
+    }
+}
+
+impl SnapshotStore for SsdTier {
+    fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()> {
+        let _claim = self.claims.claim(key.0);
+        self.write_snapshot(&key.0, layout, blob, None).map(|_| ())
     }
 
     fn contains_snapshot(&self, key: &SnapshotKey) -> bool {

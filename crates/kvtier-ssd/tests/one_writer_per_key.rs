@@ -1,0 +1,135 @@
+//! No tombstone deletes a key a later store wrote (ADR 0016): writes of one block racing
+//! each other (the write-behind queue's and a durable store's), and compaction racing
+//! deletes and stores of the keys it moves, leave after a restart exactly the keys whose
+//! last operation was a store, with their bytes.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code"
+)]
+
+mod common;
+
+use std::sync::Barrier;
+
+use kvtier_core::tier::Tier;
+
+#[test]
+fn racing_writes_of_one_block_keep_it_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = Vec::new();
+    {
+        let (tier, _) = common::open(dir.path());
+        for round in 0..60u32 {
+            let blocks = common::chain(6, 10_000 + round);
+            let start = Barrier::new(2);
+            std::thread::scope(|s| {
+                // The write-behind queue's write…
+                s.spawn(|| {
+                    start.wait();
+                    for (meta, payload) in &blocks {
+                        tier.put(meta, payload.clone()).unwrap();
+                    }
+                });
+                // …and a `synced` store's inline write of the same blocks.
+                s.spawn(|| {
+                    start.wait();
+                    for (meta, payload) in &blocks {
+                        tier.put_to_sync(meta, payload.clone()).unwrap();
+                    }
+                    tier.make_durable().unwrap();
+                });
+            });
+            for (meta, _) in &blocks {
+                assert!(tier.contains(&meta.hash), "round {round}");
+            }
+            all.extend(blocks);
+        }
+        // Each block was written once: the racer that came second found it held.
+        assert_eq!(tier.stats().stores, all.len() as u64);
+        assert_eq!(tier.stats().dedup_skips, all.len() as u64);
+    }
+    let (tier, _) = common::open(dir.path());
+    assert_eq!(tier.recovery_report().tombstoned, 0);
+    for (meta, payload) in &all {
+        let got = tier.get(&meta.hash).unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Some(&payload[..]),
+            "block at position {} lost after the restart",
+            meta.position
+        );
+    }
+}
+
+#[test]
+fn compaction_racing_deletes_and_stores_loses_no_stored_key() {
+    let dir = tempfile::tempdir().unwrap();
+    // Eight writers, each owning its own keys, so each knows its keys' last operation.
+    let owned: Vec<_> = (0..8u32).map(|w| common::chain(4, 20_000 + w)).collect();
+    let mut present = vec![vec![false; 4]; owned.len()];
+    {
+        let (tier, _) = common::open(dir.path());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let compactor = s.spawn(|| {
+                let mut moved = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Every sealed segment that is not full of live records.
+                    moved += tier.compact(1.0).unwrap().relocated;
+                }
+                moved
+            });
+            let writers: Vec<_> = owned
+                .iter()
+                .zip(present.iter_mut())
+                .enumerate()
+                .map(|(w, (blocks, present))| {
+                    let tier = &tier;
+                    s.spawn(move || {
+                        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+                        for _ in 0..3000 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let i = (x % blocks.len() as u64) as usize;
+                            let (meta, payload) = &blocks[i];
+                            if x >> 32 & 1 == 0 {
+                                tier.put(meta, payload.clone()).unwrap();
+                                present[i] = true;
+                            } else {
+                                tier.remove(&meta.hash).unwrap();
+                                present[i] = false;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let moved = compactor.join().unwrap();
+            assert!(moved > 0, "compaction never ran against the writers");
+        });
+    }
+    for restart in 0..2 {
+        let (tier, _) = common::open(dir.path());
+        for (blocks, present) in owned.iter().zip(&present) {
+            for ((meta, payload), &present) in blocks.iter().zip(present) {
+                let got = tier.get(&meta.hash).unwrap();
+                if present {
+                    assert_eq!(
+                        got.as_deref(),
+                        Some(&payload[..]),
+                        "restart {restart}: a stored block is gone"
+                    );
+                } else {
+                    assert_eq!(got, None, "restart {restart}: a deleted block came back");
+                }
+            }
+        }
+    }
+}
