@@ -339,8 +339,9 @@ impl Engine {
         Ok(Some(d))
     }
 
-    /// Writes everything queued for the persistent tier; whether it finished within
-    /// `timeout` seconds.
+    /// Writes everything queued for the tiers below RAM and syncs them; true only if the
+    /// queues drained within `timeout` seconds and every write since the previous flush
+    /// reached its tier (a full disk's refusals make it false).
     #[pyo3(signature = (timeout=30.0))]
     fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let engine = self.engine()?;
