@@ -81,7 +81,9 @@ pub struct GatewayArgs {
     pub idle_timeout: Duration,
 
     /// Open connections at most; at the cap the longest-idle connection is closed to
-    /// admit a new one, and a new one is refused only when all are busy.
+    /// admit a new one, and a new one is refused only when all are busy. Lowered at start
+    /// (and logged) if the open-file limit, raised to the hard limit, leaves room for
+    /// fewer.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_connections: usize,
 

@@ -298,7 +298,9 @@ pub struct Settings {
     /// How long shutdown waits for requests in flight.
     pub shutdown_timeout: HumanDuration,
     /// Connections open at once; at the cap a new connection closes the longest-idle one,
-    /// or is closed itself when every connection has a request in progress.
+    /// or is closed itself when every connection has a request in progress. Lowered at
+    /// start (and logged) if the open-file limit, raised to the hard limit, leaves room
+    /// for fewer (`kvtier_listen::fds`).
     pub max_connections: usize,
     /// A request head must be complete this long after its first byte.
     pub header_timeout: HumanDuration,
@@ -478,7 +480,9 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests in flight [default: 30s].
     #[arg(long, env = "KVTIER_SHUTDOWN_TIMEOUT", value_name = "DURATION")]
     pub shutdown_timeout: Option<HumanDuration>,
-    /// Connections open at once; at the cap the longest-idle one is closed [default: 1024].
+    /// Connections open at once; at the cap the longest-idle one is closed; lowered at
+    /// start if the open-file limit (raised to the hard limit) leaves room for fewer
+    /// [default: 1024].
     #[arg(long, env = "KVTIER_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<usize>,
     /// A request head must be complete this long after its first byte [default: 10s].

@@ -28,6 +28,8 @@ pub struct Running {
     pub addr: SocketAddr,
     app: Arc<AppState>,
     listener: TcpListener,
+    /// The connection cap: `max_connections`, clamped to the open-file limit.
+    max_connections: usize,
 }
 
 impl Running {
@@ -42,10 +44,14 @@ impl Running {
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        // After the engine opened its files, so that they are counted.
+        let configured = app.node.settings.read().max_connections;
+        let max_connections = kvtier_listen::fds::connection_budget(configured).connections;
         Ok(Self {
             addr,
             app,
             listener,
+            max_connections,
         })
     }
 
@@ -60,7 +66,7 @@ impl Running {
         let (deadline, limits) = {
             let s = app.node.settings.read();
             let limits = Limits {
-                max_connections: listen::reserve_descriptors(s.max_connections),
+                max_connections: self.max_connections,
                 header_timeout: s.header_timeout.0,
                 body_timeout: s.body_timeout.0,
                 idle_timeout: s.idle_timeout.0,

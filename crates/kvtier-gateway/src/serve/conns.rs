@@ -4,11 +4,13 @@
 //! idle longest (no request in flight) is closed to make room; only when every open
 //! connection is busy is the new one refused (closed at once). So sockets that connect
 //! and send nothing — or keep-alive connections nobody uses — can never lock out a client
-//! with work to do, and a burst of them costs each at most the header timeout.
+//! with work to do. An idle connection told to close closes at once (its descriptor is what
+//! the new one needs); one whose request began meanwhile finishes it first. `max` is
+//! clamped at start to what the open-file limit leaves (`kvtier_listen::fds`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -25,6 +27,9 @@ pub struct Conn {
     idle_since_ms: AtomicU64,
     /// Notified when the tracker wants it closed.
     pub evict: Notify,
+    /// The last answer was an error (4xx, 5xx), possibly given before its request body was
+    /// read: if the connection ends, it is closed lingering (see `serve_connection`).
+    pub error_answered: AtomicBool,
     epoch: Instant,
 }
 
@@ -89,23 +94,9 @@ impl Tracker {
     /// every open connection is busy (the new one is refused).
     pub fn admit(&self) -> Option<Arc<Conn>> {
         let mut open = self.open.lock();
-        if open.len() >= self.max {
-            let victim = open
-                .values()
-                .filter(|c| c.idle())
-                .max_by_key(|c| c.idle_for())
-                .cloned();
-            match victim {
-                Some(v) => {
-                    open.remove(&v.id);
-                    v.evict.notify_one();
-                    self.evicted.fetch_add(1, Ordering::Relaxed);
-                }
-                None => {
-                    self.refused.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
-            }
+        if open.len() >= self.max && !Self::evict_idlest_of(&mut open, &self.evicted) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
@@ -114,10 +105,34 @@ impl Tracker {
             requests: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
             evict: Notify::new(),
+            error_answered: AtomicBool::new(false),
             epoch: self.epoch,
         });
         open.insert(id, conn.clone());
         Some(conn)
+    }
+
+    /// Closes the longest-idle connection (to free its descriptor when `accept` ran out);
+    /// false when every open connection is busy.
+    pub fn evict_idlest(&self) -> bool {
+        Self::evict_idlest_of(&mut self.open.lock(), &self.evicted)
+    }
+
+    fn evict_idlest_of(open: &mut HashMap<u64, Arc<Conn>>, evicted: &AtomicU64) -> bool {
+        let victim = open
+            .values()
+            .filter(|c| c.idle())
+            .max_by_key(|c| c.idle_for())
+            .cloned();
+        match victim {
+            Some(v) => {
+                open.remove(&v.id);
+                v.evict.notify_one();
+                evicted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A connection ended.

@@ -5,8 +5,14 @@
 //! Every listener resource is bounded: a request head must arrive within
 //! `header_timeout`, a body may pause at most `body_timeout`, a connection with no request
 //! in flight is closed after `idle_timeout`, and at most `max_connections` are open (the
-//! longest-idle one makes room for a new one: `conns.rs`). Request shaping and the
-//! rate-limited log of refusals: `wrap.rs`, `refusals.rs`.
+//! longest-idle one makes room for a new one: `conns.rs`), a cap clamped at start to what
+//! the open-file limit leaves after raising it (`kvtier_listen::fds`, shared with `kvtier
+//! serve`). A request head over `kvtier_listen::MAX_HEAD` is answered 431 by hyper. A
+//! connection that ends after an error answer (431, or one given before the request body
+//! was read) is closed lingering, so the answer is not lost to a reset. A failed
+//! `accept` (out of descriptors) closes the longest-idle connection and backs off; its log
+//! line is rate-limited. Request shaping and the rate-limited log of refusals: `wrap.rs`,
+//! `refusals.rs`.
 
 mod access;
 mod conns;
@@ -76,6 +82,7 @@ pub struct GatewayConfig {
     /// A connection with no request in flight is closed after this (default 60 s).
     pub idle_timeout: Duration,
     /// Open connections at most (default 1,024); see `conns.rs` for what happens at the cap.
+    /// Lowered at start when the open-file limit leaves room for fewer (logged).
     pub max_connections: usize,
     /// Refused requests are logged at most once per this interval (default 10 s).
     pub refusal_log_interval: Duration,
@@ -241,20 +248,30 @@ impl RunningGateway {
             .local_addr()
             .map_err(|e| format!("cannot read the listener's address: {e}"))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // After the store opened its files, so that they are counted.
+        let budget = kvtier_listen::fds::connection_budget(config.max_connections);
         let limits = Limits {
             header: config.header_timeout,
             idle: config.idle_timeout,
-            tracker: Arc::new(conns::Tracker::new(config.max_connections)),
+            tracker: Arc::new(conns::Tracker::new(budget.connections)),
         };
         let count = counters.clone();
+        let accept_failures = refusals::Refusals::new(config.refusal_log_interval);
         let thread = std::thread::Builder::new()
             .name("kvtier-gateway-accept".into())
             .spawn(move || {
-                runtime.block_on(accept_loop(std_listener, shaper, limits, count, stopped));
+                runtime.block_on(accept_loop(
+                    std_listener,
+                    shaper,
+                    limits,
+                    count,
+                    accept_failures,
+                    stopped,
+                ));
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
-        tracing::info!(%addr, buckets = opened.buckets, objects = opened.objects, "kvtier gateway serving");
+        tracing::info!(%addr, buckets = opened.buckets, objects = opened.objects, max_connections = budget.connections, "kvtier gateway serving");
         Ok(Self {
             addr,
             opened,
@@ -304,6 +321,7 @@ async fn accept_loop(
     shaper: Arc<wrap::Shaper>,
     limits: Limits,
     count: Arc<Counters>,
+    accept_failures: refusals::Refusals,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let listener = match TcpListener::from_std(std_listener) {
@@ -321,9 +339,21 @@ async fn accept_loop(
         let (socket, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // Out of file descriptors and the like: back off, go on.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                // Out of descriptors, most likely (the cap is clamped to the limit, but the
+                // store's own files may have grown into the reserve): free one by closing
+                // the longest-idle connection, back off instead of spinning, and log at
+                // most one line per interval.
+                let freed =
+                    kvtier_listen::accept::out_of_descriptors(&e) && limits.tracker.evict_idlest();
+                if let Some(failures) = accept_failures.note(std::time::Instant::now()) {
+                    tracing::warn!(
+                        error = %e,
+                        closed_longest_idle = freed,
+                        failures_since_last_line = failures,
+                        "accept failed (one line per interval at most)"
+                    );
+                }
+                tokio::time::sleep(kvtier_listen::accept::BACKOFF).await;
                 continue;
             }
         };
@@ -365,26 +395,61 @@ async fn serve_connection(
             count.requests.fetch_add(1, Ordering::Relaxed);
             conn.begin();
             let (shaper, conn, peer) = (shaper.clone(), conn.clone(), peer.clone());
-            async move {
+            // Boxed: taking the socket back from hyper (below) needs an `Unpin` future.
+            Box::pin(async move {
                 let res = shaper.handle(req, peer).await;
+                if let Ok(r) = &res {
+                    let status = r.status();
+                    conn.error_answered.store(
+                        status.is_client_error() || status.is_server_error(),
+                        Ordering::Relaxed,
+                    );
+                }
                 conn.end();
                 res
-            }
+            })
         })
     };
-    let served = hyper::server::conn::http1::Builder::new()
+    let mut served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header)
+        .max_header_size(kvtier_listen::MAX_HEAD)
         .keep_alive(true)
         .serve_connection(TokioIo::new(socket), service);
-    tokio::pin!(served);
     let tick = (limits.header.min(limits.idle) / 4).max(Duration::from_millis(50));
     let mut closing = false;
     loop {
         tokio::select! {
-            _ = served.as_mut() => break,
+            // Without hyper's shutdown: the socket is taken back to be closed here.
+            res = std::future::poll_fn(|cx| served.poll_without_shutdown(cx)) => {
+                // After an error answer — hyper's own to a malformed or oversized head
+                // (431, 400), or one given before the request body was read (400
+                // EntityTooLarge, 411) — the rest of the request may be unread: close
+                // lingering, or the kernel's reset destroys the answer. (After a successful
+                // one hyper ends a connection only when the client closed it or asked to.)
+                let error_answer = match &res {
+                    Ok(()) => conn.error_answered.load(Ordering::Relaxed),
+                    Err(e) => e.is_parse(),
+                };
+                if error_answer {
+                    let socket = served.into_parts().io.into_inner();
+                    kvtier_listen::linger::close(
+                        socket,
+                        kvtier_listen::linger::LINGER,
+                        conn.evict.notified(),
+                    )
+                    .await;
+                }
+                break;
+            }
             _ = conn.evict.notified(), if !closing => {
-                served.as_mut().graceful_shutdown();
+                // Chosen as the longest idle: its descriptor is what the new connection
+                // needs, so it goes at once — unless a request began meanwhile, which is
+                // finished first.
+                if conn.idle() {
+                    break;
+                }
+                std::pin::Pin::new(&mut served).graceful_shutdown();
                 closing = true;
             }
             // A connection asked to close gets the header timeout to finish, then goes.
@@ -398,7 +463,7 @@ async fn serve_connection(
                     limits.idle
                 };
                 if conn.idle() && conn.idle_for() >= limit {
-                    served.as_mut().graceful_shutdown();
+                    std::pin::Pin::new(&mut served).graceful_shutdown();
                     closing = true;
                 }
             }

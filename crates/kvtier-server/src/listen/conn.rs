@@ -7,11 +7,19 @@
 //! it became idle (accepted, or its last response sent) — unless bytes of a next request
 //! head have arrived, in which case that head must be complete `header_timeout` after its
 //! first byte. A busy connection's body has its own deadline ([`super::body`]).
+//!
+//! When hyper ends a connection after an error answer — its own 431 for a head over
+//! `kvtier_listen::MAX_HEAD` (or 400 for a malformed one), or a handler's 4xx or 5xx given
+//! before the request body was read whole (413, 408, a 401 on a request with a body) — the
+//! socket is closed lingering (`kvtier_listen::linger`): closed outright, with the rest of
+//! the request unread, the kernel would reset the connection and the client would lose the
+//! answer. (After a successful answer hyper ends a connection only when the client closed
+//! it or asked to: nothing is left to read.)
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,6 +50,8 @@ pub struct ConnState {
     pub(super) close: Notify,
     /// Woken when a deadline may have moved (a head began, a request ended).
     changed: Notify,
+    /// The last answer was an error (4xx, 5xx): close lingering if hyper ends the connection.
+    error_answered: AtomicBool,
 }
 
 impl ConnState {
@@ -54,6 +64,7 @@ impl ConnState {
             head_started: AtomicU64::new(NEVER),
             close: Notify::new(),
             changed: Notify::new(),
+            error_answered: AtomicBool::new(false),
         };
         s.idle_since.store(s.now_ms(), Ordering::Relaxed);
         s
@@ -172,12 +183,19 @@ pub async fn serve(
         let in_flight = InFlight::start(svc_state.clone());
         let req = req.map(|b| TimedBody::new(b, body_timeout));
         let call = tower_call(router.clone(), req);
-        async move {
+        let state = svc_state.clone();
+        // Boxed: taking the socket back from hyper (below) needs an `Unpin` future.
+        Box::pin(async move {
             let resp = call.await;
+            let status = resp.status();
+            state.error_answered.store(
+                status.is_client_error() || status.is_server_error(),
+                Ordering::Relaxed,
+            );
             Ok::<_, std::convert::Infallible>(
                 resp.map(|b| axum::body::Body::new(TrackedBody::new(b, in_flight))),
             )
-        }
+        })
     });
     let io = TokioIo::new(WatchedIo {
         tcp,
@@ -186,13 +204,15 @@ pub async fn serve(
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The timers below replace hyper's own header timeout (which needs a hyper timer and
     // cannot tell an idle connection from a slow head).
-    builder.keep_alive(true).header_read_timeout(None);
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
+    builder
+        .keep_alive(true)
+        .header_read_timeout(None)
+        .max_header_size(kvtier_listen::MAX_HEAD);
+    let mut conn = builder.serve_connection(io, service);
     let mut closing = false;
     let mut stopping_seen = *stopping.borrow();
     if stopping_seen {
-        conn.as_mut().graceful_shutdown();
+        Pin::new(&mut conn).graceful_shutdown();
     }
     loop {
         let deadline = state.deadline(&limits);
@@ -203,9 +223,24 @@ pub async fn serve(
             }
         };
         tokio::select! {
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "connection ended with an error");
+            // Without hyper's shutdown: the socket is taken back to be closed here.
+            res = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                let answered_early = match &res {
+                    Ok(()) => state.error_answered.load(Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                        // hyper answered a malformed or oversized head itself.
+                        e.is_parse()
+                    }
+                };
+                if answered_early {
+                    let tcp = conn.into_parts().io.into_inner().tcp;
+                    kvtier_listen::linger::close(
+                        tcp,
+                        kvtier_listen::linger::LINGER,
+                        state.close.notified(),
+                    )
+                    .await;
                 }
                 return;
             }
@@ -216,13 +251,13 @@ pub async fn serve(
                     return;
                 }
                 closing = true;
-                conn.as_mut().graceful_shutdown();
+                Pin::new(&mut conn).graceful_shutdown();
             }
             _ = state.changed.notified() => {}
             changed = stopping.changed(), if !stopping_seen => {
                 if changed.is_err() || *stopping.borrow() {
                     stopping_seen = true;
-                    conn.as_mut().graceful_shutdown();
+                    Pin::new(&mut conn).graceful_shutdown();
                 }
             }
             _ = sleep => {

@@ -13,9 +13,16 @@
 //!   idle longest (every idle one costs a descriptor and does nothing); when every
 //!   connection has a request in progress, the new one is closed at once instead of
 //!   waiting in the kernel's backlog. Idle sockets therefore cannot lock legitimate
-//!   clients out: a client that connects and sends its request is served.
+//!   clients out: a client that connects and sends its request is served. The cap is
+//!   clamped at start to what the open-file limit leaves (`kvtier_listen::fds`, shared
+//!   with the gateway), so that the cap, not `EMFILE`, meets the idle sockets first;
+//! - a request head over `kvtier_listen::MAX_HEAD` is answered 431 by hyper.
 //!
-//! Closures for limits are logged at a rate-limited `warn` ([`refusals`]).
+//! A connection that ends after an answer given before its request was read whole (431,
+//! 413, 408) is closed lingering (`kvtier_listen::linger`), so the answer is not lost to
+//! a reset. A failed `accept` (out of descriptors) closes the longest-idle connection and
+//! backs off instead of spinning. Closures for limits are logged at a rate-limited `warn`
+//! ([`refusals`]).
 
 mod body;
 mod conn;
@@ -59,9 +66,12 @@ impl Table {
     /// longest-idle connection is told to close (and forgotten). False when every
     /// connection is busy.
     fn make_room(&mut self, cap: usize) -> bool {
-        if self.open.len() < cap {
-            return true;
-        }
+        self.open.len() < cap || self.evict_idlest()
+    }
+
+    /// Tells the longest-idle connection to close (and forgets it); false when every
+    /// connection is busy.
+    fn evict_idlest(&mut self) -> bool {
         let victim = self
             .open
             .iter()
@@ -99,13 +109,24 @@ pub async fn serve(
         let (tcp, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // Out of descriptors, most likely: back off instead of spinning.
+                // Out of descriptors, most likely (the cap is clamped to the limit, but the
+                // store's own files may have grown into the reserve): free one by closing
+                // the longest-idle connection, and back off instead of spinning.
+                let freed =
+                    kvtier_listen::accept::out_of_descriptors(&e) && table.lock().evict_idlest();
                 REFUSALS.note(
                     Level::Warn,
                     "accept_failed",
-                    &format_args!("cannot accept a connection: {e}"),
+                    &format_args!(
+                        "cannot accept a connection: {e}{}",
+                        if freed {
+                            " (closed the longest-idle connection)"
+                        } else {
+                            ""
+                        }
+                    ),
                 );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(kvtier_listen::accept::BACKOFF).await;
                 continue;
             }
         };
@@ -146,49 +167,6 @@ pub async fn serve(
     drop(listener);
     drop(alive_tx);
     let _ = alive_rx.recv().await;
-}
-
-/// Makes sure the process may hold `connections` sockets beside the store's own files:
-/// raises the soft descriptor limit toward the hard one if it is too low. Returns the
-/// number of connections that fit (less than asked only when the hard limit is too low).
-pub fn reserve_descriptors(connections: usize) -> usize {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    // Segment files, index logs, the lock, the remote tier's sockets, stdio.
-    const SPARE: u64 = 256;
-    let want = connections as u64 + SPARE;
-    let limit = getrlimit(Resource::Nofile);
-    let soft = limit.current.unwrap_or(u64::MAX);
-    if soft >= want {
-        return connections;
-    }
-    let hard = limit.maximum.unwrap_or(u64::MAX);
-    let target = want.min(hard);
-    if setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(target),
-            maximum: limit.maximum,
-        },
-    )
-    .is_err()
-    {
-        let fit = soft.saturating_sub(SPARE).max(1) as usize;
-        tracing::warn!(
-            soft,
-            fit,
-            "cannot raise the open-file limit; max_connections lowered to what fits"
-        );
-        return fit.min(connections);
-    }
-    let fit = target.saturating_sub(SPARE).max(1) as usize;
-    if fit < connections {
-        tracing::warn!(
-            hard,
-            fit,
-            "the open-file hard limit is too low for max_connections; lowered to what fits"
-        );
-    }
-    fit.min(connections)
 }
 
 #[cfg(test)]
