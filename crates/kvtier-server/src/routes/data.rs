@@ -279,9 +279,16 @@ pub async fn store(
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
-    let ack = asked_ack(&uri)?;
+    // The body first: one over the limit is answered 413 whatever else is wrong.
     let mut chunks = BodyChunks::new(body, limit(&app))?;
-    let (spec, first): (PromptSpec, Bytes) = upload::read_head(&mut chunks).await?;
+    let ack = match asked_ack(&uri) {
+        Ok(ack) => ack,
+        Err(e) => return Err(chunks.refuse(e).await),
+    };
+    let (spec, first): (PromptSpec, Bytes) = match upload::read_head(&mut chunks).await {
+        Ok(head) => head,
+        Err(e) => return Err(chunks.refuse(e).await),
+    };
     store_payload(app, ack, spec, chunks, first).await
 }
 
@@ -297,15 +304,15 @@ pub(super) async fn store_payload(
 ) -> Result<Json<StoreAnswer>, ApiError> {
     let prompt = match prompt_of(&app, &spec) {
         Ok(p) => p,
-        Err(e) => {
-            // Answered before the payload was read: read it anyway, so the answer is not
-            // lost to a connection reset.
-            chunks.drain().await;
-            return Err(e);
-        }
+        // Answered before the payload was read: read it anyway, so the answer is not lost
+        // to a connection reset (and is 413 if the payload is over the limit).
+        Err(e) => return Err(chunks.refuse(e).await),
     };
     let block = prompt.layout().block_bytes() as usize;
-    let read = upload::read_blocks(&mut chunks, first, block, prompt.num_blocks()).await?;
+    let read = match upload::read_blocks(&mut chunks, first, block, prompt.num_blocks()).await {
+        Ok(read) => read,
+        Err(e) => return Err(chunks.refuse(e).await),
+    };
     if read.payload_len % block as u64 != 0 {
         return Err(ApiError::bad(
             "bad_payload_length",

@@ -65,13 +65,19 @@ pub async fn store_raw(
     uri: Uri,
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
-    let (spec, passed) = parse_query(uri.query())?;
-    let passed: Uri = format!("/v1/store?{passed}")
-        .parse()
-        .map_err(|_| ApiError::bad("bad_query", "the durability parameter is not URI text"))?;
-    let ack = data::asked_ack(&passed)?;
+    // The body first: one over the limit is answered 413 whatever else is wrong.
     let limit = app.node.settings.read().max_body.0;
-    let chunks = BodyChunks::new(body, limit)?;
+    let mut chunks = BodyChunks::new(body, limit)?;
+    let query = parse_query(uri.query()).and_then(|(spec, passed)| {
+        let passed: Uri = format!("/v1/store?{passed}")
+            .parse()
+            .map_err(|_| ApiError::bad("bad_query", "the durability parameter is not URI text"))?;
+        Ok((spec, data::asked_ack(&passed)?))
+    });
+    let (spec, ack) = match query {
+        Ok(q) => q,
+        Err(e) => return Err(chunks.refuse(e).await),
+    };
     data::store_payload(app, ack, spec, chunks, Bytes::new()).await
 }
 

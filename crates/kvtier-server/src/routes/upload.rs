@@ -80,12 +80,32 @@ impl BodyChunks {
         Ok(Some(chunk))
     }
 
-    /// Reads the rest of the body and throws it away, so that an answer given before the
-    /// body ended still reaches the client: closing a socket with unread bytes makes the
+    /// The answer to a request refused with `err` before its body was read whole: reads
+    /// the rest of the body and throws it away (within the limit and the body timeout), so
+    /// that the answer reaches the client — closing a socket with unread bytes makes the
     /// kernel reset the connection, and the client would see a reset instead of the
-    /// answer. Stops at the first error (the limit and the body timeout still apply).
-    pub async fn drain(&mut self) {
-        while let Ok(Some(_)) = self.next().await {}
+    /// answer — and answers 413 instead of `err` when the body turns out over the limit.
+    ///
+    /// So a body over `max_body` is answered 413 however it is framed: with a
+    /// `Content-Length` over the limit the request is refused before anything else is
+    /// looked at; a chunked body's length is known only once it has arrived, and a fault
+    /// found in its first bytes (a bad upload head, an unknown layout) must not answer
+    /// differently from the same body sent with its length.
+    pub async fn refuse(&mut self, err: ApiError) -> ApiError {
+        if matches!(
+            err.status,
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+        ) {
+            return err;
+        }
+        loop {
+            match self.next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return err,
+                Err(e) if e.status == StatusCode::PAYLOAD_TOO_LARGE => return e,
+                Err(_) => return err,
+            }
+        }
     }
 }
 
