@@ -8,7 +8,8 @@
 //! - [`Process`]: a child process started with a [`Ready`] condition (a line it prints,
 //!   a port that accepts, or nothing), its stdout and stderr captured to files so a
 //!   failure can show them, stopped by PID with [`Process::kill_hard`] (SIGKILL) or
-//!   [`Process::terminate`] (SIGTERM, waited for within a bound), and killed when dropped.
+//!   [`Process::terminate`] (SIGTERM, waited for within a bound), and killed when dropped;
+//!   [`with_nofile_limit`] starts one under a given open-file limit.
 //! - [`free_port`], [`wait_for_port`]: for programs that must be told a port rather than
 //!   announcing the one they bound.
 //! - [`EtcdCluster`]: real etcd members on free ports; [`Host`]: a network namespace
@@ -32,5 +33,5 @@ pub use error::{Error, Result};
 pub use etcd::EtcdCluster;
 pub use net::{Cuttable, free_port, wait_for_port};
 pub use netns::{Host, Link};
-pub use process::{Process, Ready};
+pub use process::{Process, Ready, with_nofile_limit};
 pub use rustix::process::Signal;

@@ -45,6 +45,22 @@ impl Ready {
     }
 }
 
+/// A command that runs `program` with its open-file limit (`RLIMIT_NOFILE`) set to `soft`
+/// and `hard` from its first instruction on, as a service manager would start it (systemd's
+/// `LimitNOFILE=`): `sh` sets the limits with `ulimit`, then `exec`s the program, which
+/// keeps the process id. `hard` may not exceed the caller's own hard limit; add the
+/// program's arguments to the command returned.
+pub fn with_nofile_limit(program: impl AsRef<std::ffi::OsStr>, soft: u64, hard: u64) -> Command {
+    let mut cmd = Command::new("sh");
+    // Soft first: lowering the hard limit below the current soft one would fail.
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -S -n {soft} && ulimit -H -n {hard} && exec \"$0\" \"$@\""
+        ))
+        .arg(program);
+    cmd
+}
+
 /// A running child process; SIGKILLed and reaped when dropped. When dropped while the
 /// test panics, it prints the end of its output first.
 #[derive(Debug)]

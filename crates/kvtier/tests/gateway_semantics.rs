@@ -1,7 +1,8 @@
 //! `kvtier gateway` as a real process: S3 semantics clients rely on (conditional requests,
 //! listings with control characters, retried completion, ignored Range headers, refusals),
 //! deletes that stay deleted across a clean stop and a kill -9, and the listener's bounds
-//! (idle, slow-header and slow-body clients, 1,100 idle sockets, memory of a big PUT).
+//! (idle, slow-header and slow-body clients, 1,100 idle sockets, memory of a big PUT, an
+//! oversized head, a refusal given before the body was read).
 
 #![allow(
     clippy::panic,
@@ -140,6 +141,56 @@ fn idle_slow_header_and_slow_body_clients_are_cut_off_and_idle_sockets_lock_nobo
         started.elapsed()
     );
     drop(idle);
+}
+
+/// Sends `request` from a second thread (the gateway may answer before reading it all)
+/// and reads until the gateway closes the connection: what was read, or the read error
+/// (a reset that destroyed the answer).
+fn answer_to(addr: &str, request: Vec<u8>) -> Result<String, std::io::Error> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        let _ = writer.write_all(&request);
+    });
+    let mut got = Vec::new();
+    let read = s.read_to_end(&mut got);
+    sending.join().unwrap();
+    read.map(|_| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[test]
+fn an_oversized_head_is_answered_431_and_answers_given_before_the_body_are_not_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start_unauthenticated_with(dir.path(), &["--create-bucket", "big"]);
+    let addr = g.endpoint.trim_start_matches("http://").to_owned();
+    // A 200 KiB head (kvtier_listen::MAX_HEAD is 64 KiB): 431, as kvtier serve answers.
+    let mut head = b"GET /big/k HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    head.extend(std::iter::repeat_n(b'a', 200 << 10));
+    head.extend_from_slice(b"\r\n\r\n");
+    let got = answer_to(&addr, head).expect("the 431 was lost to a reset");
+    assert!(
+        got.starts_with("HTTP/1.1 431"),
+        "{}",
+        &got[..got.len().min(300)]
+    );
+    // A PUT announcing 2 GiB (over the largest object) is refused at once, with 8 MiB of
+    // its body on the way: the refusal (S3's 400 EntityTooLarge) still reaches the client.
+    let mut put = format!(
+        "PUT /big/k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        2u64 << 30
+    )
+    .into_bytes();
+    put.extend(std::iter::repeat_n(b'x', 8 << 20));
+    let got = answer_to(&addr, put).expect("the refusal was lost to a reset");
+    assert!(
+        got.starts_with("HTTP/1.1 400"),
+        "{}",
+        &got[..got.len().min(300)]
+    );
+    assert!(got.contains("<Code>EntityTooLarge</Code>"), "{got}");
+    // The gateway goes on serving.
+    assert_eq!(probe(&g.endpoint), Some(200));
 }
 
 fn rss_hwm_kib(pid: u32) -> u64 {

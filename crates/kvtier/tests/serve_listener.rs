@@ -2,7 +2,9 @@
 //! slow-header client and a slow-body client are each disconnected within their bound
 //! (and not before the bound that applies to them); hundreds of idle sockets over the
 //! connection cap do not lock a legitimate client out; when every connection is busy a
-//! new one is closed at once instead of waiting.
+//! new one is closed at once instead of waiting; an oversized request head is answered
+//! 431, and a body over `--max-body` 413 however it is framed — each answer read by the
+//! client, not lost to a connection reset.
 
 #![allow(
     clippy::panic,
@@ -280,5 +282,103 @@ fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
         );
     });
     drop(busy);
+    assert!(server.stop().success());
+}
+
+/// Sends `request` from a second thread (the server may answer before reading it all) and
+/// reads on this one until the server closes the connection; what was read.
+fn answer_to(addr: SocketAddr, request: Vec<u8>) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let sending = std::thread::spawn(move || writer.write_all(&request).is_ok());
+    let (got, _) = until_closed(&mut s, Duration::from_secs(10)).expect("the server closed");
+    let _ = sending.join();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn an_oversized_request_head_is_answered_431() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let a = addr(&server);
+    // One 200 KiB header.
+    let mut big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 200 << 10));
+    big.extend_from_slice(b"\r\n\r\n");
+    // 200 headers of 1 KiB.
+    let mut many = b"GET /health HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..200 {
+        many.extend(format!("X-H{i}: {}\r\n", "a".repeat(1000)).into_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    for (what, request) in [("one 200 KiB header", big), ("200 headers of 1 KiB", many)] {
+        let got = answer_to(a, request);
+        assert!(
+            got.starts_with("HTTP/1.1 431"),
+            "{what}: {}",
+            &got[..got.len().min(300)]
+        );
+    }
+    // A head just under the limit (64 KiB) is served.
+    let mut fits = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: ".to_vec();
+    fits.extend(std::iter::repeat_n(b'a', 60 << 10));
+    fits.extend_from_slice(b"\r\n\r\n");
+    let got = answer_to(a, fits);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(server.stop().success());
+}
+
+/// `body` as one chunk of HTTP/1.1 chunked encoding per 64 KiB, and the last chunk.
+fn chunked(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in body.chunks(64 << 10) {
+        out.extend(format!("{:x}\r\n", piece.len()).into_bytes());
+        out.extend_from_slice(piece);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+#[test]
+fn a_body_over_max_body_is_answered_413_however_it_is_framed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-body", "1MiB"]);
+    let a = addr(&server);
+    // 2 MiB that are not an upload: a store refuses them at their first bytes (no `KVTU`
+    // head) — yet the answer must be the one a Content-Length of 2 MiB gets at once. The
+    // raw store's query names no layout: refused before the body is read, the same way.
+    let body = vec![b'x'; 2 << 20];
+    for path in [
+        "/v1/store",
+        "/v1/store/raw?layout=00000000000000000000000000000000&tokens=1,2",
+        "/v1/store/raw?tokens=1",
+        "/v1/lookup",
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        );
+        let mut with_length = format!("{head}Content-Length: {}\r\n\r\n", body.len()).into_bytes();
+        with_length.extend_from_slice(&body);
+        let mut with_chunks = format!("{head}Transfer-Encoding: chunked\r\n\r\n").into_bytes();
+        with_chunks.extend(chunked(&body));
+        for (framing, request) in [("Content-Length", with_length), ("chunked", with_chunks)] {
+            let got = answer_to(a, request);
+            assert!(
+                got.starts_with("HTTP/1.1 413"),
+                "{path}, {framing}: {}",
+                &got[..got.len().min(300)]
+            );
+            assert!(
+                got.contains("\"code\":\"body_too_large\""),
+                "{path}, {framing}: {got}"
+            );
+        }
+    }
+    // Under the limit, the same refusal stays what it is.
+    let small = b"POST /v1/store HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nxxxx\r\n0\r\n\r\n";
+    let got = answer_to(a, small.to_vec());
+    assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+    assert!(got.contains("bad_upload"), "{got}");
     assert!(server.stop().success());
 }

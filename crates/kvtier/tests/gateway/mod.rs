@@ -42,11 +42,42 @@ impl Gateway {
 
     /// Starts it on the store in `dir` without authentication (`--auth none`).
     pub fn start_unauthenticated(dir: &Path) -> Self {
-        Self::launch("127.0.0.1:0", dir, &["--auth", "none"])
+        Self::start_unauthenticated_with(dir, &[])
+    }
+
+    /// [`Gateway::start_unauthenticated`] with `extra` arguments.
+    pub fn start_unauthenticated_with(dir: &Path, extra: &[&str]) -> Self {
+        Self::launch(
+            "127.0.0.1:0",
+            dir,
+            &[&["--auth", "none"][..], extra].concat(),
+        )
+    }
+
+    /// Starts it without authentication under the open-file limits `soft` and `hard` (see
+    /// `kvtier_testkit::with_nofile_limit`).
+    pub fn start_unauthenticated_with_nofile(
+        dir: &Path,
+        soft: u64,
+        hard: u64,
+        extra: &[&str],
+    ) -> Self {
+        let cmd = kvtier_testkit::with_nofile_limit(env!("CARGO_BIN_EXE_kvtier"), soft, hard);
+        let args = [&["--auth", "none"][..], extra].concat();
+        Self::launch_with(cmd, "127.0.0.1:0", dir, &args)
     }
 
     fn launch(listen: &str, dir: &Path, args: &[&str]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        Self::launch_with(
+            Command::new(env!("CARGO_BIN_EXE_kvtier")),
+            listen,
+            dir,
+            args,
+        )
+    }
+
+    /// Runs `gateway` through `cmd` (the program, or a command that runs it).
+    fn launch_with(mut cmd: Command, listen: &str, dir: &Path, args: &[&str]) -> Self {
         cmd.args(["gateway", "--listen", listen])
             .arg("--dir")
             .arg(dir)
@@ -65,6 +96,11 @@ impl Gateway {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// Everything it logged (stderr) so far.
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
     }
 
     /// Sends `sig` and waits for the process to end.

@@ -38,6 +38,13 @@ impl Server {
         Self::launch(cmd, &["--listen", "127.0.0.1:0"], data_dir, extra)
     }
 
+    /// [`Server::start`] under the open-file limits `soft` and `hard` (see
+    /// `kvtier_testkit::with_nofile_limit`).
+    pub fn start_with_nofile(data_dir: &Path, soft: u64, hard: u64, extra: &[&str]) -> Server {
+        let cmd = kvtier_testkit::with_nofile_limit(env!("CARGO_BIN_EXE_kvtier"), soft, hard);
+        Self::launch(cmd, &["--listen", "127.0.0.1:0"], data_dir, extra)
+    }
+
     /// [`Server::start`] inside the network namespace `host`, listening on the inside
     /// address of its link `link` (the test reaches it over that link).
     pub fn start_in(
@@ -78,6 +85,16 @@ impl Server {
         .unwrap_or_else(|e| panic!("{e}"));
         let url = process.announced().to_owned();
         Server { process, url }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Everything it logged (stderr) so far.
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
     }
 
     /// A client without tokens.
