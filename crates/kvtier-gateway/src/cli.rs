@@ -191,23 +191,34 @@ impl GatewayArgs {
 /// once it accepts connections.
 pub fn run(args: &GatewayArgs) -> Result<(), String> {
     let config = args.config()?;
-    let running = RunningGateway::start(config)?;
-    println!("kvtier gateway: listening on http://{}", running.addr);
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    // Signals are watched before the gateway starts: a SIGTERM from then on (while the
+    // store opens, or the moment the listening line appears) is a clean stop, not the
+    // default action's exit.
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot wait for signals: {e}"))?;
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _in_runtime = waiter.enter();
+        let watch = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| format!("cannot watch {name}: {e}"))
+        };
+        (
+            watch(SignalKind::terminate(), "SIGTERM")?,
+            watch(SignalKind::interrupt(), "SIGINT")?,
+        )
+    };
+    let running = RunningGateway::start(config)?;
+    println!("kvtier gateway: listening on http://{}", running.addr);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
     waiter.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-        Ok::<(), String>(())
-    })?;
+    });
     let (gets, ranged, bytes, requests) = running.counters().snapshot();
     running.stop();
     println!(

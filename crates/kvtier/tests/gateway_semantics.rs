@@ -245,3 +245,15 @@ fn a_256_mib_put_is_streamed_with_bounded_memory() {
         "peak RSS grew by {grew_mib} MiB during a 256 MiB PUT"
     );
 }
+
+/// Signals are watched before the gateway says it listens: a SIGTERM sent the moment that
+/// line appears is a clean stop (exit 0), not the default action's exit.
+#[test]
+fn a_sigterm_the_moment_the_gateway_listens_stops_it_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let mut g = Gateway::start(dir.path(), &[]);
+        let status = g.terminate();
+        assert!(status.success(), "round {round}: {status:?}");
+    }
+}

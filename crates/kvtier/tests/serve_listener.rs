@@ -382,3 +382,19 @@ fn a_body_over_max_body_is_answered_413_however_it_is_framed() {
     assert!(got.contains("bad_upload"), "{got}");
     assert!(server.stop().success());
 }
+
+/// The SIGTERM handler is in place before the server says it listens: a SIGTERM sent the
+/// moment that line appears is a clean stop (exit 0, the shutdown recorded), not a kill.
+#[test]
+fn a_sigterm_the_moment_the_server_listens_stops_it_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let server = Server::start(dir.path(), &[]);
+        let status = server.stop();
+        assert!(status.success(), "round {round}: {status:?}");
+    }
+    let server = Server::start(dir.path(), &[]);
+    let health = runtime().block_on(server.client().health()).unwrap();
+    assert_eq!(health.previous_shutdown_clean, Some(true));
+    assert!(server.stop().success());
+}

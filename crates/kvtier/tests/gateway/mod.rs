@@ -103,6 +103,13 @@ impl Gateway {
         self.process.stderr()
     }
 
+    /// SIGTERM, and how the process ended.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.process
+            .signal_and_wait(kvtier_testkit::Signal::TERM, WITHIN)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Sends `sig` and waits for the process to end.
     pub fn signal(&mut self, sig: kvtier_testkit::Signal) {
         self.process
