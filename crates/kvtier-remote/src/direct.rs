@@ -29,45 +29,16 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::config::{Endpoint, RemoteConfig};
-use crate::http1::{Conn, is_before_answer};
+use crate::http1::{Conn, DirectError, is_before_answer};
 use crate::recv::RecvPool;
+use crate::s3::{CallError, Fetch};
 use crate::sigv4::{EMPTY_SHA256, Signer, request_head};
-use crate::tier::{CallError, Fetch};
 
 /// Idle connections kept per endpoint.
 const KEEP_IDLE: usize = 16;
 
 /// First pause before a retry.
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
-
-/// Why a direct read failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DirectError {
-    /// The connection or the answer's framing failed.
-    #[error("direct read: {0}")]
-    Io(#[from] io::Error),
-    /// The endpoint answered with an error status.
-    #[error("direct read: HTTP {0}")]
-    Status(u16),
-    /// The answer is longer than the caller allows.
-    #[error("direct read: an answer of {got} bytes where at most {limit} are expected")]
-    TooLong {
-        /// Bytes the answer announced.
-        got: u64,
-        /// Bytes allowed.
-        limit: u64,
-    },
-}
-
-impl DirectError {
-    fn retryable(&self) -> bool {
-        match self {
-            Self::Io(e) => e.kind() != io::ErrorKind::InvalidData || is_before_answer(e),
-            Self::Status(s) => *s >= 500 || *s == 429,
-            Self::TooLong { .. } => false,
-        }
-    }
-}
 
 /// A received body and the CRC-32C of its bytes from the offset the caller named (of no
 /// bytes if it named none).

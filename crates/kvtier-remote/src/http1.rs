@@ -274,6 +274,36 @@ fn read_head(reader: &mut BufReader<TcpStream>) -> io::Result<(Head, bool)> {
     ))
 }
 
+/// Why a direct read failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DirectError {
+    /// The connection or the answer's framing failed.
+    #[error("direct read: {0}")]
+    Io(#[from] io::Error),
+    /// The endpoint answered with an error status.
+    #[error("direct read: HTTP {0}")]
+    Status(u16),
+    /// The answer is longer than the caller allows.
+    #[error("direct read: an answer of {got} bytes where at most {limit} are expected")]
+    TooLong {
+        /// Bytes the answer announced.
+        got: u64,
+        /// Bytes allowed.
+        limit: u64,
+    },
+}
+
+impl DirectError {
+    /// Whether trying again may succeed (a dropped connection, a 5xx or 429).
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            Self::Io(e) => e.kind() != io::ErrorKind::InvalidData || is_before_answer(e),
+            Self::Status(s) => *s >= 500 || *s == 429,
+            Self::TooLong { .. } => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]

@@ -22,6 +22,7 @@ pub mod object;
 pub mod placement;
 mod recv;
 mod runtime;
+mod s3;
 pub mod sigv4;
 pub mod state;
 mod tier;

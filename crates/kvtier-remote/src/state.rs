@@ -36,9 +36,10 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
+use crate::RemoteTier;
 use crate::catalog::Listed;
 use crate::object::crc;
-use crate::tier::{Fetch, RemoteTier};
+use crate::s3::Fetch;
 
 /// The first bytes of every state object.
 const MAGIC: &[u8; 8] = b"KVTSTATE";

@@ -1,0 +1,231 @@
+//! The [`Tier`] implementation: hits as one ranged GET of consecutive blocks, each
+//! checked against its manifest CRC; a 404 forgets the object; stats.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::stats::TierStats;
+use kvtier_core::tier::{BlockMeta, PutOutcome, RemovalCause, SnapshotStore, Tier, TierKind};
+use kvtier_core::{Error, ErrorKind, Result};
+use object_store::path::Path;
+use object_store::{GetOptions, ObjectStore};
+
+use crate::object::{RunObject, crc};
+use crate::s3::Fetch;
+
+use super::RemoteTier;
+use super::write::runs;
+
+impl RemoteTier {
+    /// One ranged GET of slots `range` of `object`, each block verified.
+    pub(super) fn fetch(&self, object: &Arc<RunObject>, range: Range<usize>) -> Option<Vec<Bytes>> {
+        // An object known from a record is served only once its manifest checked out.
+        let object = &self.checked(object)?;
+        let b = object.block_bytes;
+        let bytes_range = range.start as u64 * b..range.end as u64 * b;
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let want = bytes_range.end - bytes_range.start;
+        let read = match self.direct_for(object.target, &object.data_name) {
+            Some(direct) => direct
+                .get(&object.data_name, Some(bytes_range), want, None, &self.recv)
+                .map(|got| self.recv.freeze(got.body)),
+            None => {
+                let store = self.stores[object.target].clone();
+                let path = Path::from(object.data_name.as_str());
+                let pool = self.recv.clone();
+                self.call(async move {
+                    let options = GetOptions::new().with_range(Some(bytes_range));
+                    let mut body = store.get_opts(&path, options).await?.into_stream();
+                    // Into a reused buffer (see `recv.rs`); a body longer or shorter than
+                    // asked for is caught by the length check below.
+                    let mut buf = pool.take(want as usize);
+                    while let Some(chunk) = body.next().await {
+                        buf.extend_from_slice(&chunk?);
+                    }
+                    Ok(pool.freeze(buf))
+                })
+            }
+        };
+        match read {
+            Fetch::Got(bytes) => {
+                if bytes.len() as u64 != (range.end - range.start) as u64 * b {
+                    tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");
+                    self.forget_object(object, RemovalCause::Corrupt);
+                    return None;
+                }
+                let mut out = Vec::with_capacity(range.len());
+                for (k, slot) in range.enumerate() {
+                    let block = bytes.slice(k * b as usize..(k + 1) * b as usize);
+                    if crc(&block) != object.crcs[slot] {
+                        tracing::error!(object = %object.data_name, slot, "remote block failed its checksum; dropping the object");
+                        self.forget_object(object, RemovalCause::Corrupt);
+                        return None;
+                    }
+                    out.push(block);
+                }
+                Some(out)
+            }
+            Fetch::Gone => {
+                tracing::info!(object = %object.data_name, "remote object is gone; forgetting its blocks");
+                self.forget_object(object, RemovalCause::Explicit);
+                None
+            }
+            Fetch::Failed(e) => {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = %object.data_name, error = %e, "remote read failed; a miss");
+                None
+            }
+        }
+    }
+}
+
+impl Tier for RemoteTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Remote
+    }
+
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_many(&[(meta.clone(), payload)])
+            .pop()
+            .unwrap_or(Ok(PutOutcome::Duplicate))
+    }
+
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+        let mut out: Vec<Result<PutOutcome>> = Vec::with_capacity(items.len());
+        for run in runs(items, self.config.max_run_blocks.max(1)) {
+            let slice = &items[run.clone()];
+            // Already held blocks at the run's start are refreshed, not rewritten.
+            let held = {
+                let blocks = self.blocks.read();
+                slice
+                    .iter()
+                    .take_while(|(m, _)| blocks.contains_key(&m.hash))
+                    .count()
+            };
+            for _ in 0..held {
+                self.counters.dedup_skips.fetch_add(1, Ordering::Relaxed);
+                out.push(Ok(PutOutcome::Duplicate));
+            }
+            let rest = &slice[held..];
+            if rest.is_empty() {
+                continue;
+            }
+            match self.write_run(rest) {
+                Ok(()) => {
+                    self.counters
+                        .stores
+                        .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                    out.extend(rest.iter().map(|_| Ok(PutOutcome::Stored)));
+                }
+                Err(e) => {
+                    self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+                    // One cause, shared by the error of every block the run carried.
+                    let err = Error::new(
+                        ErrorKind::Unavailable,
+                        format!("remote write of {} blocks failed", rest.len()),
+                    )
+                    .with_source(e);
+                    out.extend(rest.iter().map(|_| Err(err.clone())));
+                }
+            }
+        }
+        out
+    }
+
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
+        Ok(self.get_run(std::slice::from_ref(hash))?.pop())
+    }
+
+    fn get_run(&self, hashes: &[BlockHash]) -> Result<Vec<Bytes>> {
+        let mut out: Vec<Bytes> = Vec::with_capacity(hashes.len());
+        while out.len() < hashes.len() {
+            let rest = &hashes[out.len()..];
+            let Some(slot) = self.blocks.read().get(&rest[0]).cloned() else {
+                break;
+            };
+            // How far the asked-for run continues in this object.
+            let n = rest
+                .iter()
+                .zip(&slot.object.metas[slot.index..])
+                .take_while(|(h, m)| **h == m.hash)
+                .count();
+            match self.fetch(&slot.object, slot.index..slot.index + n) {
+                Some(blocks) => out.extend(blocks),
+                None => break,
+            }
+        }
+        self.counters
+            .hits
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        if out.len() < hashes.len() {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>> {
+        let Some(slot) = self.blocks.read().get(hash).cloned() else {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        if range.start >= range.end || range.end > slot.object.block_bytes {
+            return Err(Error::invalid(format!(
+                "byte range {}..{} is empty or past the end of a {}-byte payload",
+                range.start, range.end, slot.object.block_bytes
+            )));
+        }
+        // The whole block is read so its checksum can be verified.
+        Ok(self
+            .get(hash)?
+            .map(|b| b.slice(range.start as usize..range.end as usize)))
+    }
+
+    fn contains(&self, hash: &BlockHash) -> bool {
+        self.blocks.read().contains_key(hash)
+    }
+
+    fn remove(&self, hash: &BlockHash) -> Result<bool> {
+        // Objects are shared and immutable: removing a block forgets it here; deleting
+        // objects is their owner's job (the cluster metadata issue).
+        let Some(slot) = self.blocks.write().remove(hash) else {
+            return Ok(false);
+        };
+        self.counters
+            .removed_explicit
+            .fetch_add(1, Ordering::Relaxed);
+        self.sink.removed(
+            TierKind::Remote,
+            &slot.object.metas[slot.index],
+            RemovalCause::Explicit,
+            None,
+        );
+        Ok(true)
+    }
+
+    fn snapshots(&self) -> Option<&dyn SnapshotStore> {
+        Some(self)
+    }
+
+    fn stats(&self) -> TierStats {
+        let blocks = self.blocks.read();
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = TierStats {
+            hits: g(&self.counters.hits),
+            misses: g(&self.counters.misses),
+            stores: g(&self.counters.stores),
+            dedup_skips: g(&self.counters.dedup_skips),
+            io_errors: g(&self.counters.io_errors),
+            resident_blocks: blocks.len() as u64,
+            resident_bytes: blocks.values().map(|s| s.object.block_bytes).sum(),
+            capacity_bytes: u64::MAX,
+            ..TierStats::default()
+        };
+        s.evictions.explicit = g(&self.counters.removed_explicit);
+        s.evictions.corrupt = g(&self.counters.removed_corrupt);
+        s
+    }
+}
