@@ -8,13 +8,15 @@ use kvtier_ssd::Durability;
 
 use crate::serve::{Auth, GatewayConfig, RunningGateway};
 
-/// When a PUT is acknowledged.
+/// When a PUT is acknowledged: the names of `kvtier serve`'s levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DurabilityArg {
-    /// After the record and its index entry are synced (`fdatasync`).
-    Fsync,
-    /// Once written to the page cache (survives a killed process, not a power loss).
-    BestEffort,
+    /// After the record and its index entry are synced (`fdatasync`): survives a power loss.
+    #[value(alias = "fsync")]
+    Synced,
+    /// Once written to the page cache: survives a killed process, not a power loss.
+    #[value(alias = "best-effort")]
+    Written,
 }
 
 /// How requests are authenticated.
@@ -55,7 +57,7 @@ pub struct GatewayArgs {
     pub secret_key: Option<String>,
 
     /// When a PUT is acknowledged.
-    #[arg(long, value_enum, default_value = "fsync")]
+    #[arg(long, value_enum, default_value = "synced")]
     pub durability: DurabilityArg,
 
     /// Worker threads. Default: one per core.
@@ -166,8 +168,8 @@ impl GatewayArgs {
             },
         };
         config.durability = match self.durability {
-            DurabilityArg::Fsync => Durability::Fsync,
-            DurabilityArg::BestEffort => Durability::BestEffort,
+            DurabilityArg::Synced => Durability::Synced,
+            DurabilityArg::Written => Durability::Written { retries: 0 },
         };
         if let Some(w) = self.workers {
             config.workers = w.max(1);

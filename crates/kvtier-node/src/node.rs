@@ -338,7 +338,7 @@ fn ssd_opener(
     let maintenance_every = ssd.maintenance_every.0;
     // Syncs are the engine's business (a `synced` store waits for a group commit): the
     // store itself never syncs per write.
-    config.store.durability = Durability::Persistent {
+    config.store.durability = Durability::Written {
         retries: ssd.retries,
     };
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {

@@ -57,7 +57,7 @@ pub fn run(args: &CrashWriterArgs) -> anyhow::Result<()> {
     let mut config = SsdConfig::new(&args.dir);
     config.store.segment_bytes = 1 << 20;
     if args.fsync {
-        config.store.durability = Durability::Fsync;
+        config.store.durability = Durability::Synced;
     }
     let tier = SsdTier::open(config, Arc::new(SystemClock::new()), Arc::new(NoSink))?;
     let mut log = std::fs::OpenOptions::new()

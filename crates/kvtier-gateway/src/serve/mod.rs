@@ -99,7 +99,7 @@ impl GatewayConfig {
             dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             auth: Auth::None,
-            durability: Durability::Fsync,
+            durability: Durability::Synced,
             segment_bytes: 1 << 30,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             create_buckets: Vec::new(),

@@ -2,7 +2,7 @@
 //! segment store (`kvtier-ssd`), with an ordered index in memory.
 //!
 //! - **Visibility.** A PUT appends one record (data, description, per-chunk CRC-32C) and
-//!   its index-log entry, synced with [`Durability::Fsync`] (the default), and only then
+//!   its index-log entry, synced with [`Durability::Synced`] (the default), and only then
 //!   enters the in-memory index. A crash at any point before leaves either nothing or a
 //!   torn tail that recovery cuts off: never a partially readable object.
 //! - **Reads.** The index keeps each record's location and checksum table, so a ranged

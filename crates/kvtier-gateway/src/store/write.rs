@@ -202,7 +202,7 @@ impl GatewayStore {
             )));
         }
         w.res.write(&trailer)?;
-        if self.segs.config().durability == Durability::Fsync {
+        if self.segs.config().durability == Durability::Synced {
             w.res.sync_data()?;
         }
         Ok(())

@@ -29,7 +29,7 @@ pub fn gateway(dir: &std::path::Path) -> RunningGateway {
         access_key: ACCESS.into(),
         secret_key: SECRET.into(),
     };
-    config.durability = kvtier_ssd::Durability::BestEffort;
+    config.durability = kvtier_ssd::Durability::Written { retries: 0 };
     config.create_buckets = vec![BUCKET.into()];
     RunningGateway::start(config).expect("start gateway")
 }

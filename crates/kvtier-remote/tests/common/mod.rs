@@ -43,7 +43,7 @@ impl Gateway {
             access_key: ACCESS.into(),
             secret_key: SECRET.into(),
         };
-        config.durability = kvtier_ssd::Durability::BestEffort;
+        config.durability = kvtier_ssd::Durability::Written { retries: 0 };
         // Created by the gateway itself: opening the store here first and reopening it in
         // the gateway races with child processes other tests fork (they inherit the
         // directory lock's descriptor until they exec).

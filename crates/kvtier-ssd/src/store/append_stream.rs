@@ -203,7 +203,7 @@ impl SegmentStore {
                 // The log entry too: a synced commit must be found by the log's walk even
                 // when an unfinished reservation before it holds no header.
                 self.mark_unsynced(res.segment.id, true, true);
-                if self.config.durability == Durability::Fsync {
+                if self.config.durability == Durability::Synced {
                     self.sync_pending()?;
                 }
                 return Ok((loc, header));

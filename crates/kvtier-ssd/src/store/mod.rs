@@ -4,7 +4,7 @@
 //! Writes go to the tail of one active segment, under one mutex. Reads are positioned
 //! (`pread`) and take no lock but a short read lock on the segment table. A record becomes
 //! visible — its `Loc` is returned to the caller, who publishes it — only after its bytes
-//! and its index entry are written and, with [`Durability::Fsync`], synced: write, make
+//! and its index entry are written and, with [`Durability::Synced`], synced: write, make
 //! durable, then publish (seed 004).
 //!
 //! - **Group commit.** [`SegmentStore::sync_pending`] makes everything appended before it
@@ -50,22 +50,21 @@ use crate::format::{
     IndexEntry, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, encode_index_entry,
 };
 
-/// When an append or tombstone returns. Either way the bytes are in the page cache when
-/// it returns, so they survive the process being killed; only `Fsync` makes them survive
-/// a power loss (or call [`SegmentStore::sync_pending`] for a batch).
+/// When an append or tombstone returns — the engine's acknowledgement levels
+/// (`kvtier_core::Ack`) as the store sees them. Either way the bytes are in the page cache
+/// when it returns, so they survive the process being killed; only `Synced` makes them
+/// survive a power loss (or call [`SegmentStore::sync_pending`] for a batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// One attempt; the page cache decides when bytes reach the disk.
-    BestEffort,
-    /// Up to `retries` further attempts when a write fails; the page cache decides when
-    /// bytes reach the disk (no sync).
-    Persistent {
+    /// Written (the page cache decides when bytes reach the disk), after up to `retries`
+    /// further attempts when a write fails (never for a full disk).
+    Written {
         /// Extra attempts after the first.
         retries: u32,
     },
     /// Every append (its record) and tombstone (its log entry) is synced (`fdatasync`,
     /// shared between concurrent callers) before it returns.
-    Fsync,
+    Synced,
 }
 
 /// Settings of the segment store.
@@ -74,7 +73,7 @@ pub struct StoreConfig {
     /// A segment is sealed and a new one started when the next record would pass this
     /// many bytes (default 256 MiB).
     pub segment_bytes: u64,
-    /// When a write counts as done (default best effort).
+    /// When a write counts as done (default: written, no retries).
     pub durability: Durability,
     /// log2 of the payload checksum chunk (default 16: 64 KiB).
     pub chunk_log2: u8,
@@ -84,7 +83,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             segment_bytes: 256 << 20,
-            durability: Durability::BestEffort,
+            durability: Durability::Written { retries: 0 },
             chunk_log2: 16,
         }
     }
@@ -400,7 +399,7 @@ impl SegmentStore {
         ) {
             tracing::warn!(error = %e, "index log entry not written; recovery will read the record instead");
         }
-        if self.config.durability == Durability::Fsync {
+        if self.config.durability == Durability::Synced {
             self.sync_pending()?;
         }
         Ok(loc)
@@ -601,7 +600,7 @@ impl SegmentStore {
             },
         )?;
         self.mark_unsynced(seg.id, false, true);
-        if self.config.durability == Durability::Fsync {
+        if self.config.durability == Durability::Synced {
             self.sync_pending()?;
         }
         Ok(())
@@ -626,7 +625,7 @@ impl SegmentStore {
 
     fn with_retries<T>(&self, mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
         let retries = match self.config.durability {
-            Durability::Persistent { retries } => retries,
+            Durability::Written { retries } => retries,
             _ => 0,
         };
         let mut attempt = 0;

@@ -16,7 +16,7 @@ use super::sigv4::Signer;
 use crate::bench::measure::pattern;
 
 /// `kvtier gateway` in this process on a loopback port, storing into `dir`, with SigV4
-/// under `access_key` and the bucket `bucket` (best-effort durability: the rows measure
+/// under `access_key` and the bucket `bucket` (`written` durability: the rows measure
 /// reads). Stopped when dropped.
 pub fn in_process_gateway(
     dir: &Path,
@@ -30,7 +30,7 @@ pub fn in_process_gateway(
         access_key: access_key.into(),
         secret_key: secret_key.into(),
     };
-    config.durability = kvtier_ssd::Durability::BestEffort;
+    config.durability = kvtier_ssd::Durability::Written { retries: 0 };
     config.create_buckets = vec![bucket.into()];
     kvtier_gateway::RunningGateway::start(config).map_err(anyhow::Error::msg)
 }
@@ -151,7 +151,7 @@ impl Child {
                 "--listen",
                 "127.0.0.1:0",
                 "--durability",
-                "best-effort",
+                "written",
             ])
             .arg("--dir")
             .arg(dir)
