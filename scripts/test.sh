@@ -10,25 +10,39 @@ scripts/setup.sh --with-weights
 export PATH="$HOME/.local/bin:$PATH"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --doc 2>&1 | tee "$log"
-cargo test --workspace --all-targets "$@" 2>&1 | tee -a "$log"
+# Every step runs even when one before it failed (and cargo runs every test binary, not
+# stopping at the first that fails), so the summary at the end always comes and counts
+# everything; the exit status is the first failure's.
+status=0
+step() {
+    local rc=0
+    "$@" 2>&1 | tee -a "$log" || rc=$?
+    if [ "$status" -eq 0 ]; then status=$rc; fi
+}
+step cargo test --workspace --doc --no-fail-fast
+step cargo test --workspace --all-targets --no-fail-fast "$@"
 # The model tests through `kvtier serve` need the `models` feature of the kvtier crate
 # (kvtier-candle does not depend on the server, so they cannot live there).
-cargo test -p kvtier --features models --test models_served 2>&1 | tee -a "$log"
+step cargo test -p kvtier --features models --test models_served --no-fail-fast
 # The Python package (crates/kvtier-py): pytest against the extension and the kvtier
 # binary built above (the client tests start `kvtier serve`).
-stage=$(scripts/python-stage.sh)
-py_status=0
-KVTIER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}/debug/kvtier")" PYTHONPATH="$stage" .venv/bin/python -m pytest -q -p no:cacheprovider crates/kvtier-py/tests 2>&1 |
-    tee -a "$log" || py_status=$?
+if stage=$(scripts/python-stage.sh); then
+    KVTIER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}/debug/kvtier")" PYTHONPATH="$stage" \
+        step .venv/bin/python -m pytest -q -p no:cacheprovider crates/kvtier-py/tests
+else
+    echo "test.sh: the Python package did not build; its tests did not run" | tee -a "$log"
+    if [ "$status" -eq 0 ]; then status=1; fi
+fi
 awk '
-    /^test result:/ { passed += $4; failed += $6 }
-    # pytest: "5 passed, 1 failed in 3.2s" (with or without = borders)
-    !/^test result:/ && /[0-9]+ (passed|failed).* in [0-9.]+s/ {
+    # cargo: "test result: ok. 21 passed; 0 failed; 2 ignored; 0 measured; ..."
+    /^test result:/ { passed += $4; failed += $6; skipped += $8 }
+    # pytest: "5 passed, 1 failed, 2 skipped in 3.2s" (with or without = borders)
+    !/^test result:/ && /[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s/ {
         for (i = 1; i < NF; i++) {
             if ($(i + 1) ~ /^passed/) passed += $i
             if ($(i + 1) ~ /^failed/ || $(i + 1) ~ /^errors?/) failed += $i
+            if ($(i + 1) ~ /^skipped/ || $(i + 1) ~ /^xfailed/) skipped += $i
         }
     }
-    END { printf "%d passed, %d failed\n", passed, failed }' "$log"
-exit "$py_status"
+    END { printf "%d passed, %d failed, %d skipped or ignored\n", passed, failed, skipped }' "$log"
+exit "$status"

@@ -3,7 +3,8 @@
 //! The tests use real processes where users would (`kvtier serve`, `kvtier gateway`,
 //! moto's S3 server, a writer killed mid-write), and each used to carry its own copy of
 //! "start it, wait until it listens, kill it at the end". This crate is that copy, shared
-//! by every crate's tests and used only as a dev-dependency.
+//! by every crate's tests; the `kvtier` binary links it too, for the one bench group that
+//! starts a real process of its own (the cluster rows' etcd member).
 //!
 //! - [`Process`]: a child process started with a [`Ready`] condition (a line it prints,
 //!   a port that accepts, or nothing), its stdout and stderr captured to files so a
