@@ -11,8 +11,8 @@ use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
 use crate::wire::frame::{self, EndStatus};
 use crate::wire::{
     CheckpointSpec, ErrorBody, FlushAnswer, Health, LayoutInfo, LayoutSpec, LoadRequest,
-    LookupAnswer, PromptSpec, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer, StoreAnswer,
-    UPLOAD_CONTENT_TYPE,
+    LookupAnswer, PromptSpec, Readiness, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer,
+    StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
 
 /// What went wrong with a call.
@@ -391,6 +391,17 @@ impl Client {
             .send()
             .await?;
         self.json(resp).await
+    }
+
+    /// `GET /readyz`: whether the node is ready, check by check (answered as well when it
+    /// is not: the 503's body is the same document).
+    pub async fn ready(&self) -> Result<Readiness> {
+        let resp = self.request(reqwest::Method::GET, "/readyz").send().await?;
+        if resp.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            return self.json(resp).await;
+        }
+        let body = resp.bytes().await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// `GET /health`.

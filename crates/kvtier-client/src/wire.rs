@@ -330,6 +330,16 @@ pub struct Health {
     pub ssd_write_failures: u64,
 }
 
+/// `GET /readyz`: 200 when `ready`, 503 otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// Every check holds.
+    pub ready: bool,
+    /// Each check this node is configured for: `ssd` and `remote` (the tier is attached),
+    /// `cluster` (registered and past its first replay).
+    pub checks: std::collections::BTreeMap<String, bool>,
+}
+
 /// `POST /admin/ssd`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -135,6 +135,16 @@ impl ClusterCatalog {
         self.member.identity().map_or(0, |i| i.generation)
     }
 
+    /// Whether this replica follows the cluster now: registered (its lease alive, so it
+    /// may publish) and both followers past their first full read (so its index holds
+    /// what the cluster advertised). What `kvtier serve`'s `/readyz` reports for the
+    /// cluster.
+    pub fn following(&self) -> bool {
+        self.member.identity().is_some()
+            && self.ready.load(Ordering::SeqCst)
+            && self.states_ready.load(Ordering::SeqCst)
+    }
+
     /// The advertisements this replica knows (the GC leader's view).
     pub fn view(&self) -> &Arc<View> {
         &self.view

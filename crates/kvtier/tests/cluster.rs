@@ -632,3 +632,55 @@ fn only_the_owner_deletes_through_the_admin_api() {
     assert!(b.stop().success());
     drop(etcd);
 }
+
+/// `/readyz` follows the cluster: a replica whose etcd is down serves (its `/healthz` and
+/// its local tiers answer) but is not ready, naming the cluster; one with a live etcd
+/// becomes ready once registered and replayed.
+#[test]
+fn readiness_names_the_cluster_until_the_replica_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let dead_etcd = format!("http://127.0.0.1:{}", kvtier_testkit::free_port().unwrap());
+    let lost = Server::start(
+        &dir.path().join("lost"),
+        &[
+            "--config",
+            &config(dir.path(), "lost", &gateway.endpoint, &dead_etcd),
+        ],
+    );
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
+    let live = Server::start(
+        &dir.path().join("live"),
+        &[
+            "--config",
+            &config(dir.path(), "live", &gateway.endpoint, &etcd.url()),
+        ],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let c = lost.client();
+        assert_eq!(c.health().await.unwrap().status, "ok");
+        let r = c.ready().await.unwrap();
+        assert!(!r.ready, "{r:?}");
+        assert_eq!(r.checks.get("cluster"), Some(&false), "{r:?}");
+        assert_eq!(r.checks.get("ssd"), Some(&true), "{r:?}");
+        assert_eq!(r.checks.get("remote"), Some(&true), "{r:?}");
+        let c = live.client();
+        let ready = eventually(Duration::from_secs(15), async || {
+            c.ready().await.is_ok_and(|r| r.ready)
+        })
+        .await;
+        let r = c.ready().await.unwrap();
+        assert!(ready, "{r:?}");
+        assert_eq!(r.checks.get("cluster"), Some(&true), "{r:?}");
+    });
+    // Liveness, as a prober sends it: no token, a plain GET.
+    let mut s = TcpStream::connect(lost.url.trim_start_matches("http://")).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(lost.stop().success());
+    assert!(live.stop().success());
+}

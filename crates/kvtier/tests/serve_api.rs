@@ -450,3 +450,23 @@ fn a_second_server_on_the_same_data_directory_is_refused_by_name() {
     assert_eq!(rt.block_on(first.client().health()).unwrap().status, "ok");
     assert!(first.stop().success());
 }
+
+/// `/readyz` checks what the settings ask for: the SSD tier of a default server (and
+/// nothing for a RAM-only one), without a token.
+#[test]
+fn readiness_checks_the_tiers_the_settings_ask_for() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let with_ssd = Server::start(dir.path(), &["--data-token", "data-token-for-tests-01"]);
+    let r = rt.block_on(with_ssd.client().ready()).unwrap();
+    assert!(r.ready, "{r:?}");
+    assert_eq!(
+        r.checks.into_iter().collect::<Vec<_>>(),
+        vec![("ssd".to_owned(), true)]
+    );
+    assert!(with_ssd.stop().success());
+    let ram_only = Server::start(dir.path(), &["--ssd-enabled", "false"]);
+    let r = rt.block_on(ram_only.client().ready()).unwrap();
+    assert!(r.ready && r.checks.is_empty(), "{r:?}");
+    assert!(ram_only.stop().success());
+}

@@ -138,6 +138,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .merge(data)
         .merge(admin)
         .route("/health", get(ops::health))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(app.clone(), timed))
         .layer(middleware::from_fn(rejections::json_errors))

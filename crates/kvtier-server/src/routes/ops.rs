@@ -1,12 +1,14 @@
 //! Health and metrics.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kvtier_client::wire::Health;
+use kvtier_client::wire::{Health, Readiness};
+use kvtier_core::tier::TierKind;
 
 use crate::state::AppState;
 
@@ -30,6 +32,41 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Json<Health> {
         previous_shutdown_clean: app.node.previous_shutdown_clean,
         ssd_write_failures,
     })
+}
+
+/// `GET /healthz`: liveness — the process answers requests. 200 `{"status": "ok"}`.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: readiness — every tier the settings ask for is attached (recovery is
+/// done before the server listens) and, in cluster mode, the replica follows the cluster
+/// (registered, advertisements replayed). 200 when all hold, 503 otherwise; the body
+/// names each check: `{"ready": bool, "checks": {"ssd": bool, "remote": bool, "cluster":
+/// bool}}`, with only the parts this node is configured for.
+pub async fn readyz(State(app): State<Arc<AppState>>) -> Response {
+    let (want_ssd, want_remote) = {
+        let s = app.node.settings.read();
+        (s.ssd.enabled, !s.remote.endpoints.is_empty())
+    };
+    let attached: Vec<TierKind> = app.engine.stats().lower.iter().map(|l| l.kind).collect();
+    let mut checks = BTreeMap::new();
+    if want_ssd {
+        checks.insert("ssd".to_owned(), attached.contains(&TierKind::Ssd));
+    }
+    if want_remote {
+        checks.insert("remote".to_owned(), attached.contains(&TierKind::Remote));
+    }
+    if let Some(cluster) = &app.node.cluster {
+        checks.insert("cluster".to_owned(), cluster.following());
+    }
+    let ready = checks.values().all(|&ok| ok);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(Readiness { ready, checks })).into_response()
 }
 
 /// `GET /metrics`.
