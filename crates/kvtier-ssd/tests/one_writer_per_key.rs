@@ -133,3 +133,55 @@ fn compaction_racing_deletes_and_stores_loses_no_stored_key() {
         }
     }
 }
+
+#[test]
+fn snapshot_puts_racing_compaction_keep_every_snapshot() {
+    use bytes::Bytes;
+    use kvtier_core::snapshot::SnapshotKey;
+    use kvtier_core::tier::SnapshotStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let layout = common::layout().digest();
+    // 20 KiB states: a few per 256 KiB segment, so puts leave sealed segments half dead.
+    let blob = |k: u8| Bytes::from(vec![k; 20 << 10]);
+    let keys: Vec<SnapshotKey> = (0..12u8).map(|k| SnapshotKey([k; 32])).collect();
+    {
+        let (tier, _) = common::open(dir.path());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let compactor = s.spawn(|| {
+                let mut moved = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    moved += tier.compact(1.0).unwrap().relocated;
+                }
+                moved
+            });
+            let writers: Vec<_> = (0..4)
+                .map(|w| {
+                    let (tier, keys) = (&tier, &keys);
+                    s.spawn(move || {
+                        for round in 0..150 {
+                            let k = (w * 3 + round) % keys.len();
+                            tier.put_snapshot(&keys[k], layout, &blob(k as u8)).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(compactor.join().unwrap() > 0, "compaction never ran");
+        });
+    }
+    for restart in 0..2 {
+        let (tier, _) = common::open(dir.path());
+        for (k, key) in keys.iter().enumerate() {
+            assert_eq!(
+                tier.get_snapshot(key).unwrap(),
+                Some(blob(k as u8)),
+                "restart {restart}: snapshot {k} lost"
+            );
+        }
+    }
+}

@@ -67,6 +67,13 @@ impl SsdTier {
         let mut moved = 0;
         for (key, held) in movers {
             let _claim = self.claims.claim(key);
+            // A put may have replaced this copy before the claim: its copy is newer than
+            // anything written here, so leave the key alone (a copy written and then
+            // tombstoned here would be the newest and delete the key).
+            let current = self.snapshots.read().get(&key).cloned();
+            if !current.is_some_and(|now| Arc::ptr_eq(&now, &held)) {
+                continue;
+            }
             match self.store.read(&held.loc, &key, None) {
                 Ok(blob) => {
                     if self.write_snapshot(&key, held.layout, &blob, Some(&held))? {
@@ -81,10 +88,11 @@ impl SsdTier {
     }
 
     /// Appends a copy of snapshot `key` and serves it from now on; the caller holds the
-    /// key's claim. With `replacing`, only if the tier still serves that copy (compaction
-    /// moving it): a snapshot dropped meanwhile stays dropped — its new copy is tombstoned,
-    /// and as the newest copy that tombstone keeps the key deleted. Returns whether the
-    /// new copy is served.
+    /// key's claim. With `replacing` (compaction moving that copy, which the caller saw
+    /// served after taking the claim), only if the tier still serves it: the claim kept
+    /// every put out, so a copy gone meanwhile was dropped, and the new copy is tombstoned
+    /// — as the newest copy, that tombstone keeps the key deleted. Returns whether the new
+    /// copy is served.
     fn write_snapshot(
         &self,
         key: &[u8; 32],
