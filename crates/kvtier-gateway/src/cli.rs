@@ -200,27 +200,15 @@ pub fn run(args: &GatewayArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot wait for signals: {e}"))?;
-    let (mut term, mut int) = {
-        use tokio::signal::unix::{SignalKind, signal};
+    let stop = {
         let _in_runtime = waiter.enter();
-        let watch = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| format!("cannot watch {name}: {e}"))
-        };
-        (
-            watch(SignalKind::terminate(), "SIGTERM")?,
-            watch(SignalKind::interrupt(), "SIGINT")?,
-        )
+        kvtier_listen::signals::stop_signals()
     };
     let running = RunningGateway::start(config)?;
     println!("kvtier gateway: listening on http://{}", running.addr);
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    waiter.block_on(async {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-    });
+    waiter.block_on(stop);
     let (gets, ranged, bytes, requests) = running.counters().snapshot();
     running.stop();
     println!(

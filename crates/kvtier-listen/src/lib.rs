@@ -8,6 +8,7 @@
 //! - [`accept`]: what an accept loop does when `accept` fails;
 //! - [`linger`]: closing a connection after an answer without the kernel turning the
 //!   close into a reset that destroys the answer;
+//! - [`signals`]: SIGTERM and SIGINT watched from the start, so either is a clean stop;
 //! - [`MAX_HEAD`]: the largest request head either front end reads.
 //!
 //! Each listener keeps its own accept loop and connection table (their request handling
@@ -16,6 +17,7 @@
 pub mod accept;
 pub mod fds;
 pub mod linger;
+pub mod signals;
 
 /// The largest request head (request line and headers) read, in bytes: a longer one is
 /// answered 431 (Request Header Fields Too Large) by the HTTP layer and the connection

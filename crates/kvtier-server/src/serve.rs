@@ -106,41 +106,11 @@ impl Running {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn signal() {
-    stop_signals().await;
-}
-
-/// Registers for SIGTERM and SIGINT now and returns a future that resolves on the first
-/// of them. The registration is what replaces the default action (exit at once), so a
-/// caller installs it before it can be signalled — a SIGTERM that arrives while the
-/// server opens its tiers, or just after it printed that it listens, then stops it
-/// cleanly instead of killing it.
-pub fn stop_signals() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal as unix_signal};
-    let term = unix_signal(SignalKind::terminate());
-    let int = unix_signal(SignalKind::interrupt());
-    async move {
-        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
-            match s {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = wait(term) => {}
-            _ = wait(int) => {}
-        }
-    }
-}
-
 /// `kvtier serve`: runs until a signal. Prints `listening on http://ADDR` on stdout once
 /// requests are accepted (tests and scripts wait for that line).
 pub async fn run(settings: Settings) -> Result<Stopped, String> {
     // Before anything else: from here on a SIGTERM is a clean stop.
-    let stop = stop_signals();
+    let stop = kvtier_listen::signals::stop_signals();
     let running = Running::start(settings).await?;
     if let Some(k) = &running.app.node.kv_events {
         match k.replay_endpoint() {

@@ -15,6 +15,25 @@ mod common;
 use std::sync::Barrier;
 
 use kvtier_core::tier::Tier;
+use kvtier_ssd::SsdTier;
+
+/// Runs `work` while another thread compacts `tier` without pause (every sealed segment
+/// not full of live records); returns how many records compaction moved meanwhile.
+fn while_compacting(tier: &SsdTier, work: impl FnOnce()) -> u64 {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let compactor = s.spawn(|| {
+            let mut moved = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                moved += tier.compact(1.0).unwrap().relocated;
+            }
+            moved
+        });
+        work();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        compactor.join().unwrap()
+    })
+}
 
 #[test]
 fn racing_writes_of_one_block_keep_it_after_a_restart() {
@@ -72,48 +91,39 @@ fn compaction_racing_deletes_and_stores_loses_no_stored_key() {
     let mut present = vec![vec![false; 4]; owned.len()];
     {
         let (tier, _) = common::open(dir.path());
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let compactor = s.spawn(|| {
-                let mut moved = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // Every sealed segment that is not full of live records.
-                    moved += tier.compact(1.0).unwrap().relocated;
-                }
-                moved
-            });
-            let writers: Vec<_> = owned
-                .iter()
-                .zip(present.iter_mut())
-                .enumerate()
-                .map(|(w, (blocks, present))| {
-                    let tier = &tier;
-                    s.spawn(move || {
-                        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
-                        for _ in 0..3000 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let i = (x % blocks.len() as u64) as usize;
-                            let (meta, payload) = &blocks[i];
-                            if x >> 32 & 1 == 0 {
-                                tier.put(meta, payload.clone()).unwrap();
-                                present[i] = true;
-                            } else {
-                                tier.remove(&meta.hash).unwrap();
-                                present[i] = false;
+        let moved = while_compacting(&tier, || {
+            std::thread::scope(|s| {
+                let writers: Vec<_> = owned
+                    .iter()
+                    .zip(present.iter_mut())
+                    .enumerate()
+                    .map(|(w, (blocks, present))| {
+                        let tier = &tier;
+                        s.spawn(move || {
+                            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+                            for _ in 0..3000 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                let i = (x % blocks.len() as u64) as usize;
+                                let (meta, payload) = &blocks[i];
+                                if x >> 32 & 1 == 0 {
+                                    tier.put(meta, payload.clone()).unwrap();
+                                    present[i] = true;
+                                } else {
+                                    tier.remove(&meta.hash).unwrap();
+                                    present[i] = false;
+                                }
                             }
-                        }
+                        })
                     })
-                })
-                .collect();
-            for w in writers {
-                w.join().unwrap();
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let moved = compactor.join().unwrap();
-            assert!(moved > 0, "compaction never ran against the writers");
+                    .collect();
+                for w in writers {
+                    w.join().unwrap();
+                }
+            });
         });
+        assert!(moved > 0, "compaction never ran against the writers");
     }
     for restart in 0..2 {
         let (tier, _) = common::open(dir.path());
@@ -147,32 +157,25 @@ fn snapshot_puts_racing_compaction_keep_every_snapshot() {
     let keys: Vec<SnapshotKey> = (0..12u8).map(|k| SnapshotKey([k; 32])).collect();
     {
         let (tier, _) = common::open(dir.path());
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let compactor = s.spawn(|| {
-                let mut moved = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    moved += tier.compact(1.0).unwrap().relocated;
-                }
-                moved
-            });
-            let writers: Vec<_> = (0..4)
-                .map(|w| {
-                    let (tier, keys) = (&tier, &keys);
-                    s.spawn(move || {
-                        for round in 0..150 {
-                            let k = (w * 3 + round) % keys.len();
-                            tier.put_snapshot(&keys[k], layout, &blob(k as u8)).unwrap();
-                        }
+        let moved = while_compacting(&tier, || {
+            std::thread::scope(|s| {
+                let writers: Vec<_> = (0..4)
+                    .map(|w| {
+                        let (tier, keys) = (&tier, &keys);
+                        s.spawn(move || {
+                            for round in 0..150 {
+                                let k = (w * 3 + round) % keys.len();
+                                tier.put_snapshot(&keys[k], layout, &blob(k as u8)).unwrap();
+                            }
+                        })
                     })
-                })
-                .collect();
-            for w in writers {
-                w.join().unwrap();
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            assert!(compactor.join().unwrap() > 0, "compaction never ran");
+                    .collect();
+                for w in writers {
+                    w.join().unwrap();
+                }
+            });
         });
+        assert!(moved > 0, "compaction never ran");
     }
     for restart in 0..2 {
         let (tier, _) = common::open(dir.path());

@@ -52,6 +52,25 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> (String, Duration) {
     (text, started.elapsed())
 }
 
+/// With [`IDLE`] idle sockets open against `addr`, sends `request` three times, each on a
+/// new connection that must be answered 200 within [`PROMPT`]; the answers.
+fn answered_past_idle_sockets(addr: SocketAddr, request: &[u8]) -> Vec<String> {
+    let idle = idle_sockets(addr, IDLE);
+    let answers = (0..3)
+        .map(|_| {
+            let (got, took) = exchange(addr, request);
+            assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+            assert!(
+                took < PROMPT,
+                "an answer past {IDLE} idle sockets took {took:?}"
+            );
+            got
+        })
+        .collect();
+    drop(idle);
+    answers
+}
+
 /// Opens `n` idle connections to `addr` (they send nothing).
 fn idle_sockets(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect()
@@ -98,20 +117,10 @@ fn gateway_serves_gets_past_idle_sockets(g: &Gateway) {
         b"PUT /fdb/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     );
     assert!(put.starts_with("HTTP/1.1 200"), "{put}");
-    let idle = idle_sockets(addr, IDLE);
-    for _ in 0..3 {
-        let (got, took) = exchange(
-            addr,
-            b"GET /fdb/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        );
-        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let get = b"GET /fdb/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for got in answered_past_idle_sockets(addr, get) {
         assert!(got.ends_with("hello"), "{got}");
-        assert!(
-            took < PROMPT,
-            "a GET past {IDLE} idle sockets took {took:?}"
-        );
     }
-    drop(idle);
 }
 
 #[test]
@@ -161,20 +170,10 @@ fn kvtier_serve_under_a_low_limit_clamps_its_cap_and_answers_past_idle_sockets()
     let server = Server::start_with_nofile(dir.path(), LIMIT, LIMIT, &[]);
     assert_eq!(nofile_of(server.pid()), (LIMIT, LIMIT));
     let addr = addr_of(&server.url);
-    let idle = idle_sockets(addr, IDLE);
-    for _ in 0..3 {
-        let (got, took) = exchange(
-            addr,
-            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        );
-        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let health = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for got in answered_past_idle_sockets(addr, health) {
         assert!(got.contains("\"status\":\"ok\""), "{got}");
-        assert!(
-            took < PROMPT,
-            "/health past {IDLE} idle sockets took {took:?}"
-        );
     }
-    drop(idle);
     let log = server.stderr();
     assert_eq!(clamp_lines(&log), 1, "one warning for the clamp:\n{log}");
     assert!(server.stop().success());
