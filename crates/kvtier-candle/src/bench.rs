@@ -10,7 +10,7 @@ use crate::demo::median;
 use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
 use crate::prompts::{system_prompt, user_turn};
-use crate::reuse::{Backend, GemmaRunner, HybridRunner, LoadMode, MambaRunner, ServeLauncher};
+use crate::reuse::{Cache, GemmaRunner, HybridRunner, LoadMode, MambaRunner, ServeLauncher};
 use crate::{Error, Result};
 
 /// Tokens of the cached prefix.
@@ -133,7 +133,7 @@ fn gemma_rows(
     let weights = GemmaWeights::load(&locate_gguf(true)?, PREFIX_TOKENS + 256)?;
     let prompt = gemma_prompt(&weights);
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let mut runner = GemmaRunner::new(weights.clone(), Arc::new(Backend::Embedded(engine)))?;
+    let mut runner = GemmaRunner::new(weights.clone(), Arc::new(Cache::embedded(engine)))?;
     let mut cold = Vec::new();
     runner.store = false;
     for _ in 0..cold_samples.max(1) {
@@ -236,7 +236,7 @@ fn served_hit_figures(
         ..Default::default()
     };
     let served = launcher.launch(settings).and_then(|server| {
-        let backend = Arc::new(Backend::served(&server.url(), None)?);
+        let backend = Arc::new(Cache::served(&server.url(), None)?);
         let mut runner = GemmaRunner::new(weights.clone(), backend)?;
         runner.store = true;
         runner.run_turn(prompt, 1)?;
@@ -343,7 +343,7 @@ fn mamba_checkpoint_rows(
         p
     };
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let backend = Arc::new(Backend::Embedded(engine));
+    let backend = Arc::new(Cache::embedded(engine));
     let mut cold_runner = MambaRunner::new(model.clone(), backend.clone())?;
     cold_runner.store = false;
     let mut cold = Vec::new();
@@ -390,7 +390,7 @@ fn hybrid_rows(cold_samples: usize, hit_samples: usize) -> Result<Vec<ModelRow>>
     let mut prompt = prefix.clone();
     prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let backend = Arc::new(Backend::Embedded(engine));
+    let backend = Arc::new(Cache::embedded(engine));
     let mut runner = HybridRunner::new(model, backend, CHECKPOINT_EVERY)?;
     runner.store_kv = false;
     runner.store_state = false;
@@ -435,7 +435,7 @@ fn mamba_rows(
     let mut prompt = prefix.clone();
     prompt.extend(user_turn(0, 1).bytes().map(u32::from).take(SUFFIX_TOKENS));
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let mut runner = MambaRunner::new(model, Arc::new(Backend::Embedded(engine)))?;
+    let mut runner = MambaRunner::new(model, Arc::new(Cache::embedded(engine)))?;
     runner.store = false;
     let mut cold = Vec::new();
     for _ in 0..cold_samples.max(1) {

@@ -17,7 +17,7 @@ use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::hybrid::{HybridModel, synthetic_config as hybrid_config};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
 use crate::prompts::{system_prompt, user_turn};
-use crate::reuse::{Backend, GemmaRunner, MambaRunner, MambaTurn, TurnReport};
+use crate::reuse::{Cache, GemmaRunner, MambaRunner, MambaTurn, TurnReport};
 use crate::{Error, Result};
 
 /// Tokens decoded after each restore.
@@ -66,7 +66,7 @@ pub fn gemma_turn_two(w: &GemmaWeights) -> Vec<u32> {
 /// Gemma's turn 2 computed from nothing, with no cache at all: the reference.
 pub fn gemma_cold_turn_two(w: &Arc<GemmaWeights>) -> Result<TurnReport> {
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let mut runner = GemmaRunner::new(w.clone(), Arc::new(Backend::Embedded(engine)))?;
+    let mut runner = GemmaRunner::new(w.clone(), Arc::new(Cache::embedded(engine)))?;
     runner.store = false;
     let r = runner.run_turn(&gemma_turn_two(w), DECODE)?;
     if r.reused_tokens != 0 {
@@ -140,7 +140,7 @@ pub fn mamba_turn_two(decoded: &[u32]) -> Vec<u32> {
 /// Mamba's turns 1 and 2 computed from nothing, with no cache: the references.
 pub fn mamba_cold(model: &Arc<MambaModel>) -> Result<(MambaTurn, MambaTurn)> {
     let engine = Arc::new(kvtier_core::Engine::builder().build()?);
-    let mut runner = MambaRunner::new(model.clone(), Arc::new(Backend::Embedded(engine)))?;
+    let mut runner = MambaRunner::new(model.clone(), Arc::new(Cache::embedded(engine)))?;
     runner.store = false;
     let one = runner.run_turn(&mamba_turn_one(), DECODE, &[])?;
     let two = runner.run_turn(&mamba_turn_two(&one.tokens), DECODE, &[])?;

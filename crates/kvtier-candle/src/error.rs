@@ -6,12 +6,9 @@ pub enum Error {
     /// The tensor library refused an operation (shape, dtype, file format).
     #[error("model: {0}")]
     Candle(#[from] candle_core::Error),
-    /// The embedded cache refused a call.
+    /// The cache (embedded, or a server) refused a call or could not be reached.
     #[error("kvtier: {0}")]
     Engine(#[from] kvtier_core::Error),
-    /// The cache server refused a call or could not be reached.
-    #[error("kvtier server: {0}")]
-    Client(#[from] kvtier_client::ClientError),
     /// A file could not be read or written.
     #[error("{context}: {source}")]
     Io {

@@ -16,7 +16,7 @@ mod fixtures;
 use std::sync::Arc;
 
 use kvtier_candle::conversation::{DECODE, ssd_settings};
-use kvtier_candle::reuse::{Backend, GemmaRunner, LoadMode};
+use kvtier_candle::reuse::{Cache, GemmaRunner, LoadMode};
 use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, KvDtype};
 use kvtier_node::Settings;
@@ -25,7 +25,7 @@ use fixtures::gemma::{assert_same_decode, cold_turn_two, turn_one, turn_two, wei
 
 fn embedded_runner() -> (Arc<Engine>, GemmaRunner) {
     let engine = Arc::new(Engine::builder().build().unwrap());
-    let runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let runner = GemmaRunner::new(weights(), Arc::new(Cache::embedded(engine.clone()))).unwrap();
     (engine, runner)
 }
 
@@ -79,7 +79,7 @@ const CHILD_DIR: &str = "KVTIER_TEST_TURN_ONE_DIR";
 fn turn_one_in_a_child_process() {
     let dir = std::env::var(CHILD_DIR).expect("only run as a child");
     let engine = ssd_engine(std::path::Path::new(&dir));
-    let runner = GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let runner = GemmaRunner::new(weights(), Arc::new(Cache::embedded(engine.clone()))).unwrap();
     let one = runner.run_turn(&turn_one(), DECODE).unwrap();
     assert!(one.blocks_stored > 0);
     let shutdown = engine.shutdown(std::time::Duration::from_secs(60)).unwrap();
@@ -94,7 +94,7 @@ fn restore_from_ssd_after_a_process_restart() {
     let engine = ssd_engine(dir.path());
     assert_eq!(engine.stats().ram.resident_blocks, 0);
     let mut runner =
-        GemmaRunner::new(weights(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+        GemmaRunner::new(weights(), Arc::new(Cache::embedded(engine.clone()))).unwrap();
     runner.store = false;
     let two = runner.run_turn(&turn_two(), DECODE).unwrap();
     assert!(

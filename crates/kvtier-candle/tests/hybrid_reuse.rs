@@ -19,7 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kvtier_candle::conversation::{logits_difference, ssd_settings};
 use kvtier_candle::hybrid::{HYBRID_TOKENS_PER_BLOCK as TPB, HybridState};
-use kvtier_candle::reuse::{Backend, HybridRunner};
+use kvtier_candle::reuse::{Cache, HybridRunner};
 use kvtier_core::{Engine, ExtraKeys};
 use proptest::prelude::*;
 
@@ -28,8 +28,8 @@ use fixtures::{cached, diverging};
 
 const EVERY: usize = 64;
 
-fn embedded(engine: &Arc<Engine>) -> Backend {
-    Backend::Embedded(engine.clone())
+fn embedded(engine: &Arc<Engine>) -> Cache {
+    Cache::embedded(engine.clone())
 }
 
 #[test]

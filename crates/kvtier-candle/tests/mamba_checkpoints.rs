@@ -16,7 +16,7 @@ mod fixtures;
 use std::sync::Arc;
 
 use kvtier_candle::conversation::{DECODE, ssd_settings};
-use kvtier_candle::reuse::{Backend, MambaRunner, MambaTurn};
+use kvtier_candle::reuse::{Cache, MambaRunner, MambaTurn};
 use kvtier_core::{Engine, ExtraKeys};
 
 use fixtures::mamba::{assert_same_decode, model};
@@ -27,13 +27,13 @@ const EVERY: usize = 64;
 /// `prompt` computed from nothing, with no cache.
 fn cold(prompt: &[u32]) -> MambaTurn {
     let engine = Arc::new(Engine::builder().build().unwrap());
-    let mut runner = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine))).unwrap();
+    let mut runner = MambaRunner::new(model(), Arc::new(Cache::embedded(engine))).unwrap();
     runner.store = false;
     runner.run_turn(prompt, DECODE, &[]).unwrap()
 }
 
 fn runner(engine: &Arc<Engine>) -> MambaRunner {
-    MambaRunner::new(model(), Arc::new(Backend::Embedded(engine.clone())))
+    MambaRunner::new(model(), Arc::new(Cache::embedded(engine.clone())))
         .unwrap()
         .with_checkpoints(EVERY)
         .unwrap()

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use kvtier_candle::conversation::{DECODE, mamba_model};
 use kvtier_candle::mamba::MambaModel;
-use kvtier_candle::reuse::{Backend, MambaRunner};
+use kvtier_candle::reuse::{Cache, MambaRunner};
 use kvtier_core::Engine;
 use kvtier_node::Settings;
 
@@ -31,7 +31,7 @@ fn model_with_seed(seed: u64) -> Arc<MambaModel> {
 #[test]
 fn turn_two_restores_the_snapshot_from_ram_bit_identically() {
     let engine = Arc::new(Engine::builder().build().unwrap());
-    let runner = MambaRunner::new(model(), Arc::new(Backend::Embedded(engine.clone()))).unwrap();
+    let runner = MambaRunner::new(model(), Arc::new(Cache::embedded(engine.clone()))).unwrap();
     let (one, two) = two_turns(&runner);
     assert_same_decode(&one, &cold().0);
     assert_eq!(two.reused_tokens, one.snapshot_tokens);
@@ -63,8 +63,7 @@ fn ssd_settings(dir: &std::path::Path) -> Settings {
 fn mamba_turn_one_in_a_child_process() {
     let dir = std::env::var(CHILD_DIR).expect("only run as a child");
     let app = kvtier_node::Node::open(ssd_settings(std::path::Path::new(&dir))).unwrap();
-    let runner =
-        MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();
+    let runner = MambaRunner::new(model(), Arc::new(Cache::embedded(app.engine.clone()))).unwrap();
     let one = runner.run_turn(&turn_one(), DECODE, &[]).unwrap();
     assert!(one.bytes_stored > 0);
     let shutdown = app
@@ -81,7 +80,7 @@ fn turn_two_restores_from_ssd_after_a_process_restart() {
     let app = kvtier_node::Node::open(ssd_settings(dir.path())).unwrap();
     assert_eq!(app.engine.stats().snapshot.resident_entries, 0);
     let mut runner =
-        MambaRunner::new(model(), Arc::new(Backend::Embedded(app.engine.clone()))).unwrap();
+        MambaRunner::new(model(), Arc::new(Cache::embedded(app.engine.clone()))).unwrap();
     runner.store = false;
     let hint = turn_one().len() + DECODE - 1;
     let two = runner
@@ -94,7 +93,7 @@ fn turn_two_restores_from_ssd_after_a_process_restart() {
 #[test]
 fn snapshots_of_other_weights_or_a_damaged_blob_are_never_restored() {
     let engine = Arc::new(Engine::builder().build().unwrap());
-    let backend = Arc::new(Backend::Embedded(engine.clone()));
+    let backend = Arc::new(Cache::embedded(engine.clone()));
     // The same shape with other weights: its own layout, so its snapshot is invisible.
     let other = MambaRunner::new(model_with_seed(8), backend.clone()).unwrap();
     let one = other.run_turn(&turn_one(), DECODE, &[]).unwrap();

@@ -4,11 +4,16 @@
 //!   stores, shared with the server so both ends agree by construction.
 //! - [`Client`]: an async client over one connection pool (connections are reused
 //!   across calls and clones).
+//! - `convert`: the one mapping between the engine's types and the wire's (layout key ⇄
+//!   [`wire::LayoutSpec`], store report → answer, [`ClientError`] → the engine's error
+//!   kinds).
 
 pub mod wire;
 
 mod client;
 mod conn;
+mod convert;
 mod reader;
 
 pub use client::{Client, ClientError, LoadedPrefix, RestoredPrefix};
+pub use convert::BadSpec;

@@ -46,6 +46,37 @@ pub enum ErrorKind {
     Internal,
 }
 
+impl ErrorKind {
+    /// Every kind with its name, the one table of them: the HTTP edge answers with these
+    /// names as error codes, the client reads them back, Python's exception classes carry
+    /// them as `kind`.
+    const NAMES: [(ErrorKind, &'static str); 6] = [
+        (ErrorKind::Invalid, "invalid"),
+        (ErrorKind::NoSpace, "no_space"),
+        (ErrorKind::Corrupt, "corrupt"),
+        (ErrorKind::Unavailable, "unavailable"),
+        (ErrorKind::Closed, "closed"),
+        (ErrorKind::Internal, "internal"),
+    ];
+
+    /// This kind's name (`invalid`, `no_space`, `corrupt`, `unavailable`, `closed`,
+    /// `internal`).
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(k, _)| *k == self)
+            .map_or("internal", |(_, n)| n)
+    }
+
+    /// The kind named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(k, _)| *k)
+    }
+}
+
 /// The error underneath an [`Error`], shared so that errors stay `Clone`.
 pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -209,6 +240,15 @@ mod tests {
                 .ends_with(&io::Error::from_raw_os_error(28).to_string())
         );
         assert_eq!(top.message(), "persist block `ab12`");
+    }
+
+    #[test]
+    fn every_kind_has_a_name_that_reads_back() {
+        for (kind, name) in ErrorKind::NAMES {
+            assert_eq!(kind.name(), name);
+            assert_eq!(ErrorKind::from_name(name), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("bad_json"), None);
     }
 
     #[test]

@@ -8,14 +8,18 @@
 //!   `2GB`).
 //! - [`node`]: settings → a running engine with its tiers and background work, and the
 //!   live SSD change.
+//! - [`cache`]: the caller API — one [`Cache`] over an embedded node or a client of
+//!   `kvtier serve`, used by Python, the model runners and the benches.
 //! - [`components`]: what the assembly injects into every part — one clock (monotonic
 //!   and wall time) and one runtime for network I/O.
 
+pub mod cache;
 pub mod components;
 pub mod node;
 pub mod settings;
 pub mod units;
 
+pub use cache::{Cache, CacheLayout, Hit};
 pub use components::Components;
 pub use node::{Node, cluster_endpoints, remote_config};
 pub use settings::{ServeArgs, Settings};

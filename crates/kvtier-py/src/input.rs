@@ -17,7 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::errors;
-use crate::layout::{Hit, Layout};
+use kvtier_client::wire::StoreAnswer;
+use kvtier_node::CacheLayout;
 
 /// A buffer exported by a Python object; released when dropped.
 pub(crate) struct Exported {
@@ -142,17 +143,15 @@ pub(crate) fn exports_of(blocks: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
 /// exported buffers (one buffer of whole blocks back to back, or one buffer a block),
 /// each checked for its size and item type.
 pub(crate) fn payloads_of<'a>(
-    layout: &Layout,
+    layout: &CacheLayout,
     exports: &'a [Exported],
     blocks: &Bound<'_, PyAny>,
     tokens: usize,
 ) -> PyResult<Vec<&'a [u8]>> {
-    let block = layout.bytes_per_block();
-    let dtype = layout.dtype_name();
-    let element = dtype
-        .parse::<kvtier_core::KvDtype>()
-        .map(|d| d.size_bytes() as usize)
-        .unwrap_or(1);
+    let block = layout.block_bytes() as usize;
+    let dtype = layout.key().dtype;
+    let element = dtype.size_bytes() as usize;
+    let dtype = dtype.name();
     for (i, e) in exports.iter().enumerate() {
         check_item(e, element, dtype, &format!("block buffer {i}"))?;
     }
@@ -179,7 +178,7 @@ pub(crate) fn payloads_of<'a>(
             payloads.push(e.bytes());
         }
     }
-    let whole = layout.whole_blocks(tokens);
+    let whole = tokens / layout.tokens_per_block().max(1);
     if payloads.len() > whole {
         return Err(errors::invalid(format!(
             "{} blocks given for {tokens} tokens: at most {whole} whole blocks",
@@ -189,38 +188,16 @@ pub(crate) fn payloads_of<'a>(
     Ok(payloads)
 }
 
-/// The first `hit.nbytes` bytes of `out`, checked to be there.
-pub(crate) fn room_for<'a>(
-    hit: &Hit,
-    per_block: usize,
-    out: &'a mut Exported,
-) -> PyResult<&'a mut [u8]> {
-    let need = hit.blocks * per_block;
-    let dst = out.bytes_mut();
-    if dst.len() < need {
-        return Err(errors::invalid(format!(
-            "out holds {} bytes; the hit's {} blocks need {need}",
-            dst.len(),
-            hit.blocks
-        )));
-    }
-    Ok(&mut dst[..need])
-}
-
 /// A store's answer as the dict both the engine and the client return.
 pub(crate) fn store_report<'py>(
     py: Python<'py>,
-    stored: usize,
-    duplicates: usize,
-    stored_lower_only: usize,
-    stopped: Option<&str>,
-    ack: &str,
+    answer: &StoreAnswer,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
     let out = pyo3::types::PyDict::new(py);
-    out.set_item("stored", stored)?;
-    out.set_item("duplicates", duplicates)?;
-    out.set_item("stored_lower_only", stored_lower_only)?;
-    out.set_item("stopped", stopped)?;
-    out.set_item("ack", ack)?;
+    out.set_item("stored", answer.stored)?;
+    out.set_item("duplicates", answer.duplicates)?;
+    out.set_item("stored_lower_only", answer.stored_lower_only)?;
+    out.set_item("stopped", answer.stopped.as_deref())?;
+    out.set_item("ack", &answer.durability)?;
     Ok(out)
 }

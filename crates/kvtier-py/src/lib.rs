@@ -1,10 +1,11 @@
 //! kvtier for Python: the extension module `kvtier._kvtier`, wrapped by the pure-Python
 //! package `kvtier` (`crates/kvtier-py/python/kvtier`).
 //!
-//! - [`engine::Engine`]: an engine in this process, assembled by `kvtier-node` from the
-//!   same settings, with the same defaults, as `kvtier serve`.
-//! - [`client::Client`]: a client of `kvtier serve` with the same calls.
-//! - [`layout`]: a registered layout and the answer to a lookup (of either).
+//! - [`cache::Cache`]: the one class over the caller API (`kvtier_node::Cache`): an
+//!   engine in this process, assembled by `kvtier-node` from the same settings, with the
+//!   same defaults, as `kvtier serve`, or a client of `kvtier serve`, with the same calls
+//!   (the package's `Engine` and `Client` subclass it; `kvtier.open` chooses).
+//! - [`layout`]: a registered layout and the answer to a lookup.
 //! - [`state`]: state groups of hybrid and recurrent models, checkpoints, and restores
 //!   that return every group's part of one boundary or nothing.
 //! - [`block::Block`]: a loaded block — a read-only buffer over kvtier's own memory, so
@@ -16,8 +17,7 @@
 //! Every call that copies bytes, hashes a prompt or touches a tier releases the GIL.
 
 mod block;
-mod client;
-mod engine;
+mod cache;
 mod errors;
 mod input;
 mod layout;
@@ -28,8 +28,7 @@ use pyo3::prelude::*;
 /// The extension module.
 #[pymodule]
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<engine::Engine>()?;
-    m.add_class::<client::Client>()?;
+    m.add_class::<cache::Cache>()?;
     m.add_class::<layout::Layout>()?;
     m.add_class::<layout::Hit>()?;
     m.add_class::<block::Block>()?;

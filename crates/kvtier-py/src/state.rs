@@ -1,9 +1,8 @@
 //! Hybrid and recurrent models through Python (issue 16, `docs/hybrid.md`): the state
 //! groups a layout names, and a restore — every group's part of one token boundary, or
-//! nothing — shared by the embedded engine and the client.
+//! nothing — as Python sees them.
 
 use bytes::Bytes;
-use kvtier_core::snapshot::SnapshotPut;
 use pyo3::prelude::*;
 
 use crate::block::Block;
@@ -25,15 +24,6 @@ pub(crate) fn groups_of(groups: Option<Vec<GroupArg>>) -> Vec<kvtier_core::State
         .collect()
 }
 
-/// The Python name of a checkpoint put's outcome.
-pub(crate) fn put_name(put: SnapshotPut) -> &'static str {
-    match put {
-        SnapshotPut::Stored => "stored",
-        SnapshotPut::Replaced => "replaced",
-        SnapshotPut::Rejected => "rejected",
-    }
-}
-
 /// What a restore read: the KV blocks of the attention layers and the recurrent state
 /// after exactly `tokens` tokens — all of one boundary, or nothing (`tokens` 0, falsy).
 #[pyclass(frozen, module = "kvtier._kvtier")]
@@ -43,20 +33,13 @@ pub struct Restored {
     state: Option<Bytes>,
 }
 
-impl Restored {
-    pub(crate) fn new(tokens: usize, blocks: Vec<Bytes>, state: Option<Bytes>) -> Self {
-        if tokens == 0 {
-            // Nothing, whatever came along: a partial restore is never handed out.
-            return Self {
-                tokens: 0,
-                blocks: Vec::new(),
-                state: None,
-            };
-        }
+impl From<kvtier_core::engine::Restored> for Restored {
+    /// The cache's restore (already emptied when it is not whole: see `Cache::restore`).
+    fn from(r: kvtier_core::engine::Restored) -> Self {
         Self {
-            tokens,
-            blocks,
-            state,
+            tokens: r.tokens,
+            blocks: r.blocks,
+            state: r.state,
         }
     }
 }

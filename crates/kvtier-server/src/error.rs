@@ -38,20 +38,27 @@ impl ApiError {
 
     /// 503: retry later (a tier is being reattached, or the server is stopping).
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable.name(),
+            message,
+        )
     }
 }
 
 impl From<kvtier_core::Error> for ApiError {
     fn from(e: kvtier_core::Error) -> Self {
-        let (status, code) = match e.kind() {
-            ErrorKind::Invalid => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
-            ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
-            ErrorKind::Corrupt => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
-            ErrorKind::Unavailable | ErrorKind::Closed => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        let status = match e.kind() {
+            ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+            ErrorKind::Unavailable | ErrorKind::Closed => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        // A closed engine is, to a caller of the server, one that is going away: retry
+        // elsewhere or later (the code every client knows for that).
+        let code = match e.kind() {
+            ErrorKind::Closed => ErrorKind::Unavailable.name(),
+            kind => kind.name(),
         };
         // The kind is the code; the message keeps every cause (an errno's text).
         Self::new(status, code, e.full_message())

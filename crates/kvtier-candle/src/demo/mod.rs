@@ -16,7 +16,7 @@ pub use workload::Workload;
 
 use crate::gemma::{GemmaWeights, locate_gguf};
 use crate::mamba::{MambaModel, synthetic_config, write_synthetic};
-use crate::reuse::{Backend, ServeLauncher};
+use crate::reuse::{Cache, ServeLauncher};
 use crate::{Error, Result};
 
 /// Longest context the demo's Gemma is loaded for.
@@ -106,7 +106,7 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
     for name in MODELS {
         let model = &load_model(name, &opts.dir)?;
         println!("\n[{name}] cold: every turn computed from nothing");
-        let none = Arc::new(Backend::Embedded(Arc::new(
+        let none = Arc::new(Cache::embedded(Arc::new(
             kvtier_core::Engine::builder().build()?,
         )));
         let cold = run_phase(model, none, false, &w)?;
@@ -124,7 +124,7 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
         );
         let store_dir = opts.dir.join(format!("{name}-embedded"));
         let engine = embedded(&store_dir)?;
-        let ram = run_phase(model, Arc::new(Backend::Embedded(engine.clone())), true, &w)?;
+        let ram = run_phase(model, Arc::new(Cache::embedded(engine.clone())), true, &w)?;
         rows.push(summarize(name, "RAM", &ram, &cold));
         let shutdown = engine.shutdown(Duration::from_secs(120));
         if shutdown.is_some_and(|s| !s.clean) {
@@ -146,7 +146,7 @@ pub fn run(opts: &DemoOptions) -> Result<DemoReport> {
             println!("[{name}] served: the same turns through kvtier serve on loopback");
             let served_dir = opts.dir.join(format!("{name}-served"));
             let server = launcher.launch(settings_for(&served_dir))?;
-            let backend = Arc::new(Backend::served(&server.url(), None)?);
+            let backend = Arc::new(Cache::served(&server.url(), None)?);
             let served = run_phase(model, backend, true, &w)?;
             server.stop();
             rows.push(summarize(name, "kvtier serve", &served, &cold));
@@ -212,12 +212,7 @@ pub fn run_restarted_phase(model: &str, store_dir: &Path, workload_json: &str) -
         .ok_or_else(|| Error::Invalid("the store directory has no parent".into()))?;
     let model = load_model(model, dir)?;
     let engine = embedded(store_dir)?;
-    let turns = run_phase(
-        &model,
-        Arc::new(Backend::Embedded(engine.clone())),
-        false,
-        &w,
-    )?;
+    let turns = run_phase(&model, Arc::new(Cache::embedded(engine.clone())), false, &w)?;
     engine.shutdown(Duration::from_secs(30));
     println!(
         "{CHILD_PREFIX}{}",

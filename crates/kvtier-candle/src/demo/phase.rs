@@ -9,7 +9,7 @@ use super::workload::{Bytes as ByteText, Encoder, GemmaText, Workload, next_prom
 use crate::Result;
 use crate::gemma::GemmaWeights;
 use crate::mamba::MambaModel;
-use crate::reuse::{Backend, GemmaRunner, MambaRunner};
+use crate::reuse::{Cache, GemmaRunner, MambaRunner};
 
 /// A model the demo runs.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub struct TurnResult {
 /// Runs the workload on `backend`; `store` decides whether turns keep their state.
 pub fn run_phase(
     model: &DemoModel,
-    backend: Arc<Backend>,
+    backend: Arc<Cache>,
     store: bool,
     w: &Workload,
 ) -> Result<Vec<TurnResult>> {

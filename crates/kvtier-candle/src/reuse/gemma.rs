@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use kvtier_core::{KvDtype, LayoutKey};
 
-use super::backend::{Backend, BoundLayout, Hit};
 use crate::gemma::{GemmaWeights, KvCache, LayerTensors, argmax};
 use crate::{Error, Result};
+use kvtier_node::{Cache, CacheLayout, Hit};
 
 /// Tokens per kvtier block, and the prefill chunk: a restored prefix is always a whole
 /// number of chunks, which keeps the arithmetic of a warm turn identical to a cold one.
@@ -59,8 +58,8 @@ pub struct TurnReport {
 #[derive(Debug)]
 pub struct GemmaRunner {
     weights: Arc<GemmaWeights>,
-    backend: Arc<Backend>,
-    layout: BoundLayout,
+    backend: Arc<Cache>,
+    layout: CacheLayout,
     /// Store the turn's blocks at its end (on by default).
     pub store: bool,
     /// How a hit is loaded.
@@ -86,7 +85,7 @@ impl GemmaRunner {
     }
 
     /// A runner storing under [`Self::layout_key`].
-    pub fn new(weights: Arc<GemmaWeights>, backend: Arc<Backend>) -> Result<Self> {
+    pub fn new(weights: Arc<GemmaWeights>, backend: Arc<Cache>) -> Result<Self> {
         let key = Self::layout_key(&weights);
         Self::with_layout(weights, backend, key)
     }
@@ -95,7 +94,7 @@ impl GemmaRunner {
     /// (f32, its layers, KV heads and head size); anything else is refused.
     pub fn with_layout(
         weights: Arc<GemmaWeights>,
-        backend: Arc<Backend>,
+        backend: Arc<Cache>,
         key: LayoutKey,
     ) -> Result<Self> {
         let c = weights.config();
@@ -110,7 +109,7 @@ impl GemmaRunner {
                 c.num_layers, c.num_kv_heads, c.head_dim
             )));
         }
-        let layout = backend.bind(key)?;
+        let layout = backend.register_layout(key, None)?;
         Ok(Self {
             weights,
             backend,
@@ -121,12 +120,12 @@ impl GemmaRunner {
     }
 
     /// The layout this runner stores under.
-    pub fn layout(&self) -> &BoundLayout {
+    pub fn layout(&self) -> &CacheLayout {
         &self.layout
     }
 
     /// The backend.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub fn backend(&self) -> &Arc<Cache> {
         &self.backend
     }
 
@@ -161,7 +160,7 @@ impl GemmaRunner {
         } else {
             match self.warm_prefill(&mut kv, prompt, &hit, usable_blocks, &mut report) {
                 Ok(logits) => logits,
-                Err(e @ (Error::Mismatch(_) | Error::Engine(_) | Error::Client(_))) => {
+                Err(e @ (Error::Mismatch(_) | Error::Engine(_))) => {
                     // Whatever went wrong with the cached prefix, the answer must not
                     // depend on it: start over cold.
                     report.refused = Some(e.to_string());
@@ -194,12 +193,14 @@ impl GemmaRunner {
             let whole = kv.len() / tpb;
             let mut payloads = Vec::with_capacity(whole);
             for b in 0..whole {
-                payloads.push(Bytes::from(kv.block_payload(b, tpb)?));
+                payloads.push(kv.block_payload(b, tpb)?);
             }
             report.bytes_stored = payloads.iter().map(|p| p.len() as u64).sum();
-            report.blocks_stored =
-                self.backend
-                    .store(&self.layout, &sequence[..whole * tpb], payloads)?;
+            let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+            report.blocks_stored = self
+                .backend
+                .store(&self.layout, &sequence[..whole * tpb], &payloads)?
+                .stored;
         }
         Ok(report)
     }
@@ -217,7 +218,7 @@ impl GemmaRunner {
         match self.load_mode {
             LoadMode::Whole => {
                 let t = Instant::now();
-                let payloads = self.backend.load(&self.layout, hit, blocks, None)?;
+                let payloads = self.backend.load(&hit.prefix(blocks)?, None)?;
                 if payloads.len() != blocks {
                     return Err(Error::Mismatch(format!(
                         "{} of {blocks} blocks arrived",
@@ -238,8 +239,7 @@ impl GemmaRunner {
                 type Arrival = Result<(LayerTensors, u64, Duration)>;
                 let (tx, rx) = mpsc::sync_channel::<Arrival>(layers);
                 let backend = self.backend.clone();
-                let layout = self.layout.clone();
-                let hit = hit.clone();
+                let hit = hit.prefix(blocks)?;
                 let shape = kv.shape();
                 // The loader fetches and converts each layer, so the compute thread only
                 // appends it: the fetch and the conversion overlap the layers before.
@@ -249,7 +249,8 @@ impl GemmaRunner {
                         for layer in 0..layers {
                             let t = Instant::now();
                             let arrival = backend
-                                .load(&layout, &hit, blocks, Some(layer as u32))
+                                .load(&hit, Some((layer as u32, layer as u32 + 1)))
+                                .map_err(Error::from)
                                 .and_then(|pages| {
                                     if pages.len() != blocks {
                                         return Err(Error::Mismatch(format!(

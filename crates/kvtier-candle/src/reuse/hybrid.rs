@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kvtier_core::{KvDtype, LayoutKey};
 
-use super::backend::{Backend, BoundLayout};
 use crate::gemma::argmax;
 use crate::hybrid::{HYBRID_TOKENS_PER_BLOCK, HybridModel, HybridState};
 use crate::mamba::state_group;
 use crate::{Error, Result};
+use kvtier_node::{Cache, CacheLayout};
 
 /// What one hybrid turn did.
 #[derive(Debug, Clone, Default)]
@@ -44,8 +44,8 @@ pub struct HybridTurn {
 #[derive(Debug)]
 pub struct HybridRunner {
     model: Arc<HybridModel>,
-    backend: Arc<Backend>,
-    layout: BoundLayout,
+    backend: Arc<Cache>,
+    layout: CacheLayout,
     checkpoint_every: usize,
     /// Store the prompt's KV blocks (on by default).
     pub store_kv: bool,
@@ -76,10 +76,10 @@ impl HybridRunner {
     /// blocks by the cache).
     pub fn new(
         model: Arc<HybridModel>,
-        backend: Arc<Backend>,
+        backend: Arc<Cache>,
         checkpoint_every: usize,
     ) -> Result<Self> {
-        let layout = backend.bind(Self::layout_key(&model))?;
+        let layout = backend.register_layout(Self::layout_key(&model), None)?;
         if layout.block_bytes() != model.config().block_bytes() as u64 {
             return Err(Error::Invalid(format!(
                 "the cache computes {}-byte blocks for this layout; the model writes {}",
@@ -87,7 +87,8 @@ impl HybridRunner {
                 model.config().block_bytes()
             )));
         }
-        let checkpoint_every = backend.set_checkpoint_every(&layout, checkpoint_every)?;
+        let layout = backend.set_checkpoint_every(&layout, checkpoint_every)?;
+        let checkpoint_every = layout.checkpoint_every().unwrap_or_default() as usize;
         Ok(Self {
             model,
             backend,
@@ -99,7 +100,7 @@ impl HybridRunner {
     }
 
     /// The backend.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub fn backend(&self) -> &Arc<Cache> {
         &self.backend
     }
 
@@ -129,11 +130,15 @@ impl HybridRunner {
             let blocks = (0..whole)
                 .map(|i| self.model.block(&state, i).map(Bytes::from))
                 .collect::<Result<Vec<_>>>()?;
-            turn.blocks_stored = self.backend.store(
-                &self.layout,
-                &prompt[..whole * HYBRID_TOKENS_PER_BLOCK],
-                blocks,
-            )?;
+            let payloads: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+            turn.blocks_stored = self
+                .backend
+                .store(
+                    &self.layout,
+                    &prompt[..whole * HYBRID_TOKENS_PER_BLOCK],
+                    &payloads,
+                )?
+                .stored;
         }
         for i in 0..max_new {
             let next = argmax(&logits);

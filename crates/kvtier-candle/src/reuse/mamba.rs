@@ -16,13 +16,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use kvtier_core::{KvDtype, LayoutKey};
 
-use super::backend::{Backend, BoundLayout};
 use crate::gemma::argmax;
 use crate::mamba::{MambaModel, decode_state, encode_state, state_group};
 use crate::{Error, Result};
+use kvtier_node::{Cache, CacheLayout};
 
 /// What one Mamba turn did.
 #[derive(Debug, Clone, Default)]
@@ -55,8 +54,8 @@ pub struct MambaTurn {
 #[derive(Debug)]
 pub struct MambaRunner {
     model: Arc<MambaModel>,
-    backend: Arc<Backend>,
-    layout: BoundLayout,
+    backend: Arc<Cache>,
+    layout: CacheLayout,
     /// Tokens between checkpoints, when checkpoints are on.
     checkpoint_every: Option<usize>,
     /// Store the end-of-turn state and checkpoints (on by default).
@@ -84,7 +83,7 @@ impl MambaRunner {
     }
 
     /// A runner filing snapshots under [`Self::layout_key`].
-    pub fn new(model: Arc<MambaModel>, backend: Arc<Backend>) -> Result<Self> {
+    pub fn new(model: Arc<MambaModel>, backend: Arc<Cache>) -> Result<Self> {
         let key = Self::layout_key(&model);
         Self::with_layout(model, backend, key)
     }
@@ -92,10 +91,10 @@ impl MambaRunner {
     /// A runner filing snapshots under `key`.
     pub fn with_layout(
         model: Arc<MambaModel>,
-        backend: Arc<Backend>,
+        backend: Arc<Cache>,
         key: LayoutKey,
     ) -> Result<Self> {
-        let layout = backend.bind(key)?;
+        let layout = backend.register_layout(key, None)?;
         Ok(Self {
             model,
             backend,
@@ -109,13 +108,13 @@ impl MambaRunner {
     /// of each prompt, and restores the deepest one a prompt shares. Needs an embedded
     /// engine.
     pub fn with_checkpoints(mut self, tokens: usize) -> Result<Self> {
-        let every = self.backend.set_checkpoint_every(&self.layout, tokens)?;
-        self.checkpoint_every = Some(every);
+        self.layout = self.backend.set_checkpoint_every(&self.layout, tokens)?;
+        self.checkpoint_every = self.layout.checkpoint_every().map(|t| t as usize);
         Ok(self)
     }
 
     /// The backend.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub fn backend(&self) -> &Arc<Cache> {
         &self.backend
     }
 
@@ -139,7 +138,10 @@ impl MambaRunner {
         candidates.dedup();
         for len in candidates {
             let t = Instant::now();
-            let Some(blob) = self.backend.snapshot_get(&self.layout, &prompt[..len])? else {
+            let Some(blob) = self
+                .backend
+                .snapshot_get(&self.layout, &prompt[..len], None)?
+            else {
                 continue;
             };
             match decode_state(self.model.config(), &blob) {
@@ -181,7 +183,7 @@ impl MambaRunner {
             turn.bytes_stored = blob.len() as u64;
             turn.snapshot_tokens = consumed.len();
             self.backend
-                .snapshot_put(&self.layout, &consumed, Bytes::from(blob))?;
+                .snapshot_put(&self.layout, &consumed, None, &blob)?;
         }
         Ok(turn)
     }

@@ -56,6 +56,21 @@ impl TierKind {
         TierKind::ALL.into_iter().find(|k| mask & k.bit() != 0)
     }
 
+    /// The letter a lookup answer on the wire names this tier by: `r` RAM, `s` SSD, `o`
+    /// object storage.
+    pub fn letter(self) -> char {
+        match self {
+            TierKind::Ram => 'r',
+            TierKind::Ssd => 's',
+            TierKind::Remote => 'o',
+        }
+    }
+
+    /// The tier a wire letter names (see [`TierKind::letter`]).
+    pub fn from_letter(letter: char) -> Option<TierKind> {
+        TierKind::ALL.into_iter().find(|k| k.letter() == letter)
+    }
+
     /// The stats prefix of this tier (`ram`, `ssd`, `remote`).
     pub fn name(self) -> &'static str {
         match self {
@@ -169,6 +184,30 @@ pub enum RejectReason {
     Collision,
     /// The hash is quarantined (after a collision or a corrupt read) and not accepted yet.
     Quarantined,
+}
+
+impl RejectReason {
+    /// Every reason with its name, the one table of them (store answers, counters'
+    /// labels, Python's store reports).
+    const NAMES: [(RejectReason, &'static str); 4] = [
+        (RejectReason::NoSpace, "no_space"),
+        (RejectReason::ParentMissing, "parent_missing"),
+        (RejectReason::Collision, "collision"),
+        (RejectReason::Quarantined, "quarantined"),
+    ];
+
+    /// This reason's name (`no_space`, `parent_missing`, `collision`, `quarantined`).
+    pub const fn name(self) -> &'static str {
+        Self::NAMES[self as usize].1
+    }
+
+    /// The reason named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(r, _)| *r)
+    }
 }
 
 /// Why a block left a tier.

@@ -1,7 +1,8 @@
 """kvtier: a tiered, persistent, shareable KV-cache store for LLM inference.
 
 >>> import kvtier
->>> kv = kvtier.Engine({"ram": "256MiB", "ssd": {"enabled": False}})
+>>> kv = kvtier.open(settings={"ram": "256MiB", "ssd": {"enabled": False}})
+>>> # or kvtier.open(url="http://127.0.0.1:7070"): a kvtier serve, the same calls
 >>> layout = kv.register_layout("my-model", "f16", 16, 2, 2, 64)
 >>> kv.store(layout, tokens, payload)       # one buffer of whole blocks, or a list
 >>> hit = kv.lookup(layout, tokens)          # memory only
@@ -10,7 +11,8 @@
 
 from __future__ import annotations
 
-from kvtier._kvtier import Block, Client, Engine, Hit, Layout, Restored, __version__
+from kvtier._kvtier import Block, Cache, Hit, Layout, Restored, __version__
+from kvtier._open import Client, Engine, open
 from kvtier.errors import (
     ClosedError,
     CorruptError,
@@ -23,6 +25,7 @@ from kvtier.errors import (
 
 __all__ = [
     "Block",
+    "Cache",
     "Client",
     "ClosedError",
     "CorruptError",
@@ -36,4 +39,5 @@ __all__ = [
     "Restored",
     "UnavailableError",
     "__version__",
+    "open",
 ]

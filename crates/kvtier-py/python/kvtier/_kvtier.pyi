@@ -3,7 +3,7 @@
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal, TypeAlias, final
+from typing import Any, Literal, Self, TypeAlias, final
 
 from typing_extensions import Buffer
 
@@ -73,16 +73,20 @@ class Restored:
 #: One group of recurrent layers: (kind, num_layers, state_bytes).
 _StateGroup: TypeAlias = tuple[str, int, int]
 
-@final
-class Engine:
-    """An engine in this process, with the settings (and defaults) of ``kvtier serve``."""
+class Cache:
+    """A kvtier cache: an engine in this process (``settings`` or ``config_file``, with
+    the settings and defaults of ``kvtier serve``) or a client of the ``kvtier serve`` at
+    ``url`` (``token``: its data token). The package's ``Engine`` and ``Client`` subclass
+    it; ``kvtier.open`` chooses and shares one engine per process and settings."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
+        url: str | None = None,
         settings: Mapping[str, Any] | None = None,
         *,
         config_file: str | PathLike[str] | None = None,
-    ) -> None: ...
+        token: str | None = None,
+    ) -> Self: ...
     def register_layout(
         self,
         model: str,
@@ -131,61 +135,13 @@ class Engine:
     def flush(self, timeout: float = 30.0) -> bool: ...
     def close(self, timeout: float = 30.0) -> None: ...
     @property
+    def embedded(self) -> bool: ...
+    @property
     def closed(self) -> bool: ...
-    def __enter__(self) -> Engine: ...
+    def __enter__(self) -> Self: ...
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool: ...
-
-@final
-class Client:
-    """A client of ``kvtier serve`` with the engine's calls (``url``: ``http://HOST:PORT``)."""
-
-    def __init__(self, url: str, token: str | None = None) -> None: ...
-    def register_layout(
-        self,
-        model: str,
-        dtype: str,
-        tokens_per_block: int,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        *,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        pp_stage: int = 0,
-        pp_size: int = 1,
-        lora_id: str | None = None,
-        tenant_salt: bytes | None = None,
-        weights_digest: str | None = None,
-        tokenizer_digest: str | None = None,
-        state_groups: Sequence[_StateGroup] | None = None,
-        checkpoint_every: int | None = None,
-    ) -> Layout: ...
-    def lookup(self, layout: Layout, tokens: Sequence[int]) -> Hit: ...
-    def store(
-        self,
-        layout: Layout,
-        tokens: Sequence[int],
-        blocks: _BufferLike | Sequence[_BufferLike],
-    ) -> dict[str, Any]: ...
-    def load(self, hit: Hit) -> list[Block]: ...
-    def load_into(self, hit: Hit, out: _BufferLike, layers: tuple[int, int] | None = None) -> int: ...
-    def snapshot_put(
-        self,
-        layout: Layout,
-        tokens: Sequence[int],
-        state: _BufferLike,
-        session: bytes | None = None,
-    ) -> Literal["stored"]: ...
-    def snapshot_get(
-        self, layout: Layout, tokens: Sequence[int], session: bytes | None = None
-    ) -> Block | None: ...
-    def checkpoint_put(
-        self, layout: Layout, tokens: Sequence[int], blocks: int, state: _BufferLike
-    ) -> Literal["stored", "rejected"]: ...
-    def restore(self, layout: Layout, tokens: Sequence[int]) -> Restored: ...
-    def stats(self) -> dict[str, int]: ...

@@ -108,13 +108,15 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
         self._v1 = bool(extra.get("interface_v1"))
         self._tenant = str(extra.get("tenant", "")).encode()
         self._weights = str(extra.get("weights_digest", ""))
-        self._kv: kvtier.Engine | kvtier.Client
+        self._kv: kvtier.Cache
         if "url" in extra:
-            self._kv = kvtier.Client(str(extra["url"]), extra.get("token"))
+            self._kv = kvtier.open(url=str(extra["url"]), token=extra.get("token"))
         elif isinstance(extra.get("engine"), dict):
-            self._kv = kvtier.Engine(extra["engine"])
+            # One engine per process and settings, shared with every other backend
+            # (and connector) of this process that asks for the same settings.
+            self._kv = kvtier.open(settings=extra["engine"])
         elif isinstance(extra.get("engine"), str):
-            self._kv = kvtier.Engine(config_file=Path(extra["engine"]))
+            self._kv = kvtier.open(config_file=Path(extra["engine"]))
         else:
             raise ValueError(
                 "kvtier's HiCache backend needs `url` (a kvtier serve) or `engine` "
@@ -409,5 +411,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
         """Nothing: kvtier's data outlives one SGLang attachment (it ages out by budget)."""
 
     def close(self) -> None:
-        if isinstance(self._kv, kvtier.Engine):
+        """Closes (flushes) an embedded engine: the process's engine for these settings,
+        so a later backend with them opens it anew (from its SSD)."""
+        if self._kv.embedded:
             self._kv.close()

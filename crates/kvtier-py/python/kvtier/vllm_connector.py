@@ -51,7 +51,6 @@ side).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import hashlib
@@ -167,27 +166,6 @@ class _Group:
         return cls(index, kind, layers, window, transfer, int(kv.block_size), recurrent)
 
 
-_EMBEDDED: dict[str, kvtier.Engine] = {}
-_EMBEDDED_LOCK = threading.Lock()
-
-
-def _embedded(settings: dict[str, Any] | str) -> kvtier.Engine:
-    """The process's engine for `settings` (a dict, or a settings file's path): the
-    scheduler side and the worker side of one vLLM process share it. Closed (flushed) at
-    exit."""
-    key = json.dumps(settings, sort_keys=True)
-    with _EMBEDDED_LOCK:
-        engine = _EMBEDDED.get(key)
-        if engine is None or engine.closed:
-            if isinstance(settings, str):
-                engine = kvtier.Engine(config_file=settings)
-            else:
-                engine = kvtier.Engine(settings)
-            _EMBEDDED[key] = engine
-            atexit.register(engine.close)
-        return engine
-
-
 class _LayerLoads:
     """One step's loads, fetched layer by layer on a thread of their own.
 
@@ -298,7 +276,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 "KvtierConnector needs kv_connector_extra_config.url (a kvtier serve) or "
                 ".engine (kvtier settings for an engine in this process), one of them"
             )
-        self._client: kvtier.Client | kvtier.Engine
+        self._client: kvtier.Cache
         if embedded is not None:
             backend = vllm_config.parallel_config.distributed_executor_backend
             if backend != "uni":
@@ -310,9 +288,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 )
             if not isinstance(embedded, (dict, str)):
                 raise ValueError("KvtierConnector: engine must be a dict of kvtier settings or a settings file path")
-            self._client = _embedded(embedded)
+            # One engine per process and settings: the scheduler side and the worker
+            # side of this vLLM process share it (closed, flushed, at exit).
+            if isinstance(embedded, str):
+                self._client = kvtier.open(config_file=embedded)
+            else:
+                self._client = kvtier.open(settings=embedded)
         else:
-            self._client = kvtier.Client(str(url), extra.get("token"))
+            self._client = kvtier.open(url=str(url), token=extra.get("token"))
         self._load_deadline = float(extra.get("load_deadline", LOAD_DEADLINE))
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
             logger.warning(

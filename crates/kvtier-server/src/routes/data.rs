@@ -14,8 +14,6 @@ use kvtier_client::wire::{
     BLOCKS_CONTENT_TYPE, HANDLE_HEX_LEN, LayoutInfo, LayoutSpec, LoadRequest, PromptSpec,
     SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
-use kvtier_core::tier::RejectReason;
-use kvtier_core::{KvDtype, LayoutKey};
 
 use super::input::{self, blocking, known_layout, read_body};
 use super::upload::{self, BodyChunks};
@@ -31,35 +29,9 @@ pub(super) fn limit(app: &AppState) -> u64 {
 /// `POST /v1/layouts`: registers a layout (idempotent).
 pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutInfo>, ApiError> {
     let spec: LayoutSpec = input::json(&read_body(body, limit(&app)).await?)?;
-    let dtype: KvDtype = spec
-        .dtype
-        .parse()
-        .map_err(|e: kvtier_core::Error| ApiError::bad("bad_layout", e.message().to_string()))?;
-    let mut key = LayoutKey::new(
-        spec.model_id,
-        dtype,
-        spec.tokens_per_block,
-        spec.num_layers,
-        spec.num_kv_heads,
-        spec.head_dim,
-    );
-    key.weights_digest = spec.weights_digest;
-    key.tokenizer_digest = spec.tokenizer_digest;
-    key.tp_rank = spec.tp_rank;
-    key.tp_size = spec.tp_size;
-    key.pp_stage = spec.pp_stage;
-    key.pp_size = spec.pp_size;
-    key.lora_id = spec.lora_id;
-    key.tenant_salt = input::hex_bytes("tenant salt", &spec.tenant_salt)?;
-    key.state_groups = spec
-        .state_groups
-        .into_iter()
-        .map(|g| kvtier_core::StateGroup {
-            kind: g.kind,
-            num_layers: g.num_layers,
-            state_bytes: g.state_bytes,
-        })
-        .collect();
+    let key = spec
+        .to_key()
+        .map_err(|e| ApiError::bad(e.code, e.message))?;
     let layout = app.engine.register_layout(key).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -138,13 +110,13 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
         input::push_hex(&mut out, &b.hash.0);
     }
     out.extend_from_slice(b"\",\"tiers\":\"");
-    out.extend(found.blocks.iter().map(|b| tier_letter(b.tier)));
+    out.extend(found.blocks.iter().map(|b| b.tier.letter() as u8));
     out.push(b'"');
     if let Some(state) = found.state {
         out.extend_from_slice(b",\"state\":{\"blocks\":");
         out.extend_from_slice(state.blocks.to_string().as_bytes());
         out.extend_from_slice(b",\"tier\":\"");
-        out.push(tier_letter(state.tier));
+        out.push(state.tier.letter() as u8);
         out.extend_from_slice(b"\"}");
     }
     out.push(b'}');
@@ -156,15 +128,6 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
         out,
     )
         .into_response())
-}
-
-/// The letter a lookup answer names a tier by.
-fn tier_letter(tier: kvtier_core::TierKind) -> u8 {
-    match tier {
-        kvtier_core::TierKind::Ram => b'r',
-        kvtier_core::TierKind::Ssd => b's',
-        _ => b'o',
-    }
 }
 
 /// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.
@@ -339,21 +302,7 @@ pub(super) async fn store_payload(
         Ok(engine.store_owned(&prompt, read.blocks, options)?)
     })
     .await?;
-    Ok(Json(StoreAnswer {
-        stored: report.stored,
-        duplicates: report.duplicates,
-        stored_lower_only: report.stored_lower_only,
-        stopped: report.stopped.map(|r| {
-            match r {
-                RejectReason::NoSpace => "no_space",
-                RejectReason::ParentMissing => "parent_missing",
-                RejectReason::Collision => "collision",
-                RejectReason::Quarantined => "quarantined",
-            }
-            .to_string()
-        }),
-        durability: report.ack.name().to_string(),
-    }))
+    Ok(Json(StoreAnswer::from(&report)))
 }
 
 fn session(spec: &SnapshotSpec) -> Result<Option<Vec<u8>>, ApiError> {

@@ -25,6 +25,7 @@ use bytes::Bytes;
 use kvtier_client::Client;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec};
+use kvtier_core::{KvDtype, LayoutKey};
 use kvtier_node::Settings;
 
 use super::measure::pattern;
@@ -34,24 +35,10 @@ use super::{Effort, Row};
 pub(super) const CLIENTS: usize = 16;
 
 fn spec(layers: u32) -> LayoutSpec {
-    LayoutSpec {
-        model_id: "bench-server".into(),
-        weights_digest: "w".into(),
-        tokenizer_digest: "t".into(),
-        dtype: "bf16".into(),
-        tokens_per_block: 16,
-        num_layers: layers,
-        num_kv_heads: 8,
-        head_dim: 128,
-        tp_rank: 0,
-        tp_size: 1,
-        pp_stage: 0,
-        pp_size: 1,
-        lora_id: None,
-        tenant_salt: String::new(),
-        state_groups: Vec::new(),
-        checkpoint_every: None,
-    }
+    let mut key = LayoutKey::new("bench-server", KvDtype::Bf16, 16, layers, 8, 128);
+    key.weights_digest = "w".into();
+    key.tokenizer_digest = "t".into();
+    LayoutSpec::of_key(&key, None)
 }
 
 pub(super) fn prompt(layout: &str, seed: u32, tokens: usize) -> PromptSpec {

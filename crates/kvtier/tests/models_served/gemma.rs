@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kvtier_candle::conversation::{DECODE, ssd_settings};
-use kvtier_candle::reuse::{Backend, GemmaRunner};
+use kvtier_candle::reuse::{Cache, GemmaRunner};
 use kvtier_node::Settings;
 use kvtier_server::LocalServer;
 
@@ -21,7 +21,7 @@ fn restore_through_the_server_and_after_its_restart_from_ssd() {
     let server = LocalServer::start(settings()).unwrap();
     let runner = GemmaRunner::new(
         weights(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
+        Arc::new(Cache::served(&server.url(), None).unwrap()),
     )
     .unwrap();
     runner.run_turn(&turn_one(), DECODE).unwrap();
@@ -35,15 +35,15 @@ fn restore_through_the_server_and_after_its_restart_from_ssd() {
     let server = LocalServer::start(settings()).unwrap();
     let mut runner = GemmaRunner::new(
         weights(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
+        Arc::new(Cache::served(&server.url(), None).unwrap()),
     )
     .unwrap();
     runner.store = false;
-    let counters = runner.backend().counters().unwrap();
+    let counters = runner.backend().stats().unwrap();
     assert_eq!(counters.get("ram_resident_blocks").copied().unwrap_or(0), 0);
     let again = runner.run_turn(&turn_two(), DECODE).unwrap();
     assert!(again.reused_tokens >= turn_one().len() / 16 * 16);
     assert_same_decode(&again, cold_turn_two());
-    let counters = runner.backend().counters().unwrap();
+    let counters = runner.backend().stats().unwrap();
     assert!(counters["ssd_hits"] > 0, "{counters:?}");
 }

@@ -5,7 +5,7 @@
 //! boundary from S3 and decodes exactly like cold.
 
 use kvtier_candle::conversation::ssd_settings;
-use kvtier_candle::reuse::Backend;
+use kvtier_candle::reuse::Cache;
 use kvtier_node::Settings;
 use kvtier_server::LocalServer;
 
@@ -32,7 +32,7 @@ fn a_second_replica_restores_kv_and_state_from_the_shared_bucket() {
 
     let first =
         LocalServer::start(replica(&dir.path().join("a"), &gateway.endpoint, true)).unwrap();
-    let writer = runner(Backend::served(&first.url(), None).unwrap(), EVERY);
+    let writer = runner(Cache::served(&first.url(), None).unwrap(), EVERY);
     let one = writer.run_turn(&cached(), DECODE).unwrap();
     assert_eq!((one.blocks_stored, one.checkpoints_stored), (12, 3));
     let two = writer.run_turn(&diverging(), DECODE).unwrap();
@@ -43,13 +43,13 @@ fn a_second_replica_restores_kv_and_state_from_the_shared_bucket() {
 
     let second =
         LocalServer::start(replica(&dir.path().join("b"), &gateway.endpoint, false)).unwrap();
-    let mut reader = runner(Backend::served(&second.url(), None).unwrap(), EVERY);
+    let mut reader = runner(Cache::served(&second.url(), None).unwrap(), EVERY);
     reader.store_kv = false;
     reader.store_state = false;
     let turn = reader.run_turn(&diverging(), DECODE).unwrap();
     assert_eq!(turn.reused_tokens, 128, "{:?}", turn.refused);
     assert_same_decode(&turn, &cold(&diverging()));
-    let counters = reader.backend().counters().unwrap();
+    let counters = reader.backend().stats().unwrap();
     assert_eq!(
         counters["engine_promotions_remote_to_ram"], 8,
         "8 blocks came from the bucket: {counters:?}"

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kvtier_candle::conversation::{DECODE, ssd_settings};
-use kvtier_candle::reuse::{Backend, MambaRunner};
+use kvtier_candle::reuse::{Cache, MambaRunner};
 use kvtier_server::LocalServer;
 
 use crate::fixtures::mamba::{assert_same_decode, cold, model, turn_two, two_turns};
@@ -16,7 +16,7 @@ fn turn_two_restores_through_the_server_and_after_its_restart() {
     let server = LocalServer::start(settings()).unwrap();
     let runner = MambaRunner::new(
         model(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
+        Arc::new(Cache::served(&server.url(), None).unwrap()),
     )
     .unwrap();
     let (one, two) = two_turns(&runner);
@@ -27,7 +27,7 @@ fn turn_two_restores_through_the_server_and_after_its_restart() {
     let server = LocalServer::start(settings()).unwrap();
     let mut runner = MambaRunner::new(
         model(),
-        Arc::new(Backend::served(&server.url(), None).unwrap()),
+        Arc::new(Cache::served(&server.url(), None).unwrap()),
     )
     .unwrap();
     runner.store = false;
@@ -36,7 +36,7 @@ fn turn_two_restores_through_the_server_and_after_its_restart() {
         .unwrap();
     assert_eq!(again.reused_tokens, one.snapshot_tokens);
     assert_same_decode(&again, &cold().1);
-    let counters = runner.backend().counters().unwrap();
+    let counters = runner.backend().stats().unwrap();
     assert_eq!(
         counters["snapshot_hits"], 0,
         "RAM was empty after the restart: {counters:?}"

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvtier_client::Client;
 use kvtier_client::wire::{LayoutInfo, LayoutSpec, PromptSpec};
+use kvtier_core::{KvDtype, LayoutKey};
 use kvtier_testkit::{Process, Ready};
 
 /// The admin token the helpers start servers with.
@@ -122,24 +123,10 @@ impl Server {
 
 /// A small layout: 16 tokens per block, 1 KiB per block... scaled by `layers`.
 pub fn layout_spec(model: &str, layers: u32) -> LayoutSpec {
-    LayoutSpec {
-        model_id: model.into(),
-        weights_digest: "w1".into(),
-        tokenizer_digest: "t1".into(),
-        dtype: "f16".into(),
-        tokens_per_block: 16,
-        num_layers: layers,
-        num_kv_heads: 2,
-        head_dim: 64,
-        tp_rank: 0,
-        tp_size: 1,
-        pp_stage: 0,
-        pp_size: 1,
-        lora_id: None,
-        tenant_salt: String::new(),
-        state_groups: Vec::new(),
-        checkpoint_every: None,
-    }
+    let mut key = LayoutKey::new(model, KvDtype::F16, 16, layers, 2, 64);
+    key.weights_digest = "w1".into();
+    key.tokenizer_digest = "t1".into();
+    LayoutSpec::of_key(&key, None)
 }
 
 /// A prompt of `blocks` whole blocks, distinct per `seed`.

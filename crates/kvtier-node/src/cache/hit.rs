@@ -1,0 +1,137 @@
+//! The answer to a lookup of a [`super::Cache`]: how much of a prompt is cached, where,
+//! and what loading it takes.
+
+use kvtier_core::{Error, Lookup, Result, TierKind};
+
+use super::CacheLayout;
+
+/// Where a hit came from.
+#[derive(Debug, Clone)]
+pub(super) enum Found {
+    /// The embedded engine's lookup.
+    Local(Lookup),
+    /// A server's answer: the handles (32 hex digits per block) a load sends back, and
+    /// the tiers one letter per block.
+    Served { handles: String, tiers: String },
+}
+
+/// How much of a prompt is cached: the leading whole blocks found, and where.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// Tokens covered by the matched blocks (a layout with state groups: the boundary of
+    /// the state found with them).
+    pub matched_tokens: usize,
+    /// For a layout with state groups, the fastest tier holding the recurrent state at
+    /// the end of the matched blocks (a hit of such a layout always has one).
+    pub state_tier: Option<TierKind>,
+    pub(super) layout: String,
+    pub(super) block_bytes: u64,
+    pub(super) num_layers: u32,
+    pub(super) found: Found,
+}
+
+impl Hit {
+    pub(super) fn local(lookup: Lookup, layout: &CacheLayout) -> Self {
+        Self {
+            matched_tokens: lookup.matched_tokens,
+            state_tier: lookup.state.map(|s| s.tier),
+            layout: layout.digest.clone(),
+            block_bytes: layout.block_bytes,
+            num_layers: layout.num_layers(),
+            found: Found::Local(lookup),
+        }
+    }
+
+    pub(super) fn served(answer: kvtier_client::wire::LookupAnswer, layout: &CacheLayout) -> Self {
+        Self {
+            matched_tokens: answer.matched_tokens,
+            state_tier: answer
+                .state
+                .as_ref()
+                .and_then(|s| s.tier.chars().next())
+                .and_then(TierKind::from_letter),
+            layout: layout.digest.clone(),
+            block_bytes: layout.block_bytes,
+            num_layers: layout.num_layers(),
+            found: Found::Served {
+                handles: answer.handles,
+                tiers: answer.tiers,
+            },
+        }
+    }
+
+    /// Blocks matched.
+    pub fn blocks(&self) -> usize {
+        match &self.found {
+            Found::Local(l) => l.blocks.len(),
+            Found::Served { handles, .. } => handles.len() / kvtier_client::wire::HANDLE_HEX_LEN,
+        }
+    }
+
+    /// The fastest tier holding each matched block at lookup time (`ram`, `ssd`,
+    /// `remote`; `unknown` for a letter a newer server sent).
+    pub fn tier_names(&self) -> Vec<&'static str> {
+        match &self.found {
+            Found::Local(l) => l.blocks.iter().map(|b| b.tier.name()).collect(),
+            Found::Served { tiers, .. } => tiers
+                .chars()
+                .map(|c| TierKind::from_letter(c).map_or("unknown", TierKind::name))
+                .collect(),
+        }
+    }
+
+    /// The digest (hex) of the layout it was looked up under.
+    pub fn layout_hex(&self) -> &str {
+        &self.layout
+    }
+
+    /// The first `blocks` matched blocks of this hit (a load of fewer than were found).
+    pub fn prefix(&self, blocks: usize) -> Result<Hit> {
+        if blocks > self.blocks() {
+            return Err(Error::invalid(format!(
+                "{blocks} blocks asked of a hit of {}",
+                self.blocks()
+            )));
+        }
+        let mut out = self.clone();
+        match &mut out.found {
+            Found::Local(l) => l.blocks.truncate(blocks),
+            Found::Served { handles, tiers } => {
+                handles.truncate(blocks * kvtier_client::wire::HANDLE_HEX_LEN);
+                tiers.truncate(blocks);
+            }
+        }
+        if blocks < self.blocks() {
+            // A prefix carries tokens of whole blocks and no state: the state belongs
+            // to the end of the whole hit.
+            out.matched_tokens = self.matched_tokens / self.blocks().max(1) * blocks;
+            out.state_tier = None;
+            if let Found::Local(l) = &mut out.found {
+                l.matched_tokens = out.matched_tokens;
+                l.state = None;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes of one block a load of `layers` fills: the whole block, or its pages of
+    /// layers `start..end` (every layer's page is the same size). An error for an empty
+    /// range or one past the layout's layers.
+    pub fn bytes_per_block(&self, layers: Option<(u32, u32)>) -> Result<usize> {
+        match layers {
+            None => Ok(self.block_bytes as usize),
+            Some((start, end)) if start < end && end <= self.num_layers => {
+                Ok(self.block_bytes as usize / self.num_layers as usize * (end - start) as usize)
+            }
+            Some((start, end)) => Err(Error::invalid(format!(
+                "layers ({start}, {end}) is empty or past the layout's {} layers",
+                self.num_layers
+            ))),
+        }
+    }
+
+    /// Bytes a load of every matched block (or of `layers` of each) fills.
+    pub fn nbytes(&self, layers: Option<(u32, u32)>) -> Result<usize> {
+        Ok(self.blocks() * self.bytes_per_block(layers)?)
+    }
+}

@@ -1,0 +1,382 @@
+//! The one Python class over the caller API ([`kvtier_node::Cache`]): an engine in this
+//! process or a client of `kvtier serve`, with the same calls. The package's `Engine` and
+//! `Client` are subclasses that only choose the constructor's arguments, and
+//! `kvtier.open` shares one embedded engine per process and settings.
+//!
+//! Every call that copies bytes, hashes a prompt or touches a tier or the network runs
+//! with the GIL released.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::snapshot::SnapshotPut;
+use kvtier_core::{KvDtype, LayoutKey};
+use kvtier_node::{Cache as Inner, Settings};
+use parking_lot::RwLock;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::block::Block;
+use crate::errors::{closed, from_core, invalid, with_code};
+use crate::input::{Exported, exports_of, payloads_of, store_report};
+use crate::layout::{Hit, Layout};
+use crate::state::{GroupArg, Restored, groups_of};
+
+/// How long `close()` (and a garbage-collected engine) waits for queued writes.
+const CLOSE_WITHIN: Duration = Duration::from_secs(30);
+
+/// A kvtier cache: an engine in this process (`settings`, a dict in the settings file's
+/// shape such as `{"ram": "2GiB", "ssd": {"enabled": False}}`, or `config_file`, a
+/// settings file; defaults are those of `kvtier serve`), or a client of the `kvtier
+/// serve` at `url` (`http://HOST:PORT`; `token`: the data token, when it requires one).
+#[pyclass(frozen, subclass, module = "kvtier._kvtier")]
+pub struct Cache {
+    /// `None` once closed.
+    inner: RwLock<Option<Arc<Inner>>>,
+}
+
+impl Cache {
+    fn inner(&self) -> PyResult<Arc<Inner>> {
+        self.inner.read().clone().ok_or_else(closed)
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        if let Some(cache) = self.inner.get_mut().take() {
+            cache.close(CLOSE_WITHIN);
+        }
+    }
+}
+
+/// The settings of an embedded engine: a dict (through JSON, so the same serde
+/// definitions as the settings file apply: names, units, defaults) or a file.
+fn settings_of(
+    py: Python<'_>,
+    settings: Option<&Bound<'_, PyDict>>,
+    config_file: Option<PathBuf>,
+) -> PyResult<Settings> {
+    match (settings, config_file) {
+        (Some(_), Some(_)) => Err(invalid("give settings or a config file, not both")),
+        (Some(dict), None) => {
+            let json: String = py
+                .import("json")?
+                .call_method1("dumps", (dict,))?
+                .extract()?;
+            serde_json::from_str(&json).map_err(|e| invalid(format!("settings: {e}")))
+        }
+        (None, Some(path)) => Settings::from_file(&path).map_err(invalid),
+        (None, None) => Ok(Settings::default()),
+    }
+}
+
+#[pymethods]
+impl Cache {
+    #[new]
+    #[pyo3(signature = (url=None, settings=None, *, config_file=None, token=None))]
+    fn new(
+        py: Python<'_>,
+        url: Option<&str>,
+        settings: Option<&Bound<'_, PyDict>>,
+        config_file: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<Self> {
+        let inner = match url {
+            Some(url) => {
+                if settings.is_some() || config_file.is_some() {
+                    return Err(invalid(
+                        "give a server's url or an engine's settings, not both",
+                    ));
+                }
+                Inner::served(url, token).map_err(from_core)?
+            }
+            None => {
+                if token.is_some() {
+                    return Err(invalid("a token is for a server's url"));
+                }
+                let settings = settings_of(py, settings, config_file)?;
+                py.detach(|| Inner::open(settings)).map_err(from_core)?
+            }
+        };
+        Ok(Self {
+            inner: RwLock::new(Some(Arc::new(inner))),
+        })
+    }
+
+    /// Registers a layout (registering the same one again returns it again).
+    #[pyo3(signature = (
+        model, dtype, tokens_per_block, num_layers, num_kv_heads, head_dim, *,
+        tp_rank=0, tp_size=1, pp_stage=0, pp_size=1, lora_id=None, tenant_salt=None,
+        weights_digest=None, tokenizer_digest=None, state_groups=None, checkpoint_every=None
+    ))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one keyword per part of the layout key"
+    )]
+    fn register_layout(
+        &self,
+        py: Python<'_>,
+        model: &str,
+        dtype: &str,
+        tokens_per_block: u32,
+        num_layers: u32,
+        num_kv_heads: u32,
+        head_dim: u32,
+        tp_rank: u32,
+        tp_size: u32,
+        pp_stage: u32,
+        pp_size: u32,
+        lora_id: Option<String>,
+        tenant_salt: Option<Vec<u8>>,
+        weights_digest: Option<String>,
+        tokenizer_digest: Option<String>,
+        state_groups: Option<Vec<GroupArg>>,
+        checkpoint_every: Option<u32>,
+    ) -> PyResult<Layout> {
+        // Parsed here for an engine and a server alike; a bad name gets the code the
+        // server answers it with.
+        let dtype: KvDtype = dtype.parse().map_err(|e| with_code(e, "bad_layout"))?;
+        let mut key = LayoutKey::new(
+            model,
+            dtype,
+            tokens_per_block,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+        );
+        key.tp_rank = tp_rank;
+        key.tp_size = tp_size;
+        key.pp_stage = pp_stage;
+        key.pp_size = pp_size;
+        key.lora_id = lora_id;
+        key.tenant_salt = tenant_salt.unwrap_or_default();
+        key.weights_digest = weights_digest.unwrap_or_default();
+        key.tokenizer_digest = tokenizer_digest.unwrap_or_default();
+        key.state_groups = groups_of(state_groups);
+        let cache = self.inner()?;
+        let inner = py
+            .detach(|| cache.register_layout(key, checkpoint_every))
+            .map_err(from_core)?;
+        Ok(Layout { inner })
+    }
+
+    /// How many leading whole blocks of `tokens` are cached under `layout`. Memory only:
+    /// no tier is read.
+    fn lookup(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Hit> {
+        let cache = self.inner()?;
+        let inner = py
+            .detach(|| cache.lookup(&layout.inner, &tokens))
+            .map_err(from_core)?;
+        Ok(Hit { inner })
+    }
+
+    /// Stores the blocks of `tokens` under `layout`: `blocks` is one buffer holding whole
+    /// blocks back to back, or a list or tuple of buffers of one block each (bytes,
+    /// bytearray, contiguous numpy arrays, …; read in place, never kept: a server's are
+    /// sent from them as they are).
+    fn store<'py>(
+        &self,
+        py: Python<'py>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let cache = self.inner()?;
+        let exports = exports_of(blocks)?;
+        let payloads = payloads_of(&layout.inner, &exports, blocks, tokens.len())?;
+        let answer = py
+            .detach(|| cache.store(&layout.inner, &tokens, &payloads))
+            .map_err(from_core)?;
+        drop(exports);
+        store_report(py, &answer)
+    }
+
+    /// The matched blocks of `hit`, each a read-only view of the bytes (kvtier's own for
+    /// an engine, those received for a server: no copy). Fewer than `hit.blocks` when a
+    /// block was lost since the lookup: recompute from there.
+    fn load(&self, py: Python<'_>, hit: &Hit) -> PyResult<Vec<Block>> {
+        let cache = self.inner()?;
+        let blocks = py
+            .detach(|| cache.load(&hit.inner, None))
+            .map_err(from_core)?;
+        Ok(blocks.into_iter().map(Block::new).collect())
+    }
+
+    /// Copies the matched blocks of `hit` back to back into `out` (a writable,
+    /// C-contiguous buffer of at least `hit.nbytes` bytes, or the share of `layers`); the
+    /// number of blocks written (fewer than `hit.blocks` when a block was lost since the
+    /// lookup). `layers=(start, end)`: only those layers of each block, back to back. A
+    /// server's blocks are read from the socket straight into `out`.
+    #[pyo3(signature = (hit, out, layers=None))]
+    fn load_into(
+        &self,
+        py: Python<'_>,
+        hit: &Hit,
+        out: &Bound<'_, PyAny>,
+        layers: Option<(u32, u32)>,
+    ) -> PyResult<usize> {
+        let cache = self.inner()?;
+        let mut target = Exported::get(out, true, "out")?;
+        let dst = target.bytes_mut();
+        py.detach(|| cache.load_into(&hit.inner, layers, dst))
+            .map_err(from_core)
+    }
+
+    /// Stores the recurrent state reached after exactly `tokens` (and `session`);
+    /// `stored`, `replaced` or `rejected` (larger than the snapshot budget; a server
+    /// answers `stored` for both kept outcomes).
+    #[pyo3(signature = (layout, tokens, state, session=None))]
+    fn snapshot_put(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        state: &Bound<'_, PyAny>,
+        session: Option<Vec<u8>>,
+    ) -> PyResult<&'static str> {
+        let cache = self.inner()?;
+        let blob = Exported::get(state, false, "state")?;
+        let bytes = blob.bytes();
+        let put = py
+            .detach(|| cache.snapshot_put(&layout.inner, &tokens, session.as_deref(), bytes))
+            .map_err(from_core)?;
+        Ok(put_name(put))
+    }
+
+    /// The state stored for exactly `tokens` (and `session`), as a read-only view, or
+    /// `None`.
+    #[pyo3(signature = (layout, tokens, session=None))]
+    fn snapshot_get(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        session: Option<Vec<u8>>,
+    ) -> PyResult<Option<Block>> {
+        let cache = self.inner()?;
+        let got = py
+            .detach(|| cache.snapshot_get(&layout.inner, &tokens, session.as_deref()))
+            .map_err(from_core)?;
+        Ok(got.map(Block::new))
+    }
+
+    /// Keeps `state`, the recurrent state of every state group of `layout` after exactly
+    /// the first `blocks` whole blocks of `tokens` (a checkpoint boundary: a multiple of
+    /// `layout.checkpoint_every` tokens); `stored`, `replaced` or `rejected` (no room for
+    /// it). Refused for a layout without state groups, another boundary, or a state of
+    /// another size.
+    fn checkpoint_put(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: usize,
+        state: &Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let cache = self.inner()?;
+        let blob = Exported::get(state, false, "state")?;
+        let bytes = blob.bytes();
+        let put = py
+            .detach(|| cache.checkpoint_put(&layout.inner, &tokens, blocks, bytes))
+            .map_err(from_core)?;
+        Ok(put_name(put))
+    }
+
+    /// Looks `tokens` up and reads every part of the hit at once: the KV blocks and, for
+    /// a layout with state groups, the recurrent state at their end. All or nothing: a
+    /// layout with state groups is restored only at a boundary where both are there and
+    /// readable; otherwise nothing (`tokens` 0) and the caller computes the prompt.
+    fn restore(&self, py: Python<'_>, layout: &Layout, tokens: Vec<u32>) -> PyResult<Restored> {
+        let cache = self.inner()?;
+        let restored = py
+            .detach(|| cache.restore(&layout.inner, &tokens))
+            .map_err(from_core)?;
+        Ok(Restored::from(restored))
+    }
+
+    /// Every counter, by the names `/v1/stats` uses.
+    fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<String, u64>> {
+        let cache = self.inner()?;
+        py.detach(|| cache.stats()).map_err(from_core)
+    }
+
+    /// Where an engine's KV events are published: `{"endpoint": ..., "replay_endpoint":
+    /// ... or None, "epoch": ...}` (ports filled in); `None` without `kv_events.endpoint`
+    /// and for a server (its settings say where it publishes).
+    fn kv_events<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let cache = self.inner()?;
+        let Some(k) = cache.node().and_then(|n| n.kv_events.as_ref()) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("endpoint", k.endpoint())?;
+        d.set_item("replay_endpoint", k.replay_endpoint())?;
+        d.set_item("epoch", k.epoch())?;
+        Ok(Some(d))
+    }
+
+    /// Writes everything an engine queued for the tiers below RAM and syncs them; true
+    /// only if the queues drained within `timeout` seconds and every write since the
+    /// previous flush reached its tier (a full disk's refusals make it false). A server
+    /// is flushed through its admin API.
+    #[pyo3(signature = (timeout=30.0))]
+    fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let cache = self.inner()?;
+        let within = seconds(timeout)?;
+        py.detach(|| cache.flush(within)).map_err(from_core)
+    }
+
+    /// Whether this is an engine in this process (else a client of a server).
+    #[getter]
+    fn embedded(&self) -> PyResult<bool> {
+        Ok(self.inner()?.is_embedded())
+    }
+
+    /// Flushes and stops an engine, or lets go of a server (idempotent); later calls
+    /// raise `ClosedError`.
+    #[pyo3(signature = (timeout=30.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let within = seconds(timeout)?;
+        if let Some(cache) = self.inner.write().take() {
+            // The node goes here too (its KV-event publisher sends what is queued).
+            py.detach(move || {
+                cache.close(within);
+                drop(cache);
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.read().is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py, CLOSE_WITHIN.as_secs_f64())?;
+        Ok(false)
+    }
+}
+
+/// A timeout in seconds, refused unless finite and not negative.
+fn seconds(s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| invalid(format!("timeout {s} is not a number of seconds ≥ 0")))
+}
+
+/// The Python name of a snapshot or checkpoint put's outcome.
+fn put_name(put: SnapshotPut) -> &'static str {
+    match put {
+        SnapshotPut::Stored => "stored",
+        SnapshotPut::Replaced => "replaced",
+        SnapshotPut::Rejected => "rejected",
+    }
+}
