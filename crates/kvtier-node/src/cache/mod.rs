@@ -56,7 +56,10 @@ impl Cache {
     /// the same defaults).
     pub fn open(settings: Settings) -> Result<Self> {
         settings.validate().map_err(Error::invalid)?;
-        let node = Node::open(settings).map_err(Error::invalid)?;
+        // Settings that passed validation but cannot be opened: a taken port, a directory
+        // another node holds, an endpoint that does not answer.
+        let node = Node::open(settings)
+            .map_err(|e| Error::new(kvtier_core::ErrorKind::Unavailable, e))?;
         Ok(Self::of_node(node))
     }
 
