@@ -50,8 +50,10 @@ fn blocks(n: usize, bytes: usize, seed: u8) -> Vec<Vec<u8>> {
 }
 
 fn embedded(dir: &Path) -> Cache {
-    let mut settings = Settings::default();
-    settings.data_dir = dir.to_path_buf();
+    let mut settings = Settings {
+        data_dir: dir.to_path_buf(),
+        ..Settings::default()
+    };
     settings.ssd.enabled = false;
     Cache::open(settings).unwrap()
 }
