@@ -75,6 +75,12 @@ impl ErrorKind {
             .find(|(_, n)| *n == name)
             .map(|(k, _)| *k)
     }
+
+    /// Every kind's name (for bindings that mirror the kinds: Python's test holds its
+    /// exception classes to this list).
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        Self::NAMES.iter().map(|(_, n)| *n)
+    }
 }
 
 /// The error underneath an [`Error`], shared so that errors stay `Clone`.

@@ -34,5 +34,11 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<block::Block>()?;
     m.add_class::<state::Restored>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The core's names of its error kinds, the one table (errors.py's classes are held
+    // to it by a test).
+    m.add(
+        "ERROR_KINDS",
+        kvtier_core::ErrorKind::names().collect::<Vec<_>>(),
+    )?;
     Ok(())
 }

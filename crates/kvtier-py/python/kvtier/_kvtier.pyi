@@ -13,6 +13,8 @@ from typing_extensions import Buffer
 _BufferLike: TypeAlias = Buffer | Any
 
 __version__: str
+#: The core's names of its error kinds (``kvtier.errors`` has one class for each).
+ERROR_KINDS: list[str]
 
 @final
 class Layout:

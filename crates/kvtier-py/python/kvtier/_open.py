@@ -12,6 +12,7 @@ from os import PathLike, fspath
 from typing import Any
 
 from kvtier._kvtier import Cache
+from kvtier.errors import InvalidError
 
 
 class Engine(Cache):
@@ -58,12 +59,12 @@ def open(  # noqa: A001 - the package's verb, as in `kvtier.open(...)`
     """
     if url is not None:
         if settings is not None or config_file is not None:
-            raise ValueError("kvtier.open: give a server's url or an engine's settings, not both")
+            raise InvalidError("kvtier.open: give a server's url or an engine's settings, not both")
         return Client(url, token)
     if token is not None:
-        raise ValueError("kvtier.open: a token is for a server's url")
+        raise InvalidError("kvtier.open: a token is for a server's url")
     if settings is not None and config_file is not None:
-        raise ValueError("kvtier.open: give settings or a config file, not both")
+        raise InvalidError("kvtier.open: give settings or a config file, not both")
     key = json.dumps(
         {"file": fspath(config_file)} if config_file is not None else {"settings": settings or {}},
         sort_keys=True,

@@ -1,0 +1,85 @@
+"""`kvtier.open`: one entry for integrations, the same calls over an engine in this
+process or a `kvtier serve`, one engine per process and settings, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvtier
+from serve import Server
+
+TPB = 16
+
+
+def settings(tmp_path, name="data"):
+    return {"ram": "64MiB", "data_dir": str(tmp_path / name), "ssd": {"enabled": False}}
+
+
+def round_trip(kv: kvtier.Cache) -> bytes:
+    layout = kv.register_layout("py-open", "f16", TPB, 2, 2, 64)
+    tokens = list(range(3 * TPB))
+    data = np.random.default_rng(3).integers(0, 256, 3 * layout.block_bytes, dtype=np.uint8)
+    assert kv.store(layout, tokens, data)["stored"] in (0, 3)
+    hit = kv.lookup(layout, tokens)
+    out = np.zeros(hit.nbytes, dtype=np.uint8)
+    assert kv.load_into(hit, out) == 3
+    assert out.tobytes() == data.tobytes()
+    return out.tobytes()
+
+
+def test_one_engine_per_process_and_settings(tmp_path):
+    a = kvtier.open(settings=settings(tmp_path))
+    b = kvtier.open(settings=settings(tmp_path))
+    other = kvtier.open(settings=settings(tmp_path, "other"))
+    assert a is b and a is not other
+    assert isinstance(a, kvtier.Engine) and isinstance(a, kvtier.Cache) and a.embedded
+    round_trip(a)
+    # What one caller stored, the other sees: it is the same engine.
+    layout = b.register_layout("py-open", "f16", TPB, 2, 2, 64)
+    assert b.lookup(layout, list(range(3 * TPB))).blocks == 3
+    assert other.lookup(other.register_layout("py-open", "f16", TPB, 2, 2, 64), list(range(3 * TPB))).blocks == 0
+    # Closed, the next open starts a new engine.
+    a.close()
+    with pytest.raises(kvtier.ClosedError):
+        b.stats()
+    c = kvtier.open(settings=settings(tmp_path))
+    assert c is not a and not c.closed
+    c.close()
+    other.close()
+
+
+def test_a_server_through_open_answers_as_the_engine_does(tmp_path):
+    server = Server(tmp_path / "served", "--ssd-enabled", "false")
+    try:
+        served = kvtier.open(url=server.url)
+        assert isinstance(served, kvtier.Client) and not served.embedded
+        assert served.kv_events() is None
+        with kvtier.Engine(settings(tmp_path)) as local:
+            assert round_trip(served) == round_trip(local)
+        with pytest.raises(kvtier.InvalidError, match="admin API"):
+            served.flush()
+    finally:
+        server.stop()
+
+
+def test_bad_arguments_and_settings_are_invalid(tmp_path):
+    with pytest.raises(kvtier.InvalidError, match="not both"):
+        kvtier.open(url="http://127.0.0.1:1", settings={})
+    with pytest.raises(kvtier.InvalidError, match="token"):
+        kvtier.open(settings=settings(tmp_path), token="t")
+    with pytest.raises(kvtier.InvalidError, match="unknown field"):
+        kvtier.open(settings={"data_dir": str(tmp_path), "no_such_setting": 1})
+    with pytest.raises(kvtier.InvalidError):
+        kvtier.open(settings={"data_dir": str(tmp_path), "ram": "lots"})
+    with pytest.raises(kvtier.InvalidError):
+        kvtier.open(config_file=tmp_path / "missing.toml")
+
+
+def test_the_exception_classes_are_the_cores_error_kinds():
+    from kvtier import _kvtier, errors
+
+    assert sorted(errors._BY_KIND) == sorted(_kvtier.ERROR_KINDS)
+    for name in _kvtier.ERROR_KINDS:
+        e = errors.error_for(name, "m")
+        assert e.kind == name and type(e) is not errors.KvtierError
