@@ -1,6 +1,11 @@
-//! What kvtier's two HTTP front ends — `kvtier serve` (crates/kvtier-server) and `kvtier
-//! gateway` (crates/kvtier-gateway) — share at the socket, written once:
+//! The HTTP edge of kvtier's two front ends — `kvtier serve` (crates/kvtier-server) and
+//! `kvtier gateway` (crates/kvtier-gateway) — written once:
 //!
+//! - [`http`]: the listener both serve through (connection cap, header, body and idle
+//!   timeouts, lingering close), with one [`http::ListenSettings`] and a [`http::Handler`]
+//!   each front end implements;
+//! - [`refusals`]: refused requests and connections logged rate-limited and counted by
+//!   kind;
 //! - [`fds`]: at start, the soft open-file limit is raised to the hard one and the
 //!   connection cap is clamped to what the limit leaves, so idle sockets meet the cap
 //!   (which closes the longest-idle connection) before they meet `EMFILE` (which would
@@ -10,13 +15,12 @@
 //!   close into a reset that destroys the answer;
 //! - [`signals`]: SIGTERM and SIGINT watched from the start, so either is a clean stop;
 //! - [`MAX_HEAD`]: the largest request head either front end reads.
-//!
-//! Each listener keeps its own accept loop and connection table (their request handling
-//! differs: axum routes, s3s); what depends only on sockets and the process lives here.
 
 pub mod accept;
 pub mod fds;
+pub mod http;
 pub mod linger;
+pub mod refusals;
 pub mod signals;
 
 /// The largest request head (request line and headers) read, in bytes: a longer one is

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
-use crate::listen::{self, Limits};
+use kvtier_listen::http::{BodyDeadline, ListenSettings};
+
+use crate::listen;
 use crate::routes;
 use crate::state::AppState;
 
@@ -65,10 +67,12 @@ impl Running {
         let app = self.app;
         let (deadline, limits) = {
             let s = app.node.settings.read();
-            let limits = Limits {
+            let limits = ListenSettings {
                 max_connections: self.max_connections,
                 header_timeout: s.header_timeout.0,
                 body_timeout: s.body_timeout.0,
+                // A store is a bounded transfer: its whole body within the timeout.
+                body_deadline: BodyDeadline::Whole,
                 idle_timeout: s.idle_timeout.0,
             };
             (s.shutdown_timeout.0, limits)

@@ -3,8 +3,8 @@
 //!
 //! The body deadline is what bounds a slow body: a client that sends its head and then
 //! one byte a second would otherwise hold a handler (and the bytes it has sent) for as
-//! long as it likes. The handler reading the body sees [`BodyTimedOut`] as an error and
-//! answers 408 (`routes/input.rs`).
+//! long as it likes. The handler reading the body sees [`BodyTimedOut`] as an error
+//! (`kvtier serve` answers 408; the gateway fails the upload and releases its space).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,19 +15,32 @@ use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::BodyDeadline;
 use super::conn::ConnState;
 
 /// The request body did not arrive within the body timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyTimedOut(pub Duration);
+pub struct BodyTimedOut {
+    /// The limit.
+    pub limit: Duration,
+    /// What it bounded.
+    pub deadline: BodyDeadline,
+}
 
 impl std::fmt::Display for BodyTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the request body did not arrive within {:?} (body_timeout)",
-            self.0
-        )
+        match self.deadline {
+            BodyDeadline::Whole => write!(
+                f,
+                "the request body did not arrive within {:?} (body_timeout)",
+                self.limit
+            ),
+            BodyDeadline::Pause => write!(
+                f,
+                "no request body bytes for {:?} (body_timeout)",
+                self.limit
+            ),
+        }
     }
 }
 
@@ -45,24 +58,31 @@ pub fn timed_out(err: &(dyn std::error::Error + 'static)) -> Option<BodyTimedOut
     None
 }
 
-/// A request body that fails with [`BodyTimedOut`] once its deadline has passed.
+/// A request body that fails with [`BodyTimedOut`] once its deadline has passed: the
+/// whole body's, or (for [`BodyDeadline::Pause`]) the one that each frame moves on.
 pub struct TimedBody {
     inner: Incoming,
-    deadline: Instant,
+    deadline: BodyDeadline,
     limit: Duration,
     sleep: Pin<Box<Sleep>>,
 }
 
 impl TimedBody {
-    /// `inner`, which must have arrived whole within `limit` from now.
-    pub fn new(inner: Incoming, limit: Duration) -> Self {
-        let deadline = Instant::now() + limit;
+    /// `inner`, bounded by `limit` under `deadline` from now.
+    pub fn new(inner: Incoming, limit: Duration, deadline: BodyDeadline) -> Self {
         Self {
             inner,
             deadline,
             limit,
-            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now() + limit)),
         }
+    }
+
+    fn timed_out(&self) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(BodyTimedOut {
+            limit: self.limit,
+            deadline: self.deadline,
+        })
     }
 }
 
@@ -75,13 +95,19 @@ impl HttpBody for TimedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        if Instant::now() >= this.deadline {
-            return Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.limit)))));
+        if this.deadline == BodyDeadline::Whole && Instant::now() >= this.sleep.deadline() {
+            return Poll::Ready(Some(Err(this.timed_out())));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Ready(frame) => {
+                if this.deadline == BodyDeadline::Pause {
+                    let next = Instant::now() + this.limit;
+                    this.sleep.as_mut().reset(next);
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
             Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.limit))))),
+                Poll::Ready(()) => Poll::Ready(Some(Err(this.timed_out()))),
                 Poll::Pending => Poll::Pending,
             },
         }
@@ -99,11 +125,11 @@ impl HttpBody for TimedBody {
 /// Marks a request in progress on its connection from the moment its head is read until
 /// its response has been sent (or abandoned): dropped, the connection counts as idle
 /// again and its idle clock restarts.
-pub struct InFlight(Arc<ConnState>);
+pub(super) struct InFlight(Arc<ConnState>);
 
 impl InFlight {
     /// A request starts on `conn`.
-    pub fn start(conn: Arc<ConnState>) -> Self {
+    pub(super) fn start(conn: Arc<ConnState>) -> Self {
         conn.request_started();
         Self(conn)
     }
@@ -117,14 +143,14 @@ impl Drop for InFlight {
 
 /// A response body that holds its request's [`InFlight`] until hyper drops it (after
 /// the last frame is written, or when the connection goes away).
-pub struct TrackedBody {
-    inner: axum::body::Body,
+pub(super) struct TrackedBody<B> {
+    inner: B,
     _in_flight: InFlight,
 }
 
-impl TrackedBody {
+impl<B> TrackedBody<B> {
     /// `inner`, holding `in_flight` until it is dropped.
-    pub fn new(inner: axum::body::Body, in_flight: InFlight) -> Self {
+    pub(super) fn new(inner: B, in_flight: InFlight) -> Self {
         Self {
             inner,
             _in_flight: in_flight,
@@ -132,14 +158,14 @@ impl TrackedBody {
     }
 }
 
-impl HttpBody for TrackedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
+impl<B: HttpBody + Unpin> HttpBody for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    ) -> Poll<Option<Result<Frame<B::Data>, Self::Error>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
     }
 

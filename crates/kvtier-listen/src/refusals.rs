@@ -1,20 +1,22 @@
 //! Logging refusals without flooding the log.
 //!
-//! A refused request — a malformed body, a wrong token, a connection closed for a
-//! timeout or for the connection cap — is the client's problem, not the server's, and a
-//! misbehaving or hostile client can cause thousands a second. Each kind is therefore
-//! logged at most once per [`INTERVAL`], at `info` (requests) or `warn` (connection
-//! limits an operator may want to raise), with the number of the same kind left unlogged
-//! since the previous line. Nothing here logs at `error`.
+//! A refused request — a malformed body, a wrong token or signature, a connection closed
+//! for a timeout or for the connection cap — is the client's problem, not the server's,
+//! and a misbehaving or hostile client can cause thousands a second. Each kind is
+//! therefore logged at most once per interval (default [`INTERVAL`]), at `info`
+//! (requests) or `warn` (connection limits an operator may want to raise), with the
+//! number of the same kind left unlogged since the previous line, and every one is
+//! counted by kind (the front ends export the totals). Nothing here logs at `error`.
+//! Both front ends use this: `kvtier serve` one per process, the gateway one per gateway
+//! (its interval is a setting).
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// At most one line per kind in this period.
+/// At most one line per kind in this period, unless told otherwise.
 pub const INTERVAL: Duration = Duration::from_secs(10);
 
 /// How loud a kind of refusal is.
@@ -33,19 +35,33 @@ struct Slot {
 }
 
 /// Per-kind rate limiting, and a count of every refusal by kind (for metrics).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Refusals {
+    every: Duration,
     slots: Mutex<HashMap<&'static str, Slot>>,
     totals: Mutex<HashMap<&'static str, u64>>,
     logged: AtomicU64,
 }
 
-/// The process's refusal log: one per process, as the log itself is.
-pub static REFUSALS: LazyLock<Refusals> = LazyLock::new(Refusals::default);
+impl Default for Refusals {
+    fn default() -> Self {
+        Self::new(INTERVAL)
+    }
+}
 
 impl Refusals {
+    /// At most one line per kind per `every`.
+    pub fn new(every: Duration) -> Self {
+        Self {
+            every,
+            slots: Mutex::new(HashMap::new()),
+            totals: Mutex::new(HashMap::new()),
+            logged: AtomicU64::new(0),
+        }
+    }
+
     /// Counts one refusal of `kind` and logs it unless one of that kind was logged less
-    /// than [`INTERVAL`] ago. Returns whether a line was written.
+    /// than the interval ago. Returns whether a line was written.
     pub fn note(&self, level: Level, kind: &'static str, detail: &dyn std::fmt::Display) -> bool {
         self.note_at(Instant::now(), level, kind, detail)
     }
@@ -61,7 +77,7 @@ impl Refusals {
         let unlogged = {
             let mut slots = self.slots.lock();
             match slots.get_mut(kind) {
-                Some(slot) if now.saturating_duration_since(slot.logged_at) < INTERVAL => {
+                Some(slot) if now.saturating_duration_since(slot.logged_at) < self.every => {
                     slot.unlogged += 1;
                     return false;
                 }
@@ -95,6 +111,11 @@ impl Refusals {
             }
         }
         true
+    }
+
+    /// Refusals of `kind` so far.
+    pub fn total(&self, kind: &str) -> u64 {
+        self.totals.lock().get(kind).copied().unwrap_or(0)
     }
 
     /// Every refusal so far, by kind.

@@ -1,57 +1,104 @@
-//! The listener: accepts connections and serves them with bounds on time and count.
-//!
-//! `axum::serve` has neither timeouts nor a connection cap, so an idle or slow client
-//! could hold a connection (and a file descriptor) for ever, and enough of them starve
-//! everyone else. Here each connection is served by hyper directly ([`conn`]), with:
+//! The HTTP edge both front ends serve through: accepts connections and serves each with
+//! hyper under bounds on time and count. `axum::serve` and s3s have neither timeouts nor
+//! a connection cap, so an idle or slow client could hold a connection (and a descriptor)
+//! for ever, and enough of them starve everyone else. What a request means is the front
+//! end's ([`Handler`]: `kvtier serve`'s routes, the gateway's S3 service); everything
+//! about connections is here, once:
 //!
 //! - `idle_timeout`: a connection with no request in progress is closed this long after
 //!   it was accepted or its last response was sent;
 //! - `header_timeout`: a request head must be complete this long after its first byte;
-//! - `body_timeout`: a request body must have arrived whole this long after its head
-//!   (the handler answers 408 `body_timeout` and the connection is closed);
+//! - `body_timeout`: a request body must arrive whole this long after its head
+//!   ([`BodyDeadline::Whole`], `kvtier serve`: a store is a bounded transfer), or may
+//!   pause at most this long ([`BodyDeadline::Pause`], the gateway: an object may be
+//!   gigabytes); the handler sees [`BodyTimedOut`] as the body's error;
 //! - `max_connections`: at the cap, a new connection closes the connection that has been
 //!   idle longest (every idle one costs a descriptor and does nothing); when every
 //!   connection has a request in progress, the new one is closed at once instead of
 //!   waiting in the kernel's backlog. Idle sockets therefore cannot lock legitimate
-//!   clients out: a client that connects and sends its request is served. The cap is
-//!   clamped at start to what the open-file limit leaves (`kvtier_listen::fds`, shared
-//!   with the gateway), so that the cap, not `EMFILE`, meets the idle sockets first;
-//! - a request head over `kvtier_listen::MAX_HEAD` is answered 431 by hyper.
+//!   clients out. The front end clamps the cap at start to what the open-file limit
+//!   leaves ([`crate::fds`]), so that the cap, not `EMFILE`, meets the idle sockets first;
+//! - a request head over [`crate::MAX_HEAD`] is answered 431 by hyper.
 //!
 //! A connection that ends after an answer given before its request was read whole (431,
-//! 413, 408) is closed lingering (`kvtier_listen::linger`), so the answer is not lost to
-//! a reset. A failed `accept` (out of descriptors) closes the longest-idle connection and
-//! backs off instead of spinning. Closures for limits are logged at a rate-limited `warn`
-//! ([`refusals`]).
+//! 413, 408, a refusal of a request with a body) is closed lingering ([`crate::linger`]),
+//! so the answer is not lost to a reset. A failed `accept` (out of descriptors) closes
+//! the longest-idle connection and backs off ([`crate::accept`]). Closures for limits are
+//! logged at a rate-limited `warn` and counted by kind ([`crate::refusals`]).
 
 mod body;
 mod conn;
-pub mod refusals;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use body::{BodyTimedOut, timed_out};
+pub use body::{BodyTimedOut, TimedBody, timed_out};
 use conn::ConnState;
-use refusals::{Level, REFUSALS};
 
-/// The bounds every connection is served under (settings of the same names).
+use crate::refusals::{Level, Refusals};
+
+/// What the body timeout bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Connections open at once.
+pub enum BodyDeadline {
+    /// The whole body must arrive within the timeout after the head.
+    Whole,
+    /// The body may pause at most the timeout between frames.
+    Pause,
+}
+
+/// The bounds every connection is served under (settings of the same names in both
+/// front ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenSettings {
+    /// Connections open at once (clamp it with [`crate::fds::connection_budget`]).
     pub max_connections: usize,
     /// From the first byte of a request head to its end.
     pub header_timeout: Duration,
-    /// From the end of a request head to the end of its body.
+    /// See [`BodyDeadline`].
     pub body_timeout: Duration,
+    /// What `body_timeout` bounds.
+    pub body_deadline: BodyDeadline,
     /// How long a connection with no request in progress stays open.
     pub idle_timeout: Duration,
+}
+
+/// What a front end does with a request: its answer, whose body is streamed to the
+/// client. Called once per request, on the connection's task.
+pub trait Handler: Clone + Send + Sync + Unpin + 'static {
+    /// The answer's body.
+    type Body: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Unpin
+        + 'static;
+
+    /// Answers `request` from `peer`.
+    fn call(
+        &self,
+        request: http::Request<TimedBody>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = http::Response<Self::Body>> + Send + use<Self>;
+}
+
+/// Counts of what the listener did to connections (refusals are counted by kind in
+/// [`Refusals`]).
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Connections accepted and served.
+    pub accepted: AtomicU64,
+    /// Idle connections closed to admit a new one.
+    pub evicted: AtomicU64,
+    /// Connections closed at once because every open one had a request in progress.
+    pub refused: AtomicU64,
 }
 
 /// Open connections, by id, for the cap.
@@ -87,13 +134,15 @@ impl Table {
     }
 }
 
-/// Accepts on `listener` and serves `router` until `stopping` turns true; then stops
+/// Accepts on `listener` and serves `handler` until `stopping` turns true; then stops
 /// accepting, lets each connection finish the request it is serving, and returns once
 /// every connection has closed.
-pub async fn serve(
+pub async fn serve<H: Handler>(
     listener: TcpListener,
-    router: axum::Router,
-    limits: Limits,
+    handler: H,
+    limits: ListenSettings,
+    refusals: Arc<Refusals>,
+    counters: Arc<ConnCounters>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let cap = limits.max_connections.max(1);
@@ -110,11 +159,13 @@ pub async fn serve(
             Ok(a) => a,
             Err(e) => {
                 // Out of descriptors, most likely (the cap is clamped to the limit, but the
-                // store's own files may have grown into the reserve): free one by closing
-                // the longest-idle connection, and back off instead of spinning.
-                let freed =
-                    kvtier_listen::accept::out_of_descriptors(&e) && table.lock().evict_idlest();
-                REFUSALS.note(
+                // front end's own files may have grown into the reserve): free one by
+                // closing the longest-idle connection, and back off instead of spinning.
+                let freed = crate::accept::out_of_descriptors(&e) && table.lock().evict_idlest();
+                if freed {
+                    counters.evicted.fetch_add(1, Ordering::Relaxed);
+                }
+                refusals.note(
                     Level::Warn,
                     "accept_failed",
                     &format_args!(
@@ -126,15 +177,17 @@ pub async fn serve(
                         }
                     ),
                 );
-                tokio::time::sleep(kvtier_listen::accept::BACKOFF).await;
+                tokio::time::sleep(crate::accept::BACKOFF).await;
                 continue;
             }
         };
         let (id, state) = {
             let mut t = table.lock();
+            let before = t.open.len();
             if !t.make_room(cap) {
                 drop(t);
-                REFUSALS.note(
+                counters.refused.fetch_add(1, Ordering::Relaxed);
+                refusals.note(
                     Level::Warn,
                     "connection_cap",
                     &format_args!(
@@ -144,22 +197,28 @@ pub async fn serve(
                 drop(tcp);
                 continue;
             }
+            if t.open.len() < before {
+                counters.evicted.fetch_add(1, Ordering::Relaxed);
+            }
             let id = t.next;
             t.next += 1;
             let state = Arc::new(ConnState::new(epoch));
             t.open.insert(id, state.clone());
             (id, state)
         };
-        // Small answers (lookups) must not wait for Nagle's algorithm.
+        counters.accepted.fetch_add(1, Ordering::Relaxed);
+        // Small answers (lookups, S3 heads) must not wait for Nagle's algorithm: it would
+        // hold a response's tail for the client's delayed ACK, ~40 ms.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
         let table = table.clone();
-        let router = router.clone();
+        let handler = handler.clone();
+        let refusals = refusals.clone();
         let stopping = stopping.clone();
         let alive = alive_tx.clone();
         tokio::spawn(async move {
-            conn::serve(tcp, state, router, limits, stopping).await;
+            conn::serve(tcp, peer, state, handler, limits, refusals, stopping).await;
             table.lock().open.remove(&id);
             drop(alive);
         });

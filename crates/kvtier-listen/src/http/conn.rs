@@ -9,9 +9,9 @@
 //! first byte. A busy connection's body has its own deadline ([`super::body`]).
 //!
 //! When hyper ends a connection after an error answer — its own 431 for a head over
-//! `kvtier_listen::MAX_HEAD` (or 400 for a malformed one), or a handler's 4xx or 5xx given
+//! [`crate::MAX_HEAD`] (or 400 for a malformed one), or a handler's 4xx or 5xx given
 //! before the request body was read whole (413, 408, a 401 on a request with a body) — the
-//! socket is closed lingering (`kvtier_listen::linger`): closed outright, with the rest of
+//! socket is closed lingering ([`crate::linger`]): closed outright, with the rest of
 //! the request unread, the kernel would reset the connection and the client would lose the
 //! answer. (After a successful answer hyper ends a connection only when the client closed
 //! it or asked to: nothing is left to read.)
@@ -30,16 +30,16 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::Limits;
 use super::body::{InFlight, TimedBody, TrackedBody};
-use super::refusals::{Level, REFUSALS};
+use super::{Handler, ListenSettings};
+use crate::refusals::{Level, Refusals};
 
 /// No time recorded.
 const NEVER: u64 = u64::MAX;
 
 /// What the cap and the timers know about one connection.
 #[derive(Debug)]
-pub struct ConnState {
+pub(super) struct ConnState {
     epoch: Instant,
     in_flight: AtomicUsize,
     /// Milliseconds since `epoch` when the connection last became idle.
@@ -56,7 +56,7 @@ pub struct ConnState {
 
 impl ConnState {
     /// A connection accepted now, idle.
-    pub fn new(epoch: Instant) -> Self {
+    pub(super) fn new(epoch: Instant) -> Self {
         let s = Self {
             epoch,
             in_flight: AtomicUsize::new(0),
@@ -75,7 +75,7 @@ impl ConnState {
     }
 
     /// When it last became idle, if it is idle now (for choosing whom to evict).
-    pub fn idle_since(&self) -> Option<u64> {
+    pub(super) fn idle_since(&self) -> Option<u64> {
         (self.in_flight.load(Ordering::Acquire) == 0)
             .then(|| self.idle_since.load(Ordering::Relaxed))
     }
@@ -101,7 +101,7 @@ impl ConnState {
     }
 
     /// When the connection must be closed if nothing changes, and why; None while busy.
-    fn deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
+    fn deadline(&self, limits: &ListenSettings) -> Option<(Instant, &'static str)> {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -169,20 +169,21 @@ impl AsyncWrite for WatchedIo {
 }
 
 /// Serves one connection until the client closes it, a timer or the cap closes it, or
-/// the server stops (then the request in progress, if any, is finished first).
-pub async fn serve(
+/// the front end stops (then the request in progress, if any, is finished first).
+pub(super) async fn serve<H: Handler>(
     tcp: TcpStream,
+    peer: std::net::SocketAddr,
     state: Arc<ConnState>,
-    router: axum::Router,
-    limits: Limits,
+    handler: H,
+    limits: ListenSettings,
+    refusals: Arc<Refusals>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
-    let body_timeout = limits.body_timeout;
     let svc_state = state.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let in_flight = InFlight::start(svc_state.clone());
-        let req = req.map(|b| TimedBody::new(b, body_timeout));
-        let call = tower_call(router.clone(), req);
+        let req = req.map(|b| TimedBody::new(b, limits.body_timeout, limits.body_deadline));
+        let call = handler.call(req, peer);
         let state = svc_state.clone();
         // Boxed: taking the socket back from hyper (below) needs an `Unpin` future.
         Box::pin(async move {
@@ -192,9 +193,7 @@ pub async fn serve(
                 status.is_client_error() || status.is_server_error(),
                 Ordering::Relaxed,
             );
-            Ok::<_, std::convert::Infallible>(
-                resp.map(|b| axum::body::Body::new(TrackedBody::new(b, in_flight))),
-            )
+            Ok::<_, std::convert::Infallible>(resp.map(|b| TrackedBody::new(b, in_flight)))
         })
     });
     let io = TokioIo::new(WatchedIo {
@@ -207,7 +206,7 @@ pub async fn serve(
     builder
         .keep_alive(true)
         .header_read_timeout(None)
-        .max_header_size(kvtier_listen::MAX_HEAD);
+        .max_header_size(crate::MAX_HEAD);
     let mut conn = builder.serve_connection(io, service);
     let mut closing = false;
     let mut stopping_seen = *stopping.borrow();
@@ -235,12 +234,8 @@ pub async fn serve(
                 };
                 if answered_early {
                     let tcp = conn.into_parts().io.into_inner().tcp;
-                    kvtier_listen::linger::close(
-                        tcp,
-                        kvtier_listen::linger::LINGER,
-                        state.close.notified(),
-                    )
-                    .await;
+                    crate::linger::close(tcp, crate::linger::LINGER, state.close.notified())
+                        .await;
                 }
                 return;
             }
@@ -269,32 +264,17 @@ pub async fn serve(
                         _ => limits.idle_timeout,
                     };
                     if why == "header_timeout" {
-                        REFUSALS.note(
+                        refusals.note(
                             Level::Warn,
                             why,
-                            &format_args!("a request head was not complete within {limit:?}; connection closed"),
+                            &format_args!("a request head from {peer} was not complete within {limit:?}; connection closed"),
                         );
                     } else {
-                        tracing::debug!(?limit, "idle connection closed");
+                        tracing::debug!(?limit, %peer, "idle connection closed");
                     }
                     return;
                 }
             }
-        }
-    }
-}
-
-/// Calls the router (a tower service) once.
-fn tower_call(
-    router: axum::Router,
-    req: hyper::Request<TimedBody>,
-) -> impl Future<Output = axum::response::Response> + Send {
-    use hyper::service::Service as _;
-    let svc = hyper_util::service::TowerToHyperService::new(router);
-    async move {
-        match svc.call(req).await {
-            Ok(resp) => resp,
-            Err(never) => match never {},
         }
     }
 }
