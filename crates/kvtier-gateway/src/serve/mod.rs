@@ -2,21 +2,20 @@
 //! Nagle's algorithm holds the tail of a small response for the client's delayed ACK,
 //! ~40 ms), HTTP/1.1 keep-alive connections served by s3s, on a runtime of its own.
 //!
-//! Every listener resource is bounded: a request head must arrive within
-//! `header_timeout`, a body may pause at most `body_timeout`, a connection with no request
+//! Every listener resource is bounded by the HTTP edge `kvtier serve` uses too
+//! (`kvtier_listen::http`): a request head must be complete within `header_timeout` of
+//! its first byte, a body may pause at most `body_timeout`, a connection with no request
 //! in flight is closed after `idle_timeout`, and at most `max_connections` are open (the
-//! longest-idle one makes room for a new one: `conns.rs`), a cap clamped at start to what
-//! the open-file limit leaves after raising it (`kvtier_listen::fds`, shared with `kvtier
-//! serve`). A request head over `kvtier_listen::MAX_HEAD` is answered 431 by hyper. A
-//! connection that ends after an error answer (431, or one given before the request body
-//! was read) is closed lingering, so the answer is not lost to a reset. A failed
-//! `accept` (out of descriptors) closes the longest-idle connection and backs off; its log
-//! line is rate-limited. Request shaping and the rate-limited log of refusals: `wrap.rs`,
-//! `refusals.rs`.
+//! longest-idle one makes room for a new one), a cap clamped at start to what the
+//! open-file limit leaves after raising it (`kvtier_listen::fds`). A request head over
+//! `kvtier_listen::MAX_HEAD` is answered 431 by hyper. A connection that ends after an
+//! error answer (431, or one given before the request body was read) is closed
+//! lingering, so the answer is not lost to a reset. A failed `accept` (out of
+//! descriptors) closes the longest-idle connection and backs off. Refusals are logged
+//! rate-limited and counted by kind (`kvtier_listen::refusals`). Request shaping:
+//! `wrap.rs`.
 
 mod access;
-mod conns;
-mod refusals;
 mod signed_range;
 mod unsigned;
 mod wrap;
@@ -27,8 +26,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
 use kvtier_core::clock::{Clock, SystemClock};
+use kvtier_listen::http::{BodyDeadline, ConnCounters, Handler, ListenSettings, TimedBody};
+use kvtier_listen::refusals::Refusals;
 use kvtier_ssd::{Durability, StoreConfig};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::service::S3ServiceBuilder;
@@ -81,7 +81,8 @@ pub struct GatewayConfig {
     pub body_timeout: Duration,
     /// A connection with no request in flight is closed after this (default 60 s).
     pub idle_timeout: Duration,
-    /// Open connections at most (default 1,024); see `conns.rs` for what happens at the cap.
+    /// Open connections at most (default 1,024); see `kvtier_listen::http` for what
+    /// happens at the cap.
     /// Lowered at start when the open-file limit leaves room for fewer (logged).
     pub max_connections: usize,
     /// Refused requests are logged at most once per this interval (default 10 s).
@@ -124,10 +125,6 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
     /// Every request, whatever its outcome.
     pub requests: AtomicU64,
-    /// Idle connections closed to make room at the connection cap.
-    pub evicted: AtomicU64,
-    /// Connections refused at the cap (every open one busy).
-    pub refused: AtomicU64,
 }
 
 /// One key pair; an unknown access key is `InvalidAccessKeyId`, as S3 answers it.
@@ -172,7 +169,9 @@ pub struct RunningGateway {
     /// What recovery found at open.
     pub opened: Opened,
     counters: Arc<Counters>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    conns: Arc<ConnCounters>,
+    refusals: Arc<Refusals>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -226,10 +225,10 @@ impl RunningGateway {
                 builder
             }
         };
+        let refusals = Arc::new(Refusals::new(config.refusal_log_interval));
         let shaper = Arc::new(wrap::Shaper {
             service: builder.build(),
-            body_timeout: config.body_timeout,
-            refusals: refusals::Refusals::new(config.refusal_log_interval),
+            refusals: refusals.clone(),
             request_ids: wrap::RequestIds::new(),
             unsigned: config.auth == Auth::None,
         });
@@ -247,27 +246,37 @@ impl RunningGateway {
         let addr = std_listener
             .local_addr()
             .map_err(|e| format!("cannot read the listener's address: {e}"))?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         // After the store opened its files, so that they are counted.
         let budget = kvtier_listen::fds::connection_budget(config.max_connections);
-        let limits = Limits {
-            header: config.header_timeout,
-            idle: config.idle_timeout,
-            tracker: Arc::new(conns::Tracker::new(budget.connections)),
+        let limits = ListenSettings {
+            max_connections: budget.connections,
+            header_timeout: config.header_timeout,
+            body_timeout: config.body_timeout,
+            // An object may be gigabytes: the body may pause at most the timeout.
+            body_deadline: BodyDeadline::Pause,
+            idle_timeout: config.idle_timeout,
         };
-        let count = counters.clone();
-        let accept_failures = refusals::Refusals::new(config.refusal_log_interval);
+        let conns = Arc::new(ConnCounters::default());
+        let handler = Requests {
+            shaper,
+            counters: counters.clone(),
+        };
+        let edge = (refusals.clone(), conns.clone());
         let thread = std::thread::Builder::new()
             .name("kvtier-gateway-accept".into())
             .spawn(move || {
-                runtime.block_on(accept_loop(
-                    std_listener,
-                    shaper,
-                    limits,
-                    count,
-                    accept_failures,
-                    stopped,
-                ));
+                runtime.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => {
+                            kvtier_listen::http::serve(
+                                listener, handler, limits, edge.0, edge.1, stopping,
+                            )
+                            .await;
+                        }
+                        Err(e) => tracing::error!(error = %e, "gateway listener failed"),
+                    }
+                });
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
@@ -276,6 +285,8 @@ impl RunningGateway {
             addr,
             opened,
             counters,
+            conns,
+            refusals,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -286,6 +297,16 @@ impl RunningGateway {
         &self.counters
     }
 
+    /// What the listener did to connections (accepted, evicted at the cap, refused).
+    pub fn conn_counters(&self) -> &ConnCounters {
+        &self.conns
+    }
+
+    /// Refused requests and connections closed by a limit, by kind.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
     /// Stops accepting, closes connections, and waits for the threads (the store's
     /// directory lock is released when this returns).
     pub fn stop(mut self) {
@@ -294,7 +315,7 @@ impl RunningGateway {
 
     fn shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(true);
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -308,166 +329,23 @@ impl Drop for RunningGateway {
     }
 }
 
-/// Listener bounds shared by every connection.
-#[derive(Debug, Clone)]
-struct Limits {
-    header: Duration,
-    idle: Duration,
-    tracker: Arc<conns::Tracker>,
+/// The gateway's requests at the shared HTTP edge: counted, then shaped and served by
+/// s3s (`wrap.rs`).
+#[derive(Clone)]
+struct Requests {
+    shaper: Arc<wrap::Shaper>,
+    counters: Arc<Counters>,
 }
 
-async fn accept_loop(
-    std_listener: std::net::TcpListener,
-    shaper: Arc<wrap::Shaper>,
-    limits: Limits,
-    count: Arc<Counters>,
-    accept_failures: refusals::Refusals,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = match TcpListener::from_std(std_listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "gateway listener failed");
-            return;
-        }
-    };
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = &mut stopped => break,
-        };
-        let (socket, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors, most likely (the cap is clamped to the limit, but the
-                // store's own files may have grown into the reserve): free one by closing
-                // the longest-idle connection, back off instead of spinning, and log at
-                // most one line per interval.
-                let freed =
-                    kvtier_listen::accept::out_of_descriptors(&e) && limits.tracker.evict_idlest();
-                if let Some(failures) = accept_failures.note(std::time::Instant::now()) {
-                    tracing::warn!(
-                        error = %e,
-                        closed_longest_idle = freed,
-                        failures_since_last_line = failures,
-                        "accept failed (one line per interval at most)"
-                    );
-                }
-                tokio::time::sleep(kvtier_listen::accept::BACKOFF).await;
-                continue;
-            }
-        };
-        let Some(conn) = limits.tracker.admit() else {
-            // Every open connection is busy: refuse this one at once (closing it).
-            count.refused.fetch_add(1, Ordering::Relaxed);
-            drop(socket);
-            continue;
-        };
-        count.evicted.store(
-            limits.tracker.evicted.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        if let Err(e) = socket.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-        tokio::spawn(serve_connection(
-            socket,
-            peer.to_string(),
-            conn,
-            shaper.clone(),
-            limits.clone(),
-            count.clone(),
-        ));
-    }
-}
+impl Handler for Requests {
+    type Body = s3s::Body;
 
-async fn serve_connection(
-    socket: tokio::net::TcpStream,
-    peer: String,
-    conn: Arc<conns::Conn>,
-    shaper: Arc<wrap::Shaper>,
-    limits: Limits,
-    count: Arc<Counters>,
-) {
-    let service = {
-        let conn = conn.clone();
-        hyper::service::service_fn(move |req| {
-            count.requests.fetch_add(1, Ordering::Relaxed);
-            conn.begin();
-            let (shaper, conn, peer) = (shaper.clone(), conn.clone(), peer.clone());
-            // Boxed: taking the socket back from hyper (below) needs an `Unpin` future.
-            Box::pin(async move {
-                let res = shaper.handle(req, peer).await;
-                if let Ok(r) = &res {
-                    let status = r.status();
-                    conn.error_answered.store(
-                        status.is_client_error() || status.is_server_error(),
-                        Ordering::Relaxed,
-                    );
-                }
-                conn.end();
-                res
-            })
-        })
-    };
-    let mut served = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header)
-        .max_header_size(kvtier_listen::MAX_HEAD)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(socket), service);
-    let tick = (limits.header.min(limits.idle) / 4).max(Duration::from_millis(50));
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            // Without hyper's shutdown: the socket is taken back to be closed here.
-            res = std::future::poll_fn(|cx| served.poll_without_shutdown(cx)) => {
-                // After an error answer — hyper's own to a malformed or oversized head
-                // (431, 400), or one given before the request body was read (400
-                // EntityTooLarge, 411) — the rest of the request may be unread: close
-                // lingering, or the kernel's reset destroys the answer. (After a successful
-                // one hyper ends a connection only when the client closed it or asked to.)
-                let error_answer = match &res {
-                    Ok(()) => conn.error_answered.load(Ordering::Relaxed),
-                    Err(e) => e.is_parse(),
-                };
-                if error_answer {
-                    let socket = served.into_parts().io.into_inner();
-                    kvtier_listen::linger::close(
-                        socket,
-                        kvtier_listen::linger::LINGER,
-                        conn.evict.notified(),
-                    )
-                    .await;
-                }
-                break;
-            }
-            _ = conn.evict.notified(), if !closing => {
-                // Chosen as the longest idle: its descriptor is what the new connection
-                // needs, so it goes at once — unless a request began meanwhile, which is
-                // finished first.
-                if conn.idle() {
-                    break;
-                }
-                std::pin::Pin::new(&mut served).graceful_shutdown();
-                closing = true;
-            }
-            // A connection asked to close gets the header timeout to finish, then goes.
-            _ = tokio::time::sleep(limits.header), if closing => break,
-            _ = tokio::time::sleep(tick), if !closing => {
-                // Before its first request a connection gets the header timeout; after,
-                // the idle timeout.
-                let limit = if conn.requests.load(Ordering::Relaxed) == 0 {
-                    limits.header
-                } else {
-                    limits.idle
-                };
-                if conn.idle() && conn.idle_for() >= limit {
-                    std::pin::Pin::new(&mut served).graceful_shutdown();
-                    closing = true;
-                }
-            }
-        }
+    fn call(
+        &self,
+        request: http::Request<TimedBody>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = http::Response<s3s::Body>> + Send + use<> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.shaper.clone().handle(request, peer)
     }
-    limits.tracker.release(&conn);
 }

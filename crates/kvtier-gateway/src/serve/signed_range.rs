@@ -14,8 +14,8 @@
 //! Every other part of the request (conditions, `partNumber`, response overrides) reaches
 //! the operation unchanged.
 
+use http::Extensions;
 use http::{HeaderMap, Method, Uri};
-use hyper::http::Extensions;
 use s3s::route::S3Route;
 use s3s::service::S3Service;
 use s3s::{Body, S3Request, S3Response, S3Result};

@@ -1,7 +1,8 @@
 //! What the listener does around s3s for each request:
 //!
-//! - **Body timeout**: a request body that sends nothing for `body_timeout` fails (the
-//!   PUT is answered with an error and its reserved space released).
+//! - **Body timeout** (the shared listener's, `kvtier_listen::http`): a request body that
+//!   sends nothing for `body_timeout` fails (the PUT is answered with an error and its
+//!   reserved space released).
 //! - **Chunked bodies without a length** (`Transfer-Encoding: chunked`, no
 //!   Content-Length, not `aws-chunked`): s3s needs a length, so such a body is gathered
 //!   (up to [`CHUNKED_MAX`]) and handed on with its length; larger ones get 411.
@@ -14,8 +15,10 @@
 //! - **XML answers**: characters XML 1.0 cannot carry literally (C0 controls but tab and
 //!   newline, and carriage return, which parsers would turn into newline) are written as
 //!   character references, as S3 writes them; a 304 carries no body.
-//! - **Refusals** are logged, rate-limited (`refusals.rs`). A failed request whose body
-//!   may be unread closes its connection (`Connection: close`).
+//! - **Refusals** (any 4xx but the ordinary outcomes 404, 409, 412, 416) are logged
+//!   rate-limited and counted (`kvtier_listen::refusals`, the log both front ends
+//!   share). A failed request whose body may be unread closes its connection
+//!   (`Connection: close`).
 //! - **CORS preflights** (`OPTIONS`) are answered as S3 answers them for a bucket without a
 //!   CORS configuration: 400 without `Origin`, 403 with one (CORS is not supported).
 //! - **Request ids**: every response carries `x-amz-request-id`, and an error's XML body
@@ -26,19 +29,18 @@
 //! - **GetObjectAttributes**: its `<ETag>` is written without quotes, as S3 writes it
 //!   there (s3s quotes every ETag element).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
-use http_body::{Body as HttpBody, Frame};
-use hyper::body::Incoming;
+use http_body::Body as HttpBody;
+use kvtier_listen::http::TimedBody;
+use kvtier_listen::refusals::{Level, Refusals};
 use s3s::service::S3Service;
 
-use super::refusals::Refusals;
 use super::{signed_range, unsigned};
 
 /// The largest chunked body without a length that is accepted (gathered in memory).
@@ -51,8 +53,7 @@ const MAX_PRESIGNED_SECS: u64 = 7 * 24 * 3600;
 #[derive(Debug)]
 pub struct Shaper {
     pub service: S3Service,
-    pub body_timeout: Duration,
-    pub refusals: Refusals,
+    pub refusals: Arc<Refusals>,
     pub request_ids: RequestIds,
     /// Authentication is off (`--auth none`): signatures are dropped and `aws-chunked`
     /// bodies decoded here (`unsigned.rs`).
@@ -87,56 +88,10 @@ impl RequestIds {
     }
 }
 
-/// A request body that fails when no frame arrives for a while.
-pub struct TimedBody {
-    inner: Incoming,
-    every: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl TimedBody {
-    fn new(inner: Incoming, every: Duration) -> Self {
-        Self {
-            inner,
-            every,
-            sleep: Box::pin(tokio::time::sleep(every)),
-        }
-    }
-}
-
-impl HttpBody for TimedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(r) => {
-                let deadline = tokio::time::Instant::now() + this.every;
-                this.sleep.as_mut().reset(deadline);
-                Poll::Ready(r.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                    "no request body bytes for {:?}",
-                    this.every
-                )
-                .into()))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
+/// Whether an answer of `status` is a refusal: the client's mistake, not an ordinary
+/// outcome (404, 409, 412 and 416 are answers a client asks for).
+fn is_refusal(status: u16) -> bool {
+    (400..500).contains(&status) && !matches!(status, 404 | 409 | 412 | 416)
 }
 
 fn xml_error(status: StatusCode, code: &str, message: &str) -> Response<s3s::Body> {
@@ -226,9 +181,9 @@ impl Shaper {
     /// Serves one request.
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
-        peer: String,
-    ) -> Result<Response<s3s::Body>, std::convert::Infallible> {
+        req: Request<TimedBody>,
+        peer: SocketAddr,
+    ) -> Response<s3s::Body> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
         let attributes = req.method() == http::Method::GET
@@ -238,18 +193,22 @@ impl Shaper {
             });
         let res = self.shaped(req).await;
         let status = res.status().as_u16();
-        if Refusals::is_refusal(status) {
-            self.refusals.log(status, &method, &path, &peer);
+        if is_refusal(status) {
+            self.refusals.note(
+                Level::Info,
+                "s3_request",
+                &format_args!("{method} {path} from {peer}: {status}"),
+            );
         }
         let res = if attributes && res.status().is_success() {
             unquote_etag(res)
         } else {
             res
         };
-        Ok(with_request_id(res, &self.request_ids.next()))
+        with_request_id(res, &self.request_ids.next())
     }
 
-    async fn shaped(&self, req: Request<Incoming>) -> Response<s3s::Body> {
+    async fn shaped(&self, req: Request<TimedBody>) -> Response<s3s::Body> {
         if req.method() == http::Method::OPTIONS {
             return preflight(req.headers());
         }
@@ -294,7 +253,6 @@ impl Shaper {
             })
             && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
             && !parts.headers.contains_key("x-amz-decoded-content-length");
-        let body = TimedBody::new(body, self.body_timeout);
         let aws_chunked = self.unsigned && unsigned::is_aws_chunked(&parts);
         let body = if aws_chunked {
             let Some(decoded) = unsigned::decoded_head(&mut parts) else {
@@ -490,6 +448,16 @@ fn finish(res: Response<s3s::Body>, is_get: bool) -> Response<s3s::Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_the_clients_mistakes_not_ordinary_outcomes() {
+        for refused in [400, 403, 405, 411, 413, 431] {
+            assert!(is_refusal(refused), "{refused}");
+        }
+        for ordinary in [200, 206, 304, 404, 409, 412, 416, 500, 503] {
+            assert!(!is_refusal(ordinary), "{ordinary}");
+        }
+    }
 
     #[test]
     fn ranges_s3_ignores_are_recognised() {
