@@ -40,6 +40,7 @@ mod shard;
 pub mod snapshot;
 pub mod stats;
 pub mod tier;
+pub mod units;
 
 pub use engine::{
     Ack, DEFAULT_MAX_TOKENS, Engine, EngineBuilder, EngineConfig, Flushed, Loaded, PersistConfig,

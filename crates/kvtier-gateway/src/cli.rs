@@ -95,21 +95,10 @@ pub struct GatewayArgs {
     pub refusal_log_interval: Duration,
 }
 
-/// `250ms`, `10s`, `2m`, `1h`, or plain seconds.
+/// `250ms`, `10s`, `2m`, `1h`, `1d`, or plain seconds; not zero.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (like 250ms, 10s, 2m)"))?;
-    let d = match unit.trim() {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        other => return Err(format!("unknown unit `{other}` in `{s}` (ms, s, m, h)")),
-    };
+    // The parser of every kvtier setting (`kvtier serve`'s durations read the same).
+    let d = s.parse::<kvtier_core::units::HumanDuration>()?.0;
     if d.is_zero() {
         return Err("a timeout must be longer than zero".into());
     }
@@ -249,6 +238,9 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+        // Days are a unit of every kvtier setting since the parsers became one; an
+        // unknown unit is still refused.
+        assert_eq!(parse_duration("5d"), Ok(Duration::from_secs(5 * 86_400)));
+        assert!(parse_duration("5 weeks").is_err());
     }
 }

@@ -17,7 +17,9 @@ pub mod cache;
 pub mod components;
 pub mod node;
 pub mod settings;
-pub mod units;
+/// Sizes and durations as people write them (defined in the core: one parser for every
+/// front end).
+pub use kvtier_core::units;
 
 pub use cache::{Cache, CacheLayout, Hit};
 pub use components::Components;

@@ -3,12 +3,15 @@
 //! Sizes take B, KB/MB/GB/TB (powers of 1000) and KiB/MiB/GiB/TiB (powers of 1024), or a
 //! plain number of bytes. Durations take ms, s, m, h, d, or a plain number of seconds.
 //! Both print back in the largest unit that divides them exactly, so a printed
-//! configuration reads back to the same values.
+//! configuration reads back to the same values. The one parser of sizes and durations:
+//! `kvtier serve`'s settings (through `kvtier-node`, with serde under the `serde`
+//! feature) and the gateway's flags read them here.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+#[cfg(feature = "serde")]
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A byte count.
@@ -127,6 +130,7 @@ impl fmt::Display for HumanDuration {
 }
 
 /// Either a string with a unit or a bare integer.
+#[cfg(feature = "serde")]
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Raw {
@@ -134,6 +138,7 @@ enum Raw {
     Text(String),
 }
 
+#[cfg(feature = "serde")]
 macro_rules! serde_via_text {
     ($t:ty, $from_number:expr) => {
         impl Serialize for $t {
@@ -152,7 +157,9 @@ macro_rules! serde_via_text {
     };
 }
 
+#[cfg(feature = "serde")]
 serde_via_text!(ByteSize, ByteSize);
+#[cfg(feature = "serde")]
 serde_via_text!(HumanDuration, |n| HumanDuration(Duration::from_secs(n)));
 
 #[cfg(test)]
