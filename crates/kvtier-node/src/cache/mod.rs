@@ -58,8 +58,8 @@ impl Cache {
         settings.validate().map_err(Error::invalid)?;
         // Settings that passed validation but cannot be opened: a taken port, a directory
         // another node holds, an endpoint that does not answer.
-        let node = Node::open(settings)
-            .map_err(|e| Error::new(kvtier_core::ErrorKind::Unavailable, e))?;
+        let node =
+            Node::open(settings).map_err(|e| Error::new(kvtier_core::ErrorKind::Unavailable, e))?;
         Ok(Self::of_node(node))
     }
 
