@@ -36,6 +36,7 @@ pub mod events;
 pub mod hash;
 pub mod index;
 pub mod layout;
+pub mod poison;
 mod shard;
 pub mod snapshot;
 pub mod stats;

@@ -14,6 +14,7 @@ use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::index::PrefixIndex;
+use crate::poison::Poison;
 use crate::snapshot::{CheckpointConfig, Eviction, SnapshotBucket, SnapshotConfig};
 use crate::tier::writer::WriteBehind;
 use crate::tier::{RamConfig, RamTier, ResidencySink, Tier};
@@ -52,6 +53,7 @@ pub struct EngineBuilder {
     snapshot_set: bool,
     checkpoint_set: bool,
     clock: Option<Arc<dyn Clock>>,
+    poison: Option<Arc<Poison>>,
     /// The tiers below RAM, in the order they were added (the stack sorts them).
     tiers: Vec<(TierPolicy, TierOpener)>,
 }
@@ -108,6 +110,14 @@ impl EngineBuilder {
     /// The clock for TTLs and LRU order (default: the system's monotonic clock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// The engine's poison flag (default: a fresh one), for an assembly whose own
+    /// background threads (an SSD tier's maintenance) must close the engine when they
+    /// panic, as the engine's threads do. See [`crate::poison`].
+    pub fn poison(mut self, poison: Arc<Poison>) -> Self {
+        self.poison = Some(poison);
         self
     }
 
@@ -189,7 +199,9 @@ impl EngineBuilder {
         let index = Arc::new(PrefixIndex::new());
         let movement = Arc::new(Movement::default());
         let observers = Arc::new(crate::events::Observers::default());
+        let poison = self.poison.unwrap_or_default();
         let sink = Arc::new(EngineSink {
+            poison: poison.clone(),
             index: index.clone(),
             demote_to: RwLock::new(None),
             movement: movement.clone(),
@@ -212,6 +224,7 @@ impl EngineBuilder {
             index: index.clone(),
             stack: Arc::downgrade(&stack),
             observers: observers.clone(),
+            poison: poison.clone(),
         })
         .map_err(|e| {
             Error::new(
@@ -236,6 +249,7 @@ impl EngineBuilder {
             prefetcher,
             movement,
             observers,
+            poison,
         })
     }
 }
@@ -250,7 +264,9 @@ pub(super) fn attach(
 ) -> Result<Arc<Slot>> {
     let tier = open(sink.clone())?;
     let kind = tier.kind();
-    let writer = WriteBehind::start(tier.clone(), policy.writer).map_err(|e| {
+    let poison = sink.poison.clone();
+    let on_panic: crate::tier::writer::PanicHook = Box::new(move |reason| poison.poison(reason));
+    let writer = WriteBehind::start_with(tier.clone(), policy.writer, on_panic).map_err(|e| {
         Error::new(
             crate::ErrorKind::Unavailable,
             format!("cannot start the {} writer thread", kind.name()),

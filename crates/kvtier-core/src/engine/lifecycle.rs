@@ -246,6 +246,7 @@ impl Engine {
         restore: Option<(TierPolicy, TierOpener)>,
         drain_timeout: Duration,
     ) -> Result<Reattached> {
+        self.poison.check()?;
         // Quiesce: wait for stores in flight; new ones wait until the swap is done.
         let _quiesced = self.admission.write();
         let old = self.stack.take(pick);

@@ -23,6 +23,7 @@ impl Engine {
     /// tier holds, in one request. A block read below RAM is promoted as its tier's policy
     /// says.
     pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
+        self.poison.check()?;
         let slots = self.stack.slots();
         let mut blocks = Vec::with_capacity(refs.len());
         let mut i = 0;
@@ -124,6 +125,7 @@ impl Engine {
     /// block, each a zero-copy slice when the block is in RAM). The page boundaries come
     /// from the layout the lookup was made under, never from the caller.
     pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
+        self.poison.check()?;
         let layout = self.layout(lookup.layout)?;
         let range = layout
             .geometry()

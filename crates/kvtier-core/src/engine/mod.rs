@@ -86,6 +86,8 @@ pub struct Engine {
     prefetcher: prefetch::Prefetcher,
     movement: Arc<movement::Movement>,
     observers: Arc<crate::events::Observers>,
+    /// Set when a background thread panics: every later call fails with `Closed`.
+    poison: Arc<crate::poison::Poison>,
 }
 
 impl fmt::Debug for Engine {
@@ -107,9 +109,26 @@ impl Engine {
         &self.config
     }
 
+    /// The engine's poison flag: why it is closed, if a background thread panicked (see
+    /// [`crate::poison`]). Components assembled beside the engine close it through this.
+    pub fn poison(&self) -> &Arc<crate::poison::Poison> {
+        &self.poison
+    }
+
+    /// Fault injection for tests: makes the write-behind worker of every tier below RAM
+    /// panic once it reaches the injected job; the engine is then closed. Not for
+    /// production use.
+    #[doc(hidden)]
+    pub fn inject_background_panic(&self) {
+        for slot in self.stack.slots().iter() {
+            slot.writer.inject_panic();
+        }
+    }
+
     /// Validates and registers `key`, returning the layout. Registering the same key again
     /// returns the same layout. Refuses a layout whose block is larger than the RAM budget.
     pub fn register_layout(&self, key: LayoutKey) -> Result<Arc<Layout>> {
+        self.poison.check()?;
         let layout = Layout::new(key)?;
         let capacity = self.budget.capacity();
         if layout.block_bytes() > capacity {
@@ -238,6 +257,7 @@ impl Engine {
         session: Option<&[u8]>,
         blob: &[u8],
     ) -> Result<SnapshotPut> {
+        self.poison.check()?;
         let l = self.layout(layout)?;
         self.check_token_count(tokens.len())?;
         if l.has_state() && blob.len() as u64 != l.state_bytes() {
@@ -273,6 +293,7 @@ impl Engine {
         tokens: &[u32],
         session: Option<&[u8]>,
     ) -> Result<Option<Bytes>> {
+        self.poison.check()?;
         self.layout(layout)?;
         self.check_token_count(tokens.len())?;
         let key = SnapshotKey::new(layout, tokens, session);

@@ -17,6 +17,7 @@ impl Engine {
     /// registered; snapshots are kept (they age out by their own TTL). Stores that race
     /// with the delete may survive it; the caller quiesces its own traffic first.
     pub fn delete_namespace(&self, layout: LayoutDigest) -> Result<u64> {
+        self.poison.check()?;
         self.layout(layout)?;
         let slots = self.stack.slots();
         for slot in slots.iter() {

@@ -44,6 +44,8 @@ pub(super) struct Shared {
     pub index: Arc<PrefixIndex>,
     pub stack: Weak<Stack>,
     pub observers: Arc<Observers>,
+    /// Closed when this thread panics.
+    pub poison: Arc<crate::poison::Poison>,
 }
 
 impl Prefetcher {
@@ -53,9 +55,12 @@ impl Prefetcher {
         let fresh = Arc::new(Mutex::new(HashSet::new()));
         let counters = Arc::new(PrefetchCounters::default());
         let (f, c) = (fresh.clone(), counters.clone());
-        std::thread::Builder::new()
-            .name("kvtier-prefetch".into())
-            .spawn(move || run(&shared, &rx, &f, &c))?;
+        let poison = shared.poison.clone();
+        crate::poison::spawn(
+            "kvtier-prefetch".into(),
+            move || run(&shared, &rx, &f, &c),
+            move |reason| poison.poison(reason),
+        )?;
         Ok(Self {
             tx,
             fresh,

@@ -20,6 +20,7 @@ impl Engine {
     /// layout — so the caller serves what came before it and recomputes from there.
     /// Errors only for a layout that was never registered.
     pub fn resolve(&self, layout: LayoutDigest, hashes: &[BlockHash]) -> Result<Lookup> {
+        self.poison.check()?;
         let geometry = self.layout(layout)?;
         let mut parent = chain_root(&geometry);
         let mut blocks = Vec::with_capacity(hashes.len());

@@ -22,6 +22,9 @@ pub(super) struct EngineSink {
     pub movement: Arc<Movement>,
     /// Everyone else who wants to know, after the index.
     pub observers: Arc<Observers>,
+    /// The engine's poison flag: a tier's writer closes the engine through it when its
+    /// worker panics.
+    pub poison: Arc<crate::poison::Poison>,
 }
 
 impl fmt::Debug for EngineSink {

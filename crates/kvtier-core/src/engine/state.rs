@@ -138,6 +138,7 @@ impl Engine {
         blocks: usize,
         blob: &[u8],
     ) -> Result<SnapshotPut> {
+        self.poison.check()?;
         let layout = prompt.layout().clone();
         let digest = layout.digest();
         self.layout(digest)?;
@@ -245,6 +246,7 @@ impl Engine {
     /// `tokens` is 0, because KV without the state of the same boundary, or the reverse,
     /// must never be served. An attention-only lookup loads as [`Engine::load`] does.
     pub fn restore(&self, lookup: &Lookup) -> Result<Restored> {
+        self.poison.check()?;
         let layout = self.layout(lookup.layout)?;
         let Some(state) = lookup.state else {
             if layout.has_state() {

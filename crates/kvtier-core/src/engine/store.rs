@@ -68,6 +68,7 @@ impl Engine {
         payloads: &[&[u8]],
         options: StoreOptions,
     ) -> Result<StoreReport> {
+        self.poison.check()?;
         self.store_from(prompt, Payloads::Borrowed(payloads), options)
     }
 

@@ -174,6 +174,8 @@ enum Job {
     /// Blocks of one store, written together (one object for the remote tier).
     Run(Vec<(BlockMeta, Bytes)>),
     Snapshot(SnapshotKey, LayoutDigest, Bytes),
+    /// Fault injection: the worker panics on it (see [`WriteBehind::inject_panic`]).
+    Panic,
     Stop,
 }
 
@@ -203,6 +205,10 @@ struct Counters {
 
 /// Told about a queued block that did not reach the tier (write failed or refused).
 pub type LostHook = Box<dyn Fn(&BlockMeta) + Send + Sync>;
+
+/// Told, on the worker thread, that the worker panicked and ended (with the reason from
+/// [`crate::poison::panic_reason`]); the engine closes itself with it.
+pub type PanicHook = Box<dyn FnOnce(String) + Send>;
 
 struct Shared {
     target: Arc<dyn Tier>,
@@ -309,8 +315,20 @@ impl fmt::Debug for WriteBehind {
 }
 
 impl WriteBehind {
-    /// Starts the worker thread writing into `target`.
+    /// Starts the worker thread writing into `target`; a panic of the worker is logged.
     pub fn start(target: Arc<dyn Tier>, config: WriterConfig) -> std::io::Result<Self> {
+        Self::start_with(target, config, Box::new(|_| {}))
+    }
+
+    /// [`WriteBehind::start`], telling `on_panic` if the worker thread dies by a panic
+    /// (a tier's panic inside a write is caught per batch and does not end it). After
+    /// such a death the worker counts as done: flushes and `stop` return at once instead
+    /// of waiting for it.
+    pub fn start_with(
+        target: Arc<dyn Tier>,
+        config: WriterConfig,
+        on_panic: PanicHook,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = bounded(config.queue_len.max(1));
         let shared = Arc::new(Shared {
             target,
@@ -321,9 +339,20 @@ impl WriteBehind {
             counters: Counters::default(),
         });
         let worker = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("kvtier-writer-{}", worker.target.kind().name()))
-            .spawn(move || run(&worker, &rx))?;
+        let died = shared.clone();
+        let handle = crate::poison::spawn(
+            format!("kvtier-writer-{}", worker.target.kind().name()),
+            move || run(&worker, &rx),
+            move |reason| {
+                // The receiver is gone with the closure: enqueues now fall back to their
+                // overflow policy and the sentinel of `stop` is refused at once.
+                let mut life = died.life.lock();
+                life.worker_done = true;
+                died.changed.notify_all();
+                drop(life);
+                on_panic(reason);
+            },
+        )?;
         Ok(Self {
             shared,
             tx,
@@ -601,6 +630,13 @@ impl WriteBehind {
         report
     }
 
+    /// Fault injection for tests: makes the worker thread panic when it reaches this job
+    /// (after what is queued before it). Not for production use.
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        let _ = self.tx.send_timeout(Job::Panic, Duration::from_secs(1));
+    }
+
     /// The counters now.
     pub fn stats(&self) -> WriterStats {
         let c = &self.shared.counters;
@@ -638,6 +674,8 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 let _life = s.life.lock();
                 s.changed.notify_all();
             }
+            #[expect(clippy::panic, reason = "fault injection, asked for by a test")]
+            Job::Panic => panic!("injected fault"),
             Job::Stop => break,
         }
     }
