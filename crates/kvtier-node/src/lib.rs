@@ -6,6 +6,7 @@
 //!   (`--print-config` prints it back as written), clap for flags and environment.
 //! - [`units`]: sizes and durations in human units that round-trip as written (`2GB` stays
 //!   `2GB`).
+//! - [`overrides`]: any setting by its dotted path (`--set a.b=v`, `KVTIER__A__B=v`).
 //! - [`node`]: settings → a running engine with its tiers and background work, and the
 //!   live SSD change.
 //! - [`cache`]: the caller API — one [`Cache`] over an embedded node or a client of
@@ -16,6 +17,7 @@
 pub mod cache;
 pub mod components;
 pub mod node;
+pub mod overrides;
 pub mod settings;
 /// Sizes and durations as people write them (defined in the core: one parser for every
 /// front end).
