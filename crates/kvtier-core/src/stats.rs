@@ -313,6 +313,36 @@ pub struct EngineCounters {
     pub memory_used_bytes: u64,
     /// The shared memory budget.
     pub memory_capacity_bytes: u64,
+    /// What lookups promised and loads delivered (see [`HitStats`]).
+    pub hits: HitStats,
+}
+
+/// Hit accounting: what lookups promised and what loads delivered, and why a promised
+/// block was not (`engine::hits`). Promised − delivered is the hollow part of the hits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HitStats {
+    /// Prompt tokens lookups were asked about.
+    pub lookup_tokens_asked: u64,
+    /// Tokens lookups matched (promised).
+    pub lookup_tokens_promised: u64,
+    /// Blocks lookups matched (promised).
+    pub lookup_blocks_promised: u64,
+    /// Blocks loads were asked for.
+    pub load_blocks_asked: u64,
+    /// Blocks loads delivered from RAM.
+    pub load_blocks_delivered_ram: u64,
+    /// Blocks loads delivered from the SSD tier.
+    pub load_blocks_delivered_ssd: u64,
+    /// Blocks loads delivered from the remote tier.
+    pub load_blocks_delivered_remote: u64,
+    /// Blocks a load did not deliver because no tier held them any more (evicted, expired
+    /// or removed since the lookup).
+    pub load_blocks_undelivered_evicted: u64,
+    /// Blocks a load did not deliver because a tier's read failed verification.
+    pub load_blocks_undelivered_corrupt: u64,
+    /// Blocks a load did not deliver because a tier's read failed otherwise (deadline,
+    /// unavailable, refused).
+    pub load_blocks_undelivered_failed: u64,
 }
 
 impl EngineCounters {
@@ -326,6 +356,16 @@ impl EngineCounters {
         Counter { name: "shutdown_unsaved_blocks", family: "shutdown_blocks", label: Some(("outcome", "unsaved")), help: "Evict-only mode: RAM-only blocks a clean shutdown wrote to a lower tier, and those it could not", kind: C, read: |s| s.shutdown_unsaved },
         Counter { name: "memory_used_bytes", family: "memory_used_bytes", label: None, help: "Shared RAM budget in use", kind: G, read: |s| s.memory_used_bytes },
         Counter { name: "memory_capacity_bytes", family: "memory_capacity_bytes", label: None, help: "Shared RAM budget", kind: G, read: |s| s.memory_capacity_bytes },
+        Counter { name: "lookup_tokens_asked", family: "lookup_tokens", label: Some(("outcome", "asked")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_asked },
+        Counter { name: "lookup_tokens_promised", family: "lookup_tokens", label: Some(("outcome", "promised")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_promised },
+        Counter { name: "lookup_blocks_promised", family: "lookup_blocks_promised", label: None, help: "Blocks lookups matched (promised to a later load)", kind: C, read: |s| s.hits.lookup_blocks_promised },
+        Counter { name: "load_blocks_asked", family: "load_blocks_asked", label: None, help: "Blocks loads were asked for", kind: C, read: |s| s.hits.load_blocks_asked },
+        Counter { name: "load_blocks_delivered_ram", family: "load_blocks_delivered", label: Some(("tier", "ram")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_ram },
+        Counter { name: "load_blocks_delivered_ssd", family: "load_blocks_delivered", label: Some(("tier", "ssd")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_ssd },
+        Counter { name: "load_blocks_delivered_remote", family: "load_blocks_delivered", label: Some(("tier", "remote")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_remote },
+        Counter { name: "load_blocks_undelivered_evicted", family: "load_blocks_undelivered", label: Some(("reason", "evicted")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_evicted },
+        Counter { name: "load_blocks_undelivered_corrupt", family: "load_blocks_undelivered", label: Some(("reason", "corrupt")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_corrupt },
+        Counter { name: "load_blocks_undelivered_failed", family: "load_blocks_undelivered", label: Some(("reason", "failed")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_failed },
     ];
 }
 

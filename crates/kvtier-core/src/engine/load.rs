@@ -22,15 +22,37 @@ impl Engine {
     /// runs (the remote tier) is asked for the whole run of following blocks no faster
     /// tier holds, in one request. A block read below RAM is promoted as its tier's policy
     /// says.
+    ///
+    /// Every load is counted in the hit accounting (`engine::hits`): blocks delivered by
+    /// the tier that served them, and the rest by why they were not.
     pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
         self.poison.check()?;
-        let slots = self.stack.slots();
         let mut blocks = Vec::with_capacity(refs.len());
+        let mut served = [0u64; TierKind::ALL.len()];
+        let outcome = self.load_into(refs, &mut blocks, &mut served);
+        self.movement
+            .hits
+            .load(refs.len(), &served, outcome.as_ref().err().map(Error::kind));
+        outcome?;
+        let complete = blocks.len() == refs.len();
+        Ok(Loaded { blocks, complete })
+    }
+
+    /// The body of [`Engine::load`]: pushes each block read onto `blocks`, counting it in
+    /// `served` under the tier that served it.
+    fn load_into(
+        &self,
+        refs: &[BlockRef],
+        blocks: &mut Vec<Bytes>,
+        served: &mut [u64; TierKind::ALL.len()],
+    ) -> Result<()> {
+        let slots = self.stack.slots();
         let mut i = 0;
         'blocks: while i < refs.len() {
             let hash = refs[i].hash;
             if let Some(b) = self.ram.get(&hash)? {
                 self.prefetcher.note_ram_hit(&hash);
+                served[TierKind::Ram as usize] += 1;
                 blocks.push(b);
                 i += 1;
                 continue;
@@ -41,6 +63,7 @@ impl Engine {
                         continue;
                     };
                     self.promote(&slots, at, &hash, &b);
+                    served[slot.kind() as usize] += 1;
                     blocks.push(b);
                     i += 1;
                     continue 'blocks;
@@ -59,6 +82,7 @@ impl Engine {
                     continue;
                 }
                 let n = got.len();
+                served[slot.kind() as usize] += n as u64;
                 for (k, b) in got.into_iter().enumerate() {
                     self.promote(&slots, at, &hashes[k], &b);
                     blocks.push(b);
@@ -70,8 +94,7 @@ impl Engine {
             }
             break;
         }
-        let complete = blocks.len() == refs.len();
-        Ok(Loaded { blocks, complete })
+        Ok(())
     }
 
     /// Promotes `bytes`, read from `slots[at]`, as that tier's policy says: into RAM

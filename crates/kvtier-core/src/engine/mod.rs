@@ -17,6 +17,7 @@
 //! policy says; see `store`, `load`, `prefetch` and `lifecycle`.
 
 mod builder;
+mod hits;
 mod lifecycle;
 mod load;
 mod movement;
@@ -190,11 +191,18 @@ impl Engine {
     /// prompt with KV but no state (or state but no KV) is a miss. Load such a hit with
     /// [`Engine::restore`].
     pub fn lookup(&self, prompt: &Prompt) -> Lookup {
-        if prompt.layout().has_state() {
-            return self.lookup_composed(prompt);
-        }
-        let found = self.index.lookup(prompt, usize::MAX);
-        self.prefetch_cold(&found);
+        let found = if prompt.layout().has_state() {
+            self.lookup_composed(prompt)
+        } else {
+            let found = self.index.lookup(prompt, usize::MAX);
+            self.prefetch_cold(&found);
+            found
+        };
+        self.movement.hits.lookup(
+            prompt.tokens().len(),
+            found.matched_tokens,
+            found.blocks.len(),
+        );
         found
     }
 
@@ -363,6 +371,7 @@ impl Engine {
                 shutdown_unsaved: get(&self.movement.shutdown_unsaved),
                 memory_used_bytes: self.budget.used(),
                 memory_capacity_bytes: self.budget.capacity(),
+                hits: self.movement.hits.read(),
             },
             snapshot: self.snapshots.stats(),
             checkpoint: self.checkpoints.stats(),

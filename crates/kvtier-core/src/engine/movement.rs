@@ -26,6 +26,8 @@ pub(super) struct Movement {
     /// it could not (deadline passed, tier refused or failed).
     pub shutdown_saved: AtomicU64,
     pub shutdown_unsaved: AtomicU64,
+    /// What lookups promised and loads delivered.
+    pub hits: super::hits::HitCounters,
 }
 
 impl Movement {

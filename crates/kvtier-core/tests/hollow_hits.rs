@@ -1,0 +1,175 @@
+//! Hit accounting (issue 36, item 6): what a lookup promised and what the load after it
+//! delivered, per tier, and the promised blocks it did not deliver, by reason. A hit that
+//! turns hollow between lookup and load shows up here, and nowhere else.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code"
+)]
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvtier_core::hash::BlockHash;
+use kvtier_core::stats::{HitStats, TierStats};
+use kvtier_core::tier::conformance::test_layout;
+use kvtier_core::tier::{BlockMeta, PutOutcome, RamConfig, RamTier, ResidencySink, Tier, TierKind};
+use kvtier_core::{Engine, Error, ErrorKind, ExtraKeys, Layout, PersistConfig, PersistMode};
+
+/// A RAM tier standing in for the SSD below the engine; a read of `failing` fails with
+/// the error kind set.
+#[derive(Debug)]
+struct Lower {
+    ram: RamTier,
+    failing: Mutex<Option<(BlockHash, ErrorKind)>>,
+}
+
+impl Tier for Lower {
+    fn kind(&self) -> TierKind {
+        TierKind::Ssd
+    }
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> kvtier_core::Result<PutOutcome> {
+        self.ram.put(meta, payload)
+    }
+    fn get(&self, hash: &BlockHash) -> kvtier_core::Result<Option<Bytes>> {
+        if let Some((h, kind)) = *self.failing.lock().unwrap()
+            && h == *hash
+        {
+            return Err(Error::new(kind, format!("injected: block=`{hash:?}`")));
+        }
+        self.ram.get(hash)
+    }
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> kvtier_core::Result<Option<Bytes>> {
+        self.ram.get_range(hash, range)
+    }
+    fn contains(&self, hash: &BlockHash) -> bool {
+        self.ram.contains(hash)
+    }
+    fn remove(&self, hash: &BlockHash) -> kvtier_core::Result<bool> {
+        self.ram.remove(hash)
+    }
+    fn stats(&self) -> TierStats {
+        self.ram.stats()
+    }
+}
+
+fn engine() -> (Engine, Arc<Layout>, Arc<Lower>) {
+    let layout = test_layout().unwrap();
+    let lower = Arc::new(Lower {
+        ram: RamTier::standalone(RamConfig {
+            capacity_bytes: 64 << 20,
+        }),
+        failing: Mutex::new(None),
+    });
+    let tier = lower.clone();
+    let e = Engine::builder()
+        .ram(RamConfig {
+            capacity_bytes: 64 * layout.block_bytes(),
+        })
+        .persistent_tier(
+            PersistConfig {
+                mode: PersistMode::WriteThrough,
+                ..PersistConfig::default()
+            },
+            move |_sink: Arc<dyn ResidencySink>| Ok(tier as Arc<dyn Tier>),
+        )
+        .build()
+        .unwrap();
+    let layout = e.register_layout(layout.key().clone()).unwrap();
+    (e, layout, lower)
+}
+
+/// Stores four whole blocks and a partial one; returns the prompt's tokens.
+fn store_four_blocks(e: &Engine, layout: &Layout) -> kvtier_core::Result<Vec<u32>> {
+    let tokens: Vec<u32> = (0..(4 * layout.tokens_per_block() + 3) as u32).collect();
+    let prompt = e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
+    let payload = vec![7u8; layout.block_bytes() as usize];
+    e.store(&prompt, &[&payload, &payload, &payload, &payload])?;
+    assert!(e.flush(Duration::from_secs(5)));
+    Ok(tokens)
+}
+
+fn hits(e: &Engine) -> HitStats {
+    e.stats().engine.hits
+}
+
+#[test]
+fn a_load_after_evicting_part_of_a_hit_counts_the_gap_as_evicted() -> kvtier_core::Result<()> {
+    let (e, layout, lower) = engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
+
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+    let h = hits(&e);
+    assert_eq!(h.lookup_tokens_asked, tokens.len() as u64);
+    assert_eq!(h.lookup_tokens_promised, 4 * tpb);
+    assert_eq!(h.lookup_blocks_promised, 4);
+
+    // Between the lookup and the load: block 2 leaves every tier, and block 0 leaves RAM
+    // (taking its descendants with it there; they stay on the lower tier).
+    let b = |i: usize| lookup.blocks[i].hash;
+    assert!(e.ram().remove(&b(2))?);
+    assert!(lower.remove(&b(2))?);
+    assert!(e.ram().remove(&b(0))?);
+    assert!(!e.ram().contains(&b(1)));
+
+    let loaded = e.load(&lookup.blocks)?;
+    assert_eq!(loaded.blocks.len(), 2);
+    assert!(!loaded.complete);
+    let h = hits(&e);
+    assert_eq!(h.load_blocks_asked, 4);
+    assert_eq!(h.load_blocks_delivered_ssd, 2, "{h:?}");
+    assert_eq!(h.load_blocks_delivered_ram, 0, "{h:?}");
+    assert_eq!(h.load_blocks_delivered_remote, 0);
+    // Promised − delivered, all under `evicted`: block 2 went away, and block 3 cannot be
+    // used without it.
+    let delivered =
+        h.load_blocks_delivered_ram + h.load_blocks_delivered_ssd + h.load_blocks_delivered_remote;
+    assert_eq!(h.lookup_blocks_promised - delivered, 2);
+    assert_eq!(h.load_blocks_undelivered_evicted, 2);
+    assert_eq!(h.load_blocks_undelivered_corrupt, 0);
+    assert_eq!(h.load_blocks_undelivered_failed, 0);
+
+    // The same names in the flat list `/v1/stats` answers with.
+    let flat: std::collections::HashMap<String, u64> = e.stats().counters().into_iter().collect();
+    assert_eq!(flat["engine_lookup_tokens_promised"], 4 * tpb);
+    assert_eq!(flat["engine_load_blocks_delivered_ssd"], 2);
+    assert_eq!(flat["engine_load_blocks_undelivered_evicted"], 2);
+    Ok(())
+}
+
+#[test]
+fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
+    let (e, layout, lower) = engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+    let b = |i: usize| lookup.blocks[i].hash;
+
+    // Block 1 is read from the lower tier, and that read fails verification.
+    assert!(e.ram().remove(&b(1))?);
+    *lower.failing.lock().unwrap() = Some((b(1), ErrorKind::Corrupt));
+    let err = e.load(&lookup.blocks).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt);
+    let h = hits(&e);
+    assert_eq!(h.load_blocks_delivered_ram, 1, "{h:?}");
+    assert_eq!(h.load_blocks_undelivered_corrupt, 3, "{h:?}");
+
+    // Any other failure (a deadline, an unavailable tier) counts as `failed`.
+    *lower.failing.lock().unwrap() = Some((b(1), ErrorKind::Unavailable));
+    assert_eq!(
+        e.load(&lookup.blocks).unwrap_err().kind(),
+        ErrorKind::Unavailable
+    );
+    let h = hits(&e);
+    assert_eq!(h.load_blocks_delivered_ram, 2, "{h:?}");
+    assert_eq!(h.load_blocks_undelivered_failed, 3, "{h:?}");
+    assert_eq!(h.load_blocks_undelivered_evicted, 0);
+    assert_eq!(h.load_blocks_asked, 8);
+    Ok(())
+}
