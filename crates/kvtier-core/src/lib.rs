@@ -37,6 +37,7 @@ pub mod hash;
 pub mod index;
 pub mod layout;
 pub mod poison;
+pub mod registry;
 mod shard;
 pub mod snapshot;
 pub mod stats;

@@ -470,55 +470,7 @@ impl EngineStats {
     /// `engine_demotions_{from}_to_{to}_{queued,dropped}` for a faster one), `engine_*`
     /// `snapshot_*`, `checkpoint_*` and `state_*`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut out = self.index.counters();
-        out.extend(self.ram.counters(TierKind::Ram.name()));
-        for l in &self.lower {
-            out.extend(l.tier.counters(l.kind.name()));
-            out.extend(Counter::read_all(
-                WriterStats::COUNTERS,
-                &format!("{}_writer", l.kind.name()),
-                &l.writer,
-            ));
-        }
-        for m in &self.moves {
-            let (from, to) = (m.from.name(), m.to.name());
-            if m.from > m.to {
-                out.push((format!("engine_promotions_{from}_to_{to}"), m.promoted));
-            } else {
-                out.push((
-                    format!("engine_demotions_{from}_to_{to}_queued"),
-                    m.demotions_queued,
-                ));
-                out.push((
-                    format!("engine_demotions_{from}_to_{to}_dropped"),
-                    m.demotions_dropped,
-                ));
-            }
-        }
-        out.extend(Counter::read_all(
-            EngineCounters::COUNTERS,
-            "engine",
-            &self.engine,
-        ));
-        out.extend(self.snapshot.counters());
-        out.extend(Counter::read_all(
-            SnapshotStats::COUNTERS,
-            "checkpoint",
-            &self.checkpoint,
-        ));
-        out.extend(Counter::read_all(
-            StateStats::COUNTERS,
-            "state",
-            &self.state,
-        ));
-        for o in &self.observers {
-            out.extend(Counter::read_all(
-                ObserverStats::COUNTERS,
-                &format!("observer_{}", o.name),
-                o,
-            ));
-        }
-        out
+        self.samples().pairs()
     }
 }
 

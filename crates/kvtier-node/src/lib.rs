@@ -18,6 +18,7 @@ pub mod cache;
 pub mod components;
 pub mod node;
 pub mod overrides;
+pub mod registry;
 pub mod settings;
 /// Sizes and durations as people write them (defined in the core: one parser for every
 /// front end).

@@ -242,27 +242,13 @@ impl Node {
         }))
     }
 
-    /// Every counter of the node by its `/v1/stats` name: the engine's, then the cluster
-    /// plane's (`cluster_*`) and the KV-event publisher's (`kv_events_*`) where they run.
-    /// `kvtier serve` and the Python engine both answer with it.
+    /// Every counter of the node by its `/v1/stats` name: the engine's, the SSD recovery
+    /// report's (`ssd_recovery_*`), the cluster plane's (`cluster_*`) and the KV-event
+    /// publisher's (`kv_events_*`) where they run — the flat view of [`Node::samples`],
+    /// the one list `/metrics` renders too. `kvtier serve` and the Python engine both
+    /// answer with it.
     pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
-        fn prefixed<'a>(
-            prefix: &'a str,
-            counters: impl IntoIterator<Item = (&'static str, u64)> + 'a,
-        ) -> impl Iterator<Item = (String, u64)> + 'a {
-            counters
-                .into_iter()
-                .map(move |(name, v)| (format!("{prefix}{name}"), v))
-        }
-        let mut all: std::collections::BTreeMap<String, u64> =
-            self.engine.stats().counters().into_iter().collect();
-        if let Some(c) = &self.cluster {
-            all.extend(prefixed("cluster_", c.stats().snapshot()));
-        }
-        if let Some(k) = &self.kv_events {
-            all.extend(prefixed("kv_events_", k.stats().counters()));
-        }
-        all
+        self.samples().flat()
     }
 
     /// The clock every part of this node reads.

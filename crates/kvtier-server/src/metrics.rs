@@ -1,17 +1,15 @@
-//! `GET /metrics`: Prometheus text exposition of every engine counter (read from the
-//! engine at scrape time, so they can never drift from `GET /v1/stats`) and request
-//! latency histograms per endpoint. docs/metrics.md lists every family.
+//! `GET /metrics`: Prometheus text exposition of every counter of the node (read at scrape
+//! time from the one sample list `GET /v1/stats` renders too — `kvtier_node::registry` —
+//! so the two can never drift apart) and request latency histograms per endpoint.
+//! docs/metrics.md lists every family; a test holds the two to each other.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::Engine;
-use kvtier_core::events::ObserverStats;
-use kvtier_core::stats::{
-    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, StateStats,
-    TierStats,
-};
-use kvtier_core::tier::writer::WriterStats;
+use kvtier_core::registry::{Sample, Samples};
+use kvtier_core::stats::CounterKind;
+use kvtier_node::registry::Sources;
 use kvtier_ssd::RecoveryReport;
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
@@ -23,7 +21,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(&'static str, String)>;
+type Labels = kvtier_core::registry::Labels;
+
+/// One family being written: name, help, type and series.
+type Written = (&'static str, &'static str, CounterKind, Vec<(Labels, u64)>);
 
 /// Request latency histograms, and the registry that also reads the engine's counters.
 pub struct Metrics {
@@ -63,11 +64,13 @@ impl Metrics {
             "Time from request to response headers, by endpoint and status class",
             self.latency.clone(),
         );
-        registry.register_collector(Box::new(EngineCollector {
-            engine: Arc::downgrade(engine),
-            recovery,
-            cluster,
-            kv_events,
+        registry.register_collector(Box::new(NodeCollector {
+            sources: Sources {
+                engine: engine.clone(),
+                recovery,
+                cluster,
+                kv_events,
+            },
         }));
         *self.registry.lock() = Some(registry);
     }
@@ -90,255 +93,199 @@ impl Metrics {
     }
 }
 
-/// Reads the engine's counters at every scrape.
+/// Reads the node's samples at every scrape.
 #[derive(Debug)]
-struct EngineCollector {
-    engine: Weak<Engine>,
-    recovery: Arc<Mutex<Option<RecoveryReport>>>,
-    cluster: Option<Arc<kvtier_meta::ClusterStats>>,
-    kv_events: Option<kvtier_events::StatsReader>,
+struct NodeCollector {
+    sources: Sources,
 }
 
-/// Metric families collected from the counter tables, in first-seen order, then written
-/// out once each.
-#[derive(Default)]
-struct Families {
-    list: Vec<MetricFamily>,
+/// The edge's own samples: refusals, 4xx answers by code and connections closed by a
+/// limit by kind (flat names `refused_{kind}`). `/v1/stats` adds them to the node's.
+pub fn edge_samples() -> Samples {
+    let mut out = Samples::default();
+    for (kind, n) in crate::listen::refusals::REFUSALS.totals() {
+        out.push(Sample {
+            name: format!("refused_{kind}"),
+            family: "refused",
+            help: "Requests refused (by error code) and connections closed by a limit (by kind)",
+            kind: CounterKind::Counter,
+            labels: vec![("kind", kind.to_string())],
+            value: n,
+        });
+    }
+    out
 }
 
-/// One family: its name, help, type and series.
-struct MetricFamily {
-    name: String,
-    help: &'static str,
-    kind: CounterKind,
-    series: Vec<(Labels, u64)>,
+/// Every sample of the node and the edge: what both `/v1/stats` and `/metrics` render.
+pub fn all_samples(sources: &Sources) -> Samples {
+    let mut out = sources.samples();
+    out.extend(edge_samples());
+    out
 }
 
-impl Families {
-    /// One series of family `family`.
-    fn push(
-        &mut self,
-        family: &str,
-        help: &'static str,
-        kind: CounterKind,
-        labels: Labels,
-        value: u64,
-    ) {
-        match self.list.iter_mut().find(|f| f.name == family) {
-            Some(f) => f.series.push((labels, value)),
-            None => self.list.push(MetricFamily {
-                name: family.to_string(),
-                help,
-                kind,
-                series: vec![(labels, value)],
-            }),
+/// Writes `samples` as metric families, each once, in first-seen order.
+pub fn encode(samples: Samples, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut families: Vec<Written> = Vec::new();
+    for s in samples {
+        match families.iter_mut().find(|f| f.0 == s.family) {
+            Some(f) => f.3.push((s.labels, s.value)),
+            None => families.push((s.family, s.help, s.kind, vec![(s.labels, s.value)])),
         }
     }
-
-    /// Every counter of `table`, read from `stats`, with the labels `base` plus its own.
-    fn add<S>(&mut self, table: &[Counter<S>], stats: &S, base: &Labels) {
-        for c in table {
-            let mut labels = base.clone();
-            if let Some((k, v)) = c.label {
-                labels.push((k, v.to_string()));
-            }
-            self.push(c.family, c.help, c.kind, labels, (c.read)(stats));
-        }
-    }
-
-    /// Every series of one gauge family.
-    fn gauges(&mut self, family: &str, help: &'static str, series: Vec<(Labels, u64)>) {
-        for (labels, v) in series {
-            self.push(family, help, CounterKind::Gauge, labels, v);
-        }
-    }
-
-    fn write(self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for MetricFamily {
-            name,
-            help,
-            kind,
-            series,
-        } in self.list
-        {
-            let kind = match kind {
-                CounterKind::Counter => MetricType::Counter,
-                CounterKind::Gauge => MetricType::Gauge,
-            };
-            let mut m = enc.encode_descriptor(&name, help, None, kind)?;
-            for (labels, v) in series {
-                let fam = m.encode_family(&labels)?;
-                match kind {
-                    MetricType::Counter => ConstCounter::new(v).encode(fam)?,
-                    _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(fam)?,
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn l(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (*k, (*v).to_string())).collect()
-}
-
-/// Every engine counter, from the tables the engine declares them in: per attached tier
-/// (label `tier`, the tier's true name), movement by true source and destination, then the
-/// index, the engine and the snapshot bucket.
-fn engine_families(s: &EngineStats, out: &mut Families) {
-    for (kind, t) in s.tiers() {
-        out.add(TierStats::COUNTERS, t, &l(&[("tier", kind.name())]));
-    }
-    for lower in &s.lower {
-        out.add(
-            WriterStats::COUNTERS,
-            &lower.writer,
-            &l(&[("tier", lower.kind.name())]),
-        );
-    }
-    for m in &s.moves {
-        let (from, to) = (m.from.name(), m.to.name());
-        if m.from > m.to {
-            out.push(
-                "promotions",
-                "Blocks read from a slower tier and promoted into a faster one, by source and destination",
-                CounterKind::Counter,
-                l(&[("from", from), ("to", to)]),
-                m.promoted,
-            );
-        } else {
-            for (outcome, v) in [
-                ("queued", m.demotions_queued),
-                ("dropped", m.demotions_dropped),
-            ] {
-                out.push(
-                    "demotions",
-                    "Blocks a faster tier evicted towards a slower one, by outcome",
-                    CounterKind::Counter,
-                    l(&[("from", from), ("to", to), ("outcome", outcome)]),
-                    v,
-                );
-            }
-        }
-    }
-    out.add(IndexStats::COUNTERS, &s.index, &vec![]);
-    out.add(EngineCounters::COUNTERS, &s.engine, &vec![]);
-    // Exact-prefix snapshots and checkpoints share the families, told apart by `bucket`.
-    out.add(
-        SnapshotStats::COUNTERS,
-        &s.snapshot,
-        &l(&[("bucket", "exact")]),
-    );
-    out.add(
-        SnapshotStats::COUNTERS,
-        &s.checkpoint,
-        &l(&[("bucket", "checkpoint")]),
-    );
-    out.add(StateStats::COUNTERS, &s.state, &vec![]);
-    for o in &s.observers {
-        out.add(ObserverStats::COUNTERS, o, &l(&[("observer", &o.name)]));
-    }
-}
-
-impl Collector for EngineCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(engine) = self.engine.upgrade() else {
-            return Ok(());
+    for (name, help, kind, series) in families {
+        let kind = match kind {
+            CounterKind::Counter => MetricType::Counter,
+            CounterKind::Gauge => MetricType::Gauge,
         };
-        let mut w = Families::default();
-        engine_families(&engine.stats(), &mut w);
-        if let Some(c) = &self.cluster {
-            // One family, the counter's name as a label (docs/metrics.md).
-            let series = c
-                .snapshot()
-                .into_iter()
-                .map(|(what, v)| (l(&[("what", what)]), v))
-                .collect();
-            w.gauges(
-                "cluster",
-                "The cluster metadata plane: replay, watch, publishing, fencing (docs/cluster.md)",
-                series,
-            );
+        let mut m = enc.encode_descriptor(name, help, None, kind)?;
+        for (labels, v) in series {
+            let fam = m.encode_family(&labels)?;
+            match kind {
+                MetricType::Counter => ConstCounter::new(v).encode(fam)?,
+                _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(fam)?,
+            }
         }
-        if let Some(k) = &self.kv_events {
-            let series = k
-                .read()
-                .counters()
-                .into_iter()
-                .map(|(what, v)| (l(&[("what", what)]), v))
-                .collect();
-            w.gauges(
-                "kv_events",
-                "The KV-event publisher: epoch, batches, replays, misses, re-listings (docs/kv-events.md)",
-                series,
-            );
-        }
-        // Recovery of the SSD tier last opened.
-        if let Some(r) = self.recovery.lock().clone() {
-            let series: Vec<(Labels, u64)> = [
-                ("segments", r.segments),
-                ("records", r.records),
-                ("dropped_missing", r.dropped_missing),
-                ("tombstoned", r.tombstoned),
-                ("superseded", r.superseded),
-                ("torn_index_bytes", r.torn_index_bytes),
-                ("torn_segment_bytes", r.torn_segment_bytes),
-                ("rescanned_segments", r.rescanned_segments),
-                ("salvaged_records", r.salvaged_records),
-                ("damaged_records", r.damaged_records),
-                ("damaged_segment_headers", r.damaged_segment_headers),
-                ("tombstones_written", r.tombstones_written),
-                ("stray_files", r.stray_files),
-                ("repairs_failed", r.repairs_failed),
-                ("removed_files", r.removed_files),
-            ]
-            .into_iter()
-            .map(|(what, v)| (l(&[("what", what)]), v))
+    }
+    Ok(())
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode(all_samples(&self.sources), &mut enc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use kvtier_node::Settings;
+
+    use super::*;
+    use crate::state::AppState;
+
+    /// A node with RAM, SSD and the KV-event publisher attached (cluster mode and the
+    /// remote tier need a real etcd and a second server: `kvtier/tests/cluster.rs` and
+    /// `serve_remote.rs` cover their families).
+    fn node() -> Arc<AppState> {
+        let dir = std::env::temp_dir().join(format!(
+            "kvtier-metrics-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut settings = Settings {
+            data_dir: dir,
+            ..Settings::default()
+        };
+        settings.ssd.enabled = true;
+        settings.kv_events.endpoint = "tcp://127.0.0.1:0".to_string();
+        crate::listen::refusals::REFUSALS.note(
+            crate::listen::refusals::Level::Info,
+            "bad_json",
+            &"test",
+        );
+        AppState::open(settings).unwrap()
+    }
+
+    /// The series of a Prometheus text: `name{labels}` → value, histograms left out.
+    fn series(text: &str) -> BTreeMap<String, String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter(|l| !l.starts_with("kvtier_request_duration_seconds"))
+            .map(|l| {
+                let (k, v) = l.rsplit_once(' ').unwrap();
+                (k.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
+    /// The series name a sample has in `/metrics`.
+    fn series_of(s: &Sample) -> String {
+        let suffix = if s.kind == CounterKind::Counter {
+            "_total"
+        } else {
+            ""
+        };
+        let labels: Vec<String> = s
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\""))
             .collect();
-            w.gauges(
-                "ssd_recovery",
-                "What the SSD tier's recovery found at open",
-                series,
-            );
-            w.gauges(
-                "ssd_recovery_milliseconds",
-                "How long the SSD tier's recovery took",
-                vec![(vec![], r.elapsed.as_millis() as u64)],
-            );
-            w.gauges(
-                "ssd_previous_shutdown",
-                "How the previous run ended (1 for the state it ended in)",
-                vec![
-                    (
-                        l(&[("state", "clean")]),
-                        u64::from(r.previous_shutdown_clean == Some(true)),
-                    ),
-                    (
-                        l(&[("state", "partial")]),
-                        u64::from(r.previous_shutdown_clean == Some(false)),
-                    ),
-                    (
-                        l(&[("state", "unknown")]),
-                        u64::from(r.previous_shutdown_clean.is_none()),
-                    ),
-                ],
-            );
+        // An unlabelled series is written with empty braces.
+        format!("kvtier_{}{suffix}{{{}}}", s.family, labels.join(","))
+    }
+
+    #[test]
+    fn stats_and_metrics_render_the_same_list() {
+        let app = node();
+        let samples = all_samples(&app.node.sources());
+        let flat = samples.flat();
+        let text = app.metrics.render().unwrap();
+        let metrics = series(&text);
+        assert_eq!(flat.len(), samples.iter().count(), "flat names are unique");
+        assert_eq!(metrics.len(), flat.len(), "{text}");
+        for s in samples.iter() {
+            assert!(flat.contains_key(&s.name), "{} not in /v1/stats", s.name);
+            let key = series_of(s);
+            assert!(metrics.contains_key(&key), "{key} not in /metrics:\n{text}");
         }
-        // Refusals: 4xx answers by code, connections closed by a limit by kind.
-        let refused: Vec<(Labels, u64)> = crate::listen::refusals::REFUSALS
-            .totals()
-            .into_iter()
-            .map(|(kind, n)| (l(&[("kind", kind)]), n))
+        // Every subsystem attached is there, counters typed as counters.
+        for name in [
+            "ram_hits",
+            "ssd_stores",
+            "ssd_writer_enqueued",
+            "ssd_recovery_records",
+            "kv_events_epoch",
+            "refused_bad_json",
+            "engine_lookup_tokens_promised",
+            "engine_load_blocks_undelivered_evicted",
+        ] {
+            assert!(flat.contains_key(name), "{name}");
+        }
+        assert!(text.contains("# TYPE kvtier_load_blocks_undelivered counter"));
+        assert!(text.contains("kvtier_load_blocks_undelivered_total{reason=\"evicted\"} 0"));
+        assert!(text.contains("kvtier_refused_total{kind=\"bad_json\"}"));
+    }
+
+    /// The families of docs/metrics.md's table.
+    fn documented() -> BTreeSet<String> {
+        let doc = include_str!("../../../docs/metrics.md");
+        doc.lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| {
+                let first = l.split('|').nth(1).unwrap_or_default();
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(|s| s.trim_end_matches("_total").to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_exported_family_is_documented_once_and_every_documented_one_exported() {
+        let app = node();
+        let exported: BTreeSet<String> = all_samples(&app.node.sources())
+            .iter()
+            .map(|s| s.family.to_string())
             .collect();
-        for (labels, n) in refused {
-            w.push(
-                "refused",
-                "Requests refused (by error code) and connections closed by a limit (by kind)",
-                CounterKind::Counter,
-                labels,
-                n,
-            );
-        }
-        w.write(&mut enc)
+        let documented = documented();
+        let undocumented: Vec<_> = exported.difference(&documented).collect();
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/metrics.md: {undocumented:?}"
+        );
+        // Families only a subsystem this test does not start exports.
+        let elsewhere = ["cluster", "request_duration_seconds"];
+        let missing: Vec<_> = documented
+            .iter()
+            .filter(|f| !exported.contains(*f) && !elsewhere.contains(&f.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "documented, not exported: {missing:?}");
     }
 }

@@ -376,7 +376,8 @@ pub async fn delete_layout(
     Ok(Json(serde_json::json!({ "removed_blocks": removed })).into_response())
 }
 
-/// `GET /v1/stats`: every counter of the node.
+/// `GET /v1/stats`: every counter of the node and the edge, by flat name — the same
+/// samples `GET /metrics` renders.
 pub async fn stats(State(app): App) -> Json<BTreeMap<String, u64>> {
-    Json(app.node.counters())
+    Json(crate::metrics::all_samples(&app.node.sources()).flat())
 }

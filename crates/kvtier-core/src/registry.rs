@@ -1,0 +1,198 @@
+//! One counter registry: every counter of a node as a list of [`Sample`]s, each carrying
+//! both its flat `/v1/stats` name and its metric family, labels and type for `/metrics`.
+//!
+//! Each subsystem declares its counters in a table next to its owner (a [`Counter`] table
+//! such as `TierStats::COUNTERS`, `PublisherStats::COUNTERS` in kvtier-events,
+//! `ClusterStats::COUNTERS` in kvtier-meta) and adds its samples with [`Samples::table`];
+//! the node gathers every subsystem's samples into one [`Samples`], and both exporters
+//! render that one list, so a name can never be in one and missing from the other.
+
+use std::collections::BTreeMap;
+
+use crate::events::ObserverStats;
+use crate::stats::{
+    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, StateStats,
+    TierStats,
+};
+use crate::tier::writer::WriterStats;
+
+/// Metric labels: name and value.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// One value of one counter, under both of its names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// The flat name in `/v1/stats` (`ram_hits`).
+    pub name: String,
+    /// The metric family, without the `kvtier_` prefix (`tier_hits`).
+    pub family: &'static str,
+    /// The family's help text.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: CounterKind,
+    /// The series' labels (`tier="ram"`).
+    pub labels: Labels,
+    /// The value now.
+    pub value: u64,
+}
+
+/// Every sample of a node, in a stable order (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Samples {
+    list: Vec<Sample>,
+}
+
+impl Samples {
+    /// Adds every counter of `table` read from `stats`, named `{prefix}_{name}`, with the
+    /// labels `base` plus the counter's own.
+    pub fn table<S>(
+        &mut self,
+        table: &[Counter<S>],
+        prefix: &str,
+        stats: &S,
+        base: &[(&'static str, &str)],
+    ) {
+        for c in table {
+            let mut labels: Labels = base.iter().map(|(k, v)| (*k, (*v).to_string())).collect();
+            if let Some((k, v)) = c.label {
+                labels.push((k, v.to_string()));
+            }
+            self.list.push(Sample {
+                name: format!("{prefix}_{}", c.name),
+                family: c.family,
+                help: c.help,
+                kind: c.kind,
+                labels,
+                value: (c.read)(stats),
+            });
+        }
+    }
+
+    /// Adds one sample.
+    pub fn push(&mut self, sample: Sample) {
+        self.list.push(sample);
+    }
+
+    /// Adds every sample of `other`.
+    pub fn extend(&mut self, other: Samples) {
+        self.list.extend(other.list);
+    }
+
+    /// The samples, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Sample> {
+        self.list.iter()
+    }
+
+    /// `(flat name, value)` of every sample, in order.
+    pub fn pairs(&self) -> Vec<(String, u64)> {
+        self.list
+            .iter()
+            .map(|s| (s.name.clone(), s.value))
+            .collect()
+    }
+
+    /// Flat name → value: what `/v1/stats` answers.
+    pub fn flat(&self) -> BTreeMap<String, u64> {
+        self.list
+            .iter()
+            .map(|s| (s.name.clone(), s.value))
+            .collect()
+    }
+}
+
+impl IntoIterator for Samples {
+    type Item = Sample;
+    type IntoIter = std::vec::IntoIter<Sample>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.into_iter()
+    }
+}
+
+const PROMOTIONS: &str =
+    "Blocks read from a slower tier and promoted into a faster one, by source and destination";
+const DEMOTIONS: &str = "Blocks a faster tier evicted towards a slower one, by outcome";
+
+impl EngineStats {
+    /// Every engine counter as samples, from the tables the engine's components declare
+    /// them in: per attached tier (label `tier`, the tier's true name) and its write
+    /// queue, movement by true source and destination, the index, the engine, the
+    /// snapshot and checkpoint buckets (label `bucket`), the state rule and each observer.
+    pub fn samples(&self) -> Samples {
+        let mut out = Samples::default();
+        out.table(IndexStats::COUNTERS, "index", &self.index, &[]);
+        for (kind, t) in self.tiers() {
+            out.table(
+                TierStats::COUNTERS,
+                kind.name(),
+                t,
+                &[("tier", kind.name())],
+            );
+            if let Some(l) = self.lower.iter().find(|l| l.kind == kind) {
+                out.table(
+                    WriterStats::COUNTERS,
+                    &format!("{}_writer", kind.name()),
+                    &l.writer,
+                    &[("tier", kind.name())],
+                );
+            }
+        }
+        for m in &self.moves {
+            let (from, to) = (m.from.name(), m.to.name());
+            let labels = |extra: &[(&'static str, &str)]| -> Labels {
+                [("from", from), ("to", to)]
+                    .iter()
+                    .chain(extra)
+                    .map(|(k, v)| (*k, (*v).to_string()))
+                    .collect()
+            };
+            if m.from > m.to {
+                out.push(Sample {
+                    name: format!("engine_promotions_{from}_to_{to}"),
+                    family: "promotions",
+                    help: PROMOTIONS,
+                    kind: CounterKind::Counter,
+                    labels: labels(&[]),
+                    value: m.promoted,
+                });
+            } else {
+                for (outcome, value) in [
+                    ("queued", m.demotions_queued),
+                    ("dropped", m.demotions_dropped),
+                ] {
+                    out.push(Sample {
+                        name: format!("engine_demotions_{from}_to_{to}_{outcome}"),
+                        family: "demotions",
+                        help: DEMOTIONS,
+                        kind: CounterKind::Counter,
+                        labels: labels(&[("outcome", outcome)]),
+                        value,
+                    });
+                }
+            }
+        }
+        out.table(EngineCounters::COUNTERS, "engine", &self.engine, &[]);
+        // Exact-prefix snapshots and checkpoints share the families, told apart by `bucket`.
+        out.table(
+            SnapshotStats::COUNTERS,
+            "snapshot",
+            &self.snapshot,
+            &[("bucket", "exact")],
+        );
+        out.table(
+            SnapshotStats::COUNTERS,
+            "checkpoint",
+            &self.checkpoint,
+            &[("bucket", "checkpoint")],
+        );
+        out.table(StateStats::COUNTERS, "state", &self.state, &[]);
+        for o in &self.observers {
+            out.table(
+                ObserverStats::COUNTERS,
+                &format!("observer_{}", o.name),
+                o,
+                &[("observer", &o.name)],
+            );
+        }
+        out
+    }
+}
