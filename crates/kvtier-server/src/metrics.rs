@@ -288,4 +288,83 @@ mod tests {
             .collect();
         assert!(missing.is_empty(), "documented, not exported: {missing:?}");
     }
+
+    /// Every string under an `expr`, `query` or `definition` key of `v`.
+    fn queries(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match v {
+                        serde_json::Value::String(q)
+                            if ["expr", "query", "definition"].contains(&k.as_str()) =>
+                        {
+                            out.push(q.clone());
+                        }
+                        _ => queries(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| queries(v, out)),
+            _ => {}
+        }
+    }
+
+    /// The `kvtier_*` metric names a PromQL query mentions.
+    fn metric_names(query: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = query;
+        while let Some(at) = rest.find("kvtier_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            out.push(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn every_dashboard_query_names_an_exported_family() {
+        let app = node();
+        // Series names as `/metrics` writes them: counters end in `_total`.
+        let mut exported: BTreeSet<String> = all_samples(&app.node.sources())
+            .iter()
+            .map(|s| {
+                let suffix = if s.kind == CounterKind::Counter {
+                    "_total"
+                } else {
+                    ""
+                };
+                format!("kvtier_{}{suffix}", s.family)
+            })
+            .collect();
+        for part in ["bucket", "sum", "count"] {
+            exported.insert(format!("kvtier_request_duration_seconds_{part}"));
+        }
+        let text = include_str!("../../../ops/grafana/kvtier.json");
+        let dashboard: serde_json::Value = serde_json::from_str(text).unwrap();
+        let mut all = Vec::new();
+        queries(&dashboard, &mut all);
+        assert!(all.len() >= 10, "{all:?}");
+        let mut named = 0;
+        for q in &all {
+            for name in metric_names(q) {
+                named += 1;
+                assert!(
+                    exported.contains(&name),
+                    "{name} (in `{q}`) is not exported"
+                );
+            }
+        }
+        assert!(named >= 10);
+        // The hit-accounting families are on it.
+        for family in [
+            "kvtier_lookup_tokens_total",
+            "kvtier_load_blocks_delivered_total",
+            "kvtier_load_blocks_undelivered_total",
+        ] {
+            assert!(all.iter().any(|q| q.contains(family)), "{family}");
+        }
+    }
 }
