@@ -75,12 +75,13 @@ impl std::fmt::Debug for ClusterCatalog {
 
 impl ClusterCatalog {
     /// A catalog for `config`, its work to run on `runtime`, reading time from `clock`.
-    /// Nothing is contacted yet.
+    /// Nothing is contacted yet, so an unreachable etcd is no error here (the catalog
+    /// retries once started); settings that cannot work are `Invalid`.
     pub fn new(
         config: ClusterConfig,
         runtime: Handle,
         clock: Arc<dyn Clock>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, kvtier_core::Error> {
         config.check()?;
         let keys = Keys::new(&config.name);
         let stats = Arc::new(ClusterStats::default());

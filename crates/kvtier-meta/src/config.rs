@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use kvtier_core::Error;
+
 use crate::record::Priority;
 
 /// How a replica joins a cluster.
@@ -67,9 +69,11 @@ impl ClusterConfig {
     }
 
     /// Why the settings cannot work, if they cannot.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
         if self.endpoints.is_empty() {
-            return Err("cluster mode needs at least one etcd endpoint".into());
+            return Err(Error::invalid(
+                "cluster mode needs at least one etcd endpoint",
+            ));
         }
         let plain = |s: &str| {
             !s.is_empty()
@@ -78,34 +82,36 @@ impl ClusterConfig {
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         };
         if !plain(&self.replica) {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "replica id `{}` must be 1 to 64 characters of [a-z0-9_-]",
                 self.replica
-            ));
+            )));
         }
         if self.replica == crate::record::UNOWNED {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "replica id `{}` is reserved for objects whose writer is unknown",
                 self.replica
-            ));
+            )));
         }
         if !plain(&self.name) {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "cluster name `{}` must be 1 to 64 characters of [a-z0-9_-]",
                 self.name
-            ));
+            )));
         }
         if self.lease_ttl < Duration::from_secs(2) || self.leader_ttl < Duration::from_secs(2) {
-            return Err("the member and leader leases must be at least 2 s".into());
+            return Err(Error::invalid(
+                "the member and leader leases must be at least 2 s",
+            ));
         }
         if self.gc_interval.is_zero() {
-            return Err("the GC interval must be more than 0".into());
+            return Err(Error::invalid("the GC interval must be more than 0"));
         }
         if !plain(&self.namespace) {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "namespace `{}` must be 1 to 64 characters of [a-z0-9_-]",
                 self.namespace
-            ));
+            )));
         }
         Ok(())
     }
@@ -113,7 +119,7 @@ impl ClusterConfig {
 
 /// `etcd://host:port,host:port` (or a plain comma-separated list of `host:port` or
 /// `http://host:port`) → etcd endpoint URLs.
-pub fn parse_endpoints(spec: &str) -> Result<Vec<String>, String> {
+pub fn parse_endpoints(spec: &str) -> Result<Vec<String>, Error> {
     let list = spec.strip_prefix("etcd://").unwrap_or(spec);
     let mut out = Vec::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -122,12 +128,12 @@ pub fn parse_endpoints(spec: &str) -> Result<Vec<String>, String> {
             .unwrap_or(part)
             .trim_end_matches('/');
         if hostport.starts_with("https://") || !hostport.contains(':') || hostport.contains('/') {
-            return Err(format!("`{part}` is not host:port"));
+            return Err(Error::invalid(format!("`{part}` is not host:port")));
         }
         out.push(format!("http://{hostport}"));
     }
     if out.is_empty() {
-        return Err(format!("no etcd endpoint in `{spec}`"));
+        return Err(Error::invalid(format!("no etcd endpoint in `{spec}`")));
     }
     Ok(out)
 }

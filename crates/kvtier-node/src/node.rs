@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::clock::Clock;
+use kvtier_core::poison::Poison;
 use kvtier_core::tier::writer::WriterConfig;
 use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
-use kvtier_core::{Engine, PersistConfig, Reattached, TierOpener};
+use kvtier_core::{Engine, Error, PersistConfig, Reattached, TierOpener};
 use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
 use parking_lot::{Mutex, RwLock};
 
@@ -21,12 +22,13 @@ use crate::settings::{Settings, SsdSettings};
 /// is resuming).
 const PROPAGATION_ALLOWANCE: Duration = Duration::from_secs(10);
 
-/// The cluster catalog `settings` ask for, running on `runtime`.
+/// The cluster catalog `settings` ask for, running on `runtime`. Settings that cannot
+/// work are `Invalid`; etcd is not contacted yet (the catalog retries once started).
 fn cluster_catalog(
     settings: &Settings,
     runtime: &kvtier_remote::IoRuntime,
     clock: Arc<dyn Clock>,
-) -> Result<Arc<kvtier_meta::ClusterCatalog>, String> {
+) -> Result<Arc<kvtier_meta::ClusterCatalog>, Error> {
     let c = &settings.cluster;
     let endpoints = kvtier_meta::parse_endpoints(&c.etcd)?;
     let replica = c
@@ -45,7 +47,7 @@ fn cluster_catalog(
     config.orphan_after = c.orphan_after.0;
     config.budgets = c.budgets.iter().map(|(k, v)| (k.clone(), v.0)).collect();
     kvtier_meta::ClusterCatalog::new(config, runtime.handle().clone(), clock)
-        .map_err(|e| format!("cluster settings: {e}"))
+        .map_err(|e| Error::new(e.kind(), "cluster settings").with_source(e))
 }
 
 /// The remote tier's settings, if `settings` name endpoints.
@@ -72,10 +74,13 @@ pub fn remote_config(settings: &Settings) -> Option<kvtier_remote::RemoteConfig>
 }
 
 /// The cluster's etcd endpoints and name from `settings` (for tools that talk to etcd
-/// without running a replica).
-pub fn cluster_endpoints(settings: &Settings) -> Result<(Vec<String>, String), String> {
+/// without running a replica). `Invalid` without a cluster or with endpoints that do
+/// not parse.
+pub fn cluster_endpoints(settings: &Settings) -> Result<(Vec<String>, String), Error> {
     if !settings.cluster.enabled() {
-        return Err("no cluster configured: give --cluster etcd://host:port,...".into());
+        return Err(Error::invalid(
+            "no cluster configured: give --cluster etcd://host:port,...",
+        ));
     }
     Ok((
         kvtier_meta::parse_endpoints(&settings.cluster.etcd)?,
@@ -138,7 +143,7 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// [`Node::open_with`] the system clock and an I/O runtime of the node's own.
-    pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
+    pub fn open(settings: Settings) -> Result<Arc<Self>, Error> {
         Self::open_with(settings, Components::default())
     }
 
@@ -146,19 +151,28 @@ impl Node {
     /// holds), the remote tier when endpoints are set — all reading `components.clock`,
     /// the remote tier running on `components.runtime` (started here, once, if none is
     /// given and a remote tier needs one).
-    pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, String> {
+    ///
+    /// Errors keep the kind of what failed underneath (see ADR 0012): settings that cannot
+    /// work are `Invalid`; a port, thread or runtime that cannot be had, or a remote tier
+    /// that cannot be reached, `Unavailable`; an SSD store whose recovery refuses the
+    /// directory, `Corrupt` where the store says so.
+    pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, Error> {
         // Bound first: a taken port fails the start before any tier is opened.
         let kv_sockets = if settings.kv_events.enabled() {
             Some(
                 kvtier_events::KvEventPublisher::bind(&settings.kv_events.config())
-                    .map_err(|e| format!("KV events: {e}"))?,
+                    .map_err(|e| Error::new(e.kind(), "KV events").with_source(e))?,
             )
         } else {
             None
         };
         let recovery = Arc::new(Mutex::new(None));
         let mut cluster = None;
+        // Shared with the SSD tier's maintenance thread, which closes the engine if it
+        // panics, as the engine's own threads do.
+        let poison = Arc::new(Poison::new());
         let mut builder = Engine::builder()
+            .poison(poison.clone())
             .ram(RamConfig {
                 capacity_bytes: settings.ram.0,
             })
@@ -171,6 +185,7 @@ impl Node {
                 dir,
                 components.clock.clone(),
                 recovery.clone(),
+                poison,
             );
             builder = builder.persistent_tier(persist, open);
         }
@@ -180,7 +195,7 @@ impl Node {
                 promote_to_ssd: r.promote_to_ssd,
                 ..kvtier_core::engine::RemoteAttach::default()
             };
-            let runtime = components.runtime().map_err(|e| e.to_string())?;
+            let runtime = components.runtime()?;
             if settings.cluster.enabled() {
                 let c = cluster_catalog(&settings, &runtime, components.clock.clone())?;
                 cluster = Some(c.clone());
@@ -205,12 +220,11 @@ impl Node {
                 });
             }
         } else if settings.cluster.enabled() {
-            return Err(
-                "cluster mode shares the remote tier: it needs remote endpoints (--remote-endpoints)"
-                    .into(),
-            );
+            return Err(Error::invalid(
+                "cluster mode shares the remote tier: it needs remote endpoints (--remote-endpoints)",
+            ));
         }
-        let engine = Arc::new(builder.build().map_err(|e| e.to_string())?);
+        let engine = Arc::new(builder.build()?);
         // No shutdown record: a first start if the store held nothing, a crash otherwise.
         let existed = recovery
             .lock()
@@ -226,7 +240,7 @@ impl Node {
                 kvtier_events::KvEventPublisher::start(&engine, sockets, components.clock.clone())
                     .map_err(|e| {
                         engine.shutdown(SHUTDOWN_ON_FAILED_START);
-                        format!("KV events: {e}")
+                        Error::new(e.kind(), "KV events").with_source(e)
                     })?,
             ),
             None => None,
@@ -257,8 +271,10 @@ impl Node {
     }
 
     /// Quiesce, drain, close and reopen the SSD tier with `ssd` (or leave it detached
-    /// when `ssd.enabled` is false). Blocking: call from a blocking thread.
-    pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, String> {
+    /// when `ssd.enabled` is false). Blocking: call from a blocking thread. The error is
+    /// the engine's, with its kind (a store that refuses to open as damaged is `Corrupt`,
+    /// a directory that cannot be used `Unavailable`).
+    pub fn reattach_ssd(&self, ssd: SsdSettings) -> Result<Reattached, Error> {
         let (drain, dir, old, old_dir) = {
             let s = self.settings.read();
             (
@@ -269,22 +285,34 @@ impl Node {
             )
         };
         let clock = &self.components.clock;
-        let new = ssd
-            .enabled
-            .then(|| ssd_opener(&ssd, dir, clock.clone(), self.recovery.clone()));
+        let poison = self.engine.poison();
+        let new = ssd.enabled.then(|| {
+            ssd_opener(
+                &ssd,
+                dir,
+                clock.clone(),
+                self.recovery.clone(),
+                poison.clone(),
+            )
+        });
         if new.is_none() {
             *self.recovery.lock() = None;
         }
         // If the new tier does not open, the old one (same settings, same directory) is
         // opened again in the same quiesce: a failed change never leaves the server
         // silently without its SSD.
-        let restore = old
-            .enabled
-            .then(|| ssd_opener(&old, old_dir, clock.clone(), self.recovery.clone()));
+        let restore = old.enabled.then(|| {
+            ssd_opener(
+                &old,
+                old_dir,
+                clock.clone(),
+                self.recovery.clone(),
+                poison.clone(),
+            )
+        });
         let result = self
             .engine
-            .reattach_persistent_or_restore(new, restore, drain)
-            .map_err(|e| e.to_string());
+            .reattach_persistent_or_restore(new, restore, drain);
         // Record what is in force: the new settings if attached; the old ones if they were
         // restored; detached otherwise.
         let mut s = self.settings.write();
@@ -303,6 +331,7 @@ fn ssd_opener(
     dir: std::path::PathBuf,
     clock: Arc<dyn Clock>,
     recovery: Arc<Mutex<Option<RecoveryReport>>>,
+    poison: Arc<Poison>,
 ) -> (PersistConfig, TierOpener) {
     let persist = PersistConfig {
         ack: ssd.durability,
@@ -330,7 +359,9 @@ fn ssd_opener(
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
         let tier = Arc::new(SsdTier::open(config, clock, sink)?);
         *recovery.lock() = Some(tier.recovery_report().clone());
-        if let Err(e) = SsdTier::spawn_maintenance(&tier, maintenance_every) {
+        let poison = poison.clone();
+        let closed = move |reason: String| poison.poison(reason);
+        if let Err(e) = SsdTier::spawn_maintenance_with(&tier, maintenance_every, closed) {
             tracing::warn!(error = %e, "cannot start the SSD maintenance thread; budgets are enforced on writes only");
         }
         Ok(tier as Arc<dyn Tier>)

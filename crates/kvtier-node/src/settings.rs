@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::Args;
 use kvtier_core::engine::RemoteAttach;
 use kvtier_core::tier::writer::Overflow;
-use kvtier_core::{Ack, PersistConfig, PersistMode};
+use kvtier_core::{Ack, Error, ErrorKind, PersistConfig, PersistMode};
 use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, HumanDuration};
@@ -346,10 +346,23 @@ impl Default for Settings {
 impl Settings {
     /// The settings a TOML file gives (missing keys take their defaults): what
     /// `kvtier serve --config` and the Python package's `config_file` read.
-    pub fn from_file(path: &std::path::Path) -> Result<Settings, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    ///
+    /// A file that does not parse is `Invalid`. A file that cannot be read is `Invalid`
+    /// when the path itself is wrong (missing, not a file, not permitted: the same call
+    /// fails the same way), and `Unavailable` for any other I/O failure (a device or
+    /// network file system that may answer later).
+    pub fn from_file(path: &std::path::Path) -> Result<Settings, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::NotFound
+                | std::io::ErrorKind::PermissionDenied
+                | std::io::ErrorKind::IsADirectory
+                | std::io::ErrorKind::InvalidData => ErrorKind::Invalid,
+                _ => ErrorKind::Unavailable,
+            };
+            Error::new(kind, format!("cannot read {}", path.display())).with_source(e)
+        })?;
+        toml::from_str(&text).map_err(|e| Error::invalid(path.display().to_string()).with_source(e))
     }
 
     /// The SSD store directory.
@@ -369,7 +382,7 @@ impl Settings {
     }
 
     /// The settings as TOML, tokens replaced by `<redacted>`.
-    pub fn to_toml_redacted(&self) -> Result<String, String> {
+    pub fn to_toml_redacted(&self) -> Result<String, Error> {
         let mut shown = self.clone();
         for t in [
             &mut shown.auth.admin_token,
@@ -380,53 +393,61 @@ impl Settings {
                 *t = Some("<redacted>".into());
             }
         }
-        toml::to_string(&shown).map_err(|e| e.to_string())
+        toml::to_string(&shown).map_err(|e| {
+            Error::new(ErrorKind::Internal, "cannot print the settings as TOML").with_source(e)
+        })
     }
 
-    /// Refuses settings the server must not run with.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Refuses settings the server must not run with (`Invalid`).
+    pub fn validate(&self) -> Result<(), Error> {
         let open = !self.listen.ip().is_loopback();
         let tokens = self.auth.admin_token.is_some() && self.auth.data_token.is_some();
         if open && !tokens && !self.auth.allow_insecure_listen {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "refusing to listen on {} (not a loopback address) without an admin token \
                  and a data token: set --admin-token and --data-token, or pass \
                  --allow-insecure-listen to accept anyone who can reach the port",
                 self.listen
-            ));
+            )));
         }
         for (name, t) in [
             ("admin token", &self.auth.admin_token),
             ("data token", &self.auth.data_token),
         ] {
             if t.as_deref().is_some_and(|t| t.len() < 16) {
-                return Err(format!("the {name} must be at least 16 characters"));
+                return Err(Error::invalid(format!(
+                    "the {name} must be at least 16 characters"
+                )));
             }
         }
         if self.ram.0 == 0 {
-            return Err("ram must be larger than 0".into());
+            return Err(Error::invalid("ram must be larger than 0"));
         }
         if self.ssd.segment_size.0 < 8 << 10 {
-            return Err("ssd.segment_size must be at least 8KiB".into());
+            return Err(Error::invalid("ssd.segment_size must be at least 8KiB"));
         }
         if self.ssd.maintenance_every.0.is_zero() {
-            return Err("ssd.maintenance_every must be longer than 0".into());
+            return Err(Error::invalid(
+                "ssd.maintenance_every must be longer than 0",
+            ));
         }
         if self.max_body.0 < 1024 {
-            return Err("max_body must be at least 1KiB".into());
+            return Err(Error::invalid("max_body must be at least 1KiB"));
         }
         if self.max_connections == 0 {
-            return Err("max_connections must be at least 1".into());
+            return Err(Error::invalid("max_connections must be at least 1"));
         }
         if self.kv_events.enabled() {
             if self.kv_events.buffer_steps == 0 {
-                return Err("kv_events.buffer_steps must be at least 1".into());
+                return Err(Error::invalid("kv_events.buffer_steps must be at least 1"));
             }
             if self.kv_events.queue_len == 0 {
-                return Err("kv_events.queue_len must be at least 1".into());
+                return Err(Error::invalid("kv_events.queue_len must be at least 1"));
             }
         } else if self.kv_events.replay_endpoint.is_some() {
-            return Err("kv_events.replay_endpoint needs kv_events.endpoint".into());
+            return Err(Error::invalid(
+                "kv_events.replay_endpoint needs kv_events.endpoint",
+            ));
         }
         for (name, d) in [
             ("header_timeout", self.header_timeout),
@@ -434,7 +455,7 @@ impl Settings {
             ("idle_timeout", self.idle_timeout),
         ] {
             if d.0.is_zero() {
-                return Err(format!("{name} must be longer than 0"));
+                return Err(Error::invalid(format!("{name} must be longer than 0")));
             }
         }
         Ok(())
@@ -672,7 +693,7 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// Defaults, then the file, then these arguments.
-    pub fn settings(&self) -> Result<Settings, String> {
+    pub fn settings(&self) -> Result<Settings, Error> {
         let mut s = match &self.config {
             Some(path) => Settings::from_file(path)?,
             None => Settings::default(),
@@ -807,7 +828,8 @@ mod tests {
         assert_eq!(s.ssd.ttl.0, Duration::from_secs(7200));
         std::fs::write(&file, "rma = \"2GiB\"\n").unwrap();
         let err = args.settings().unwrap_err();
-        assert!(err.contains("rma"), "{err}");
+        assert!(err.to_string().contains("rma"), "{err}");
+        assert_eq!(err.kind(), kvtier_core::ErrorKind::Invalid);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -820,6 +842,7 @@ mod tests {
         assert!(
             s.validate()
                 .unwrap_err()
+                .message()
                 .contains("--allow-insecure-listen")
         );
         s.auth.admin_token = Some("a".repeat(20));

@@ -67,7 +67,7 @@ fn settings_of(
                 .extract()?;
             serde_json::from_str(&json).map_err(|e| invalid(format!("settings: {e}")))
         }
-        (None, Some(path)) => Settings::from_file(&path).map_err(invalid),
+        (None, Some(path)) => Settings::from_file(&path).map_err(from_core),
         (None, None) => Ok(Settings::default()),
     }
 }

@@ -44,7 +44,7 @@ impl LocalServer {
                     let running = match Running::start(settings).await {
                         Ok(r) => r,
                         Err(e) => {
-                            let _ = ready_tx.send(Err(e));
+                            let _ = ready_tx.send(Err(e.to_string()));
                             return None;
                         }
                     };

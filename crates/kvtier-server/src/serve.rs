@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
+use kvtier_core::{Error, ErrorKind};
 use kvtier_listen::http::{BodyDeadline, ListenSettings};
 
 use crate::listen;
@@ -35,17 +36,21 @@ pub struct Running {
 }
 
 impl Running {
-    /// Opens the engine (recovering the SSD store) and binds the listen address.
-    pub async fn start(settings: Settings) -> Result<Self, String> {
+    /// Opens the engine (recovering the SSD store) and binds the listen address. Errors
+    /// keep their kind ([`kvtier_node::Node::open_with`]); an address that cannot be bound
+    /// is `Unavailable`.
+    pub async fn start(settings: Settings) -> Result<Self, Error> {
         settings.validate()?;
         let listen = settings.listen;
         let app = tokio::task::spawn_blocking(move || AppState::open(settings))
             .await
-            .map_err(|e| format!("engine start failed: {e}"))??;
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+            .map_err(|e| Error::new(ErrorKind::Internal, "engine start failed").with_source(e))??;
+        let listener = TcpListener::bind(listen).await.map_err(|e| {
+            Error::new(ErrorKind::Unavailable, format!("cannot listen on {listen}")).with_source(e)
+        })?;
+        let addr = listener.local_addr().map_err(|e| {
+            Error::new(ErrorKind::Unavailable, "cannot read the bound address").with_source(e)
+        })?;
         // After the engine opened its files, so that they are counted.
         let configured = app.node.settings.read().max_connections;
         let max_connections = kvtier_listen::fds::connection_budget(configured).connections;
@@ -112,7 +117,7 @@ impl Running {
 
 /// `kvtier serve`: runs until a signal. Prints `listening on http://ADDR` on stdout once
 /// requests are accepted (tests and scripts wait for that line).
-pub async fn run(settings: Settings) -> Result<Stopped, String> {
+pub async fn run(settings: Settings) -> Result<Stopped, Error> {
     // Before anything else: from here on a SIGTERM is a clean stop.
     let stop = kvtier_listen::signals::stop_signals();
     let running = Running::start(settings).await?;

@@ -21,7 +21,7 @@ pub struct AppState {
 
 impl AppState {
     /// Assembles the node (see [`Node::open`]) and the metrics over it.
-    pub fn open(settings: Settings) -> Result<Arc<Self>, String> {
+    pub fn open(settings: Settings) -> Result<Arc<Self>, kvtier_core::Error> {
         let node = Node::open(settings)?;
         let metrics = Metrics::new();
         metrics.attach(

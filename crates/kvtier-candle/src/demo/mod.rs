@@ -60,7 +60,7 @@ fn settings_for(dir: &Path) -> kvtier_node::Settings {
 }
 
 fn embedded(dir: &Path) -> Result<Arc<kvtier_core::Engine>> {
-    let app = kvtier_node::Node::open(settings_for(dir)).map_err(Error::Invalid)?;
+    let app = kvtier_node::Node::open(settings_for(dir))?;
     Ok(app.engine.clone())
 }
 

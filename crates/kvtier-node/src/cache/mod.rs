@@ -55,11 +55,10 @@ impl Cache {
     /// A node in this process, assembled from `settings` (those of `kvtier serve`, with
     /// the same defaults).
     pub fn open(settings: Settings) -> Result<Self> {
-        settings.validate().map_err(Error::invalid)?;
+        settings.validate()?;
         // Settings that passed validation but cannot be opened: a taken port, a directory
         // another node holds, an endpoint that does not answer.
-        let node =
-            Node::open(settings).map_err(|e| Error::new(kvtier_core::ErrorKind::Unavailable, e))?;
+        let node = Node::open(settings)?;
         Ok(Self::of_node(node))
     }
 

@@ -72,11 +72,12 @@ pub async fn ssd(
     let next = next_settings(&app.node.settings.read().ssd, &req)?;
     let worker = app.clone();
     let done = blocking(move || {
+        // The status and code follow the error's kind, as for every engine error
+        // (`ApiError::from`): a damaged store is 500 `corrupt`, a directory that cannot
+        // be used 503 `unavailable`, settings that cannot work 422 `invalid`.
         worker.node.reattach_ssd(next).map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                "reattach_failed",
-                e,
+            ApiError::from(
+                kvtier_core::Error::new(e.kind(), "cannot reattach the SSD tier").with_source(e),
             )
         })
     })

@@ -150,12 +150,25 @@ impl SsdTier {
     }
 
     /// Runs [`SsdTier::enforce`] every `interval` on a background thread until the tier
-    /// is dropped.
+    /// is dropped. A panic of that thread is logged.
     pub fn spawn_maintenance(tier: &Arc<Self>, interval: Duration) -> std::io::Result<()> {
+        Self::spawn_maintenance_with(tier, interval, |reason| {
+            tracing::error!(reason = %reason, "the SSD maintenance thread ended");
+        })
+    }
+
+    /// [`SsdTier::spawn_maintenance`], telling `on_panic` (on that thread) why, if the
+    /// thread dies by a panic: the assembly closes the engine with it (see
+    /// `kvtier_core::poison`).
+    pub fn spawn_maintenance_with(
+        tier: &Arc<Self>,
+        interval: Duration,
+        on_panic: impl FnOnce(String) + Send + 'static,
+    ) -> std::io::Result<()> {
         let weak: Weak<Self> = Arc::downgrade(tier);
-        std::thread::Builder::new()
-            .name("kvtier-ssd-maintenance".into())
-            .spawn(move || {
+        kvtier_core::poison::spawn(
+            "kvtier-ssd-maintenance".into(),
+            move || {
                 loop {
                     std::thread::sleep(interval);
                     let Some(tier) = weak.upgrade() else {
@@ -165,7 +178,9 @@ impl SsdTier {
                         tracing::warn!(error = %e, "SSD maintenance pass failed");
                     }
                 }
-            })?;
+            },
+            on_panic,
+        )?;
         Ok(())
     }
 }
