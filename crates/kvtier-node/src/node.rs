@@ -10,7 +10,7 @@ use kvtier_core::clock::Clock;
 use kvtier_core::poison::Poison;
 use kvtier_core::tier::writer::WriterConfig;
 use kvtier_core::tier::{RamConfig, ResidencySink, Tier};
-use kvtier_core::{Engine, Error, PersistConfig, Reattached, TierOpener};
+use kvtier_core::{Engine, Error, ErrorKind, PersistConfig, Reattached, TierOpener};
 use kvtier_ssd::{Durability, RecoveryReport, SsdConfig, SsdTier};
 use parking_lot::{Mutex, RwLock};
 
@@ -160,8 +160,10 @@ impl Node {
         // Bound first: a taken port fails the start before any tier is opened.
         let kv_sockets = if settings.kv_events.enabled() {
             Some(
+                // `Unavailable` whatever the socket library says (it calls a taken port
+                // and an endpoint it cannot parse alike): the address cannot be had now.
                 kvtier_events::KvEventPublisher::bind(&settings.kv_events.config())
-                    .map_err(|e| Error::new(e.kind(), "KV events").with_source(e))?,
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, "KV events").with_source(e))?,
             )
         } else {
             None
