@@ -1,11 +1,11 @@
 //! One counter registry: every counter of a node as a list of [`Sample`]s, each carrying
 //! both its flat `/v1/stats` name and its metric family, labels and type for `/metrics`.
 //!
-//! Each subsystem declares its counters in a table next to its owner (a [`Counter`] table
-//! such as `TierStats::COUNTERS`, `PublisherStats::COUNTERS` in kvtier-events,
-//! `ClusterStats::COUNTERS` in kvtier-meta) and adds its samples with [`Samples::table`];
-//! the node gathers every subsystem's samples into one [`Samples`], and both exporters
-//! render that one list, so a name can never be in one and missing from the other.
+//! Each engine component declares its counters in a [`Counter`] table next to its owner
+//! (`TierStats::COUNTERS`, `WriterStats::COUNTERS`, …) and [`EngineStats::samples`] reads
+//! them with [`Samples::table`]; the node adds its other subsystems' samples
+//! (`kvtier_node::registry`) and the server its refusals, and both exporters render that
+//! one list, so a name can never be in one and missing from the other.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +127,14 @@ impl EngineStats {
                 t,
                 &[("tier", kind.name())],
             );
+            out.push(Sample {
+                name: format!("engine_load_blocks_delivered_{}", kind.name()),
+                family: "load_blocks_delivered",
+                help: "Blocks loads delivered, by the tier that served them",
+                kind: CounterKind::Counter,
+                labels: vec![("tier", kind.name().to_string())],
+                value: self.engine.hits.delivered(kind),
+            });
             if let Some(l) = self.lower.iter().find(|l| l.kind == kind) {
                 out.table(
                     WriterStats::COUNTERS,

@@ -319,6 +319,8 @@ pub struct EngineCounters {
 
 /// Hit accounting: what lookups promised and what loads delivered, and why a promised
 /// block was not (`engine::hits`). Promised − delivered is the hollow part of the hits.
+/// The delivered counters are listed per attached tier (`registry`), the rest in
+/// `EngineCounters::COUNTERS`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HitStats {
     /// Prompt tokens lookups were asked about.
@@ -345,6 +347,17 @@ pub struct HitStats {
     pub load_blocks_undelivered_failed: u64,
 }
 
+impl HitStats {
+    /// Blocks loads delivered from tier `kind`.
+    pub fn delivered(&self, kind: TierKind) -> u64 {
+        match kind {
+            TierKind::Ram => self.load_blocks_delivered_ram,
+            TierKind::Ssd => self.load_blocks_delivered_ssd,
+            TierKind::Remote => self.load_blocks_delivered_remote,
+        }
+    }
+}
+
 impl EngineCounters {
     /// Every engine counter (prefix `engine_`).
     #[rustfmt::skip]
@@ -360,9 +373,6 @@ impl EngineCounters {
         Counter { name: "lookup_tokens_promised", family: "lookup_tokens", label: Some(("outcome", "promised")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_promised },
         Counter { name: "lookup_blocks_promised", family: "lookup_blocks_promised", label: None, help: "Blocks lookups matched (promised to a later load)", kind: C, read: |s| s.hits.lookup_blocks_promised },
         Counter { name: "load_blocks_asked", family: "load_blocks_asked", label: None, help: "Blocks loads were asked for", kind: C, read: |s| s.hits.load_blocks_asked },
-        Counter { name: "load_blocks_delivered_ram", family: "load_blocks_delivered", label: Some(("tier", "ram")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_ram },
-        Counter { name: "load_blocks_delivered_ssd", family: "load_blocks_delivered", label: Some(("tier", "ssd")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_ssd },
-        Counter { name: "load_blocks_delivered_remote", family: "load_blocks_delivered", label: Some(("tier", "remote")), help: "Blocks loads delivered, by the tier that served them", kind: C, read: |s| s.hits.load_blocks_delivered_remote },
         Counter { name: "load_blocks_undelivered_evicted", family: "load_blocks_undelivered", label: Some(("reason", "evicted")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_evicted },
         Counter { name: "load_blocks_undelivered_corrupt", family: "load_blocks_undelivered", label: Some(("reason", "corrupt")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_corrupt },
         Counter { name: "load_blocks_undelivered_failed", family: "load_blocks_undelivered", label: Some(("reason", "failed")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_failed },
