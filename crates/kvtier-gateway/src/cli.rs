@@ -138,7 +138,8 @@ pub fn init_logging() {
 
 impl GatewayArgs {
     /// The configuration these flags describe.
-    pub fn config(&self) -> Result<GatewayConfig, String> {
+    /// Flags that cannot work are `Invalid`.
+    pub fn config(&self) -> Result<GatewayConfig, kvtier_core::Error> {
         let mut config = GatewayConfig::new(self.dir.clone());
         config.listen = self.listen;
         let auth = self.auth.unwrap_or(if self.access_key.is_some() {
@@ -153,7 +154,11 @@ impl GatewayArgs {
                     access_key: a.clone(),
                     secret_key: s.clone(),
                 },
-                _ => return Err("--auth sigv4 needs --access-key and --secret-key".into()),
+                _ => {
+                    return Err(kvtier_core::Error::invalid(
+                        "--auth sigv4 needs --access-key and --secret-key",
+                    ));
+                }
             },
         };
         config.durability = match self.durability {
@@ -164,9 +169,9 @@ impl GatewayArgs {
             config.workers = w.max(1);
         }
         if let Some(bad) = self.create_bucket.iter().find(|b| !valid_bucket_name(b)) {
-            return Err(format!(
+            return Err(kvtier_core::Error::invalid(format!(
                 "--create-bucket `{bad}`: not a valid S3 bucket name (3-63 characters of a-z, 0-9, '.', '-', starting and ending with a letter or digit, no '..', not an IP address)"
-            ));
+            )));
         }
         config.create_buckets = self.create_bucket.clone();
         config.header_timeout = self.header_timeout;
@@ -180,7 +185,7 @@ impl GatewayArgs {
 
 /// Serves until SIGINT or SIGTERM. Prints `kvtier gateway: listening on http://ADDR`
 /// once it accepts connections.
-pub fn run(args: &GatewayArgs) -> Result<(), String> {
+pub fn run(args: &GatewayArgs) -> Result<(), kvtier_core::Error> {
     let config = args.config()?;
     // Signals are watched before the gateway starts: a SIGTERM from then on (while the
     // store opens, or the moment the listening line appears) is a clean stop, not the
@@ -188,7 +193,13 @@ pub fn run(args: &GatewayArgs) -> Result<(), String> {
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot wait for signals: {e}"))?;
+        .map_err(|e| {
+            kvtier_core::Error::new(
+                kvtier_core::ErrorKind::Unavailable,
+                "cannot wait for signals",
+            )
+            .with_source(e)
+        })?;
     let stop = {
         let _in_runtime = waiter.enter();
         kvtier_listen::signals::stop_signals()

@@ -35,7 +35,7 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 
 use crate::s3::Gateway;
-use crate::store::{GatewayStore, Opened};
+use crate::store::{GatewayStore, Opened, StoreError};
 
 /// How requests are authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,12 +178,16 @@ pub struct RunningGateway {
 impl RunningGateway {
     /// Opens the store, binds, and starts serving. Refuses `Auth::None` on an address
     /// other than loopback.
-    pub fn start(config: GatewayConfig) -> Result<Self, String> {
+    pub fn start(config: GatewayConfig) -> Result<Self, kvtier_core::Error> {
+        use kvtier_core::{Error, ErrorKind};
+        let unavailable = |what: String| {
+            move |e: std::io::Error| Error::new(ErrorKind::Unavailable, what).with_source(e)
+        };
         if config.auth == Auth::None && !config.listen.ip().is_loopback() {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "refusing to serve without authentication on {}: set SigV4 credentials, or listen on 127.0.0.1",
                 config.listen
-            ));
+            )));
         }
         let store_config = StoreConfig {
             segment_bytes: config.segment_bytes,
@@ -193,16 +197,30 @@ impl RunningGateway {
         let (store, opened) =
             GatewayStore::open_with_clock(&config.dir, store_config, config.clock.clone())
                 .map_err(|e| {
-                    format!(
-                        "cannot open the gateway store in `{}`: {e}",
-                        config.dir.display()
+                    // A store whose recovery refuses it as damaged is `Corrupt`; any other
+                    // failure to open it (lock held, I/O) `Unavailable`.
+                    let kind = match e {
+                        StoreError::Corrupt(_) => ErrorKind::Corrupt,
+                        _ => ErrorKind::Unavailable,
+                    };
+                    Error::new(
+                        kind,
+                        format!(
+                            "cannot open the gateway store in `{}`",
+                            config.dir.display()
+                        ),
                     )
+                    .with_source(e)
                 })?;
         for bucket in &config.create_buckets {
             if !store.has_bucket(bucket) {
-                store
-                    .create_bucket(bucket)
-                    .map_err(|e| format!("cannot create bucket `{bucket}`: {e}"))?;
+                store.create_bucket(bucket).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("cannot create bucket `{bucket}`"),
+                    )
+                    .with_source(e)
+                })?;
             }
         }
         let counters = Arc::new(Counters::default());
@@ -237,15 +255,15 @@ impl RunningGateway {
             .thread_name("kvtier-gateway")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the gateway's runtime: {e}"))?;
+            .map_err(unavailable("cannot start the gateway's runtime".into()))?;
         let std_listener = std::net::TcpListener::bind(config.listen)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+            .map_err(unavailable(format!("cannot listen on {}", config.listen)))?;
         std_listener
             .set_nonblocking(true)
-            .map_err(|e| format!("cannot set up the listener: {e}"))?;
+            .map_err(unavailable("cannot set up the listener".into()))?;
         let addr = std_listener
             .local_addr()
-            .map_err(|e| format!("cannot read the listener's address: {e}"))?;
+            .map_err(unavailable("cannot read the listener's address".into()))?;
         let (stop, stopping) = tokio::sync::watch::channel(false);
         // After the store opened its files, so that they are counted.
         let budget = kvtier_listen::fds::connection_budget(config.max_connections);
@@ -279,7 +297,7 @@ impl RunningGateway {
                 });
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })
-            .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
+            .map_err(unavailable("cannot start the gateway thread".into()))?;
         tracing::info!(%addr, buckets = opened.buckets, objects = opened.objects, max_connections = budget.connections, "kvtier gateway serving");
         Ok(Self {
             addr,
