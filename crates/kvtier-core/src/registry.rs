@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 
 use crate::events::ObserverStats;
 use crate::stats::{
-    Counter, CounterKind, EngineCounters, EngineStats, IndexStats, SnapshotStats, StateStats,
+    Counter, CounterKind, EngineCounters, HitStats, IndexStats, SnapshotStats, StateStats,
     TierStats,
 };
+use crate::tier::TierKind;
 use crate::tier::writer::WriterStats;
 
 /// Metric labels: name and value.
@@ -105,6 +106,111 @@ impl IntoIterator for Samples {
     type IntoIter = std::vec::IntoIter<Sample>;
     fn into_iter(self) -> Self::IntoIter {
         self.list.into_iter()
+    }
+}
+
+/// One tier below RAM: its counters and its write queue's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowerTierStats {
+    /// Which tier.
+    pub kind: TierKind,
+    /// The tier's counters.
+    pub tier: TierStats,
+    /// Its write-behind queue's counters.
+    pub writer: WriterStats,
+}
+
+/// Blocks moved from one tier to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveStats {
+    /// The tier the blocks came from.
+    pub from: TierKind,
+    /// The tier they went to.
+    pub to: TierKind,
+    /// Read from `from` (slower) and put into `to` (faster, or queued for it).
+    pub promoted: u64,
+    /// Evicted from `from` (faster) and queued for `to` (slower).
+    pub demotions_queued: u64,
+    /// Evicted from `from` and not queued for `to` (queue full or closing).
+    pub demotions_dropped: u64,
+}
+
+/// Everything the engine counts, taken in one call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The prefix index.
+    pub index: IndexStats,
+    /// The RAM tier.
+    pub ram: TierStats,
+    /// The tiers below RAM, fastest first.
+    pub lower: Vec<LowerTierStats>,
+    /// Movement between every pair of attached tiers (fastest source first).
+    pub moves: Vec<MoveStats>,
+    /// The engine's own counters.
+    pub engine: EngineCounters,
+    /// The snapshot bucket.
+    pub snapshot: SnapshotStats,
+    /// The checkpoint bucket (counted apart from the snapshots, prefix `checkpoint_`).
+    pub checkpoint: SnapshotStats,
+    /// The composition rule of layouts with state groups.
+    pub state: StateStats,
+    /// Each residency observer's delivery counters.
+    pub observers: Vec<ObserverStats>,
+}
+
+impl EngineStats {
+    /// The counters of tier `kind`, if it is attached (RAM always is).
+    pub fn tier(&self, kind: TierKind) -> Option<TierStats> {
+        if kind == TierKind::Ram {
+            return Some(self.ram);
+        }
+        self.lower.iter().find(|l| l.kind == kind).map(|l| l.tier)
+    }
+
+    /// The counters of tier `kind`'s write queue, if it is attached below RAM.
+    pub fn writer(&self, kind: TierKind) -> Option<WriterStats> {
+        self.lower.iter().find(|l| l.kind == kind).map(|l| l.writer)
+    }
+
+    /// Every attached tier with its counters, fastest first (RAM first).
+    pub fn tiers(&self) -> impl Iterator<Item = (TierKind, &TierStats)> {
+        std::iter::once((TierKind::Ram, &self.ram))
+            .chain(self.lower.iter().map(|l| (l.kind, &l.tier)))
+    }
+
+    /// Blocks moved from `from` to `to` (zeros when the pair is not attached).
+    pub fn moved(&self, from: TierKind, to: TierKind) -> MoveStats {
+        self.moves
+            .iter()
+            .find(|m| m.from == from && m.to == to)
+            .copied()
+            .unwrap_or(MoveStats {
+                from,
+                to,
+                promoted: 0,
+                demotions_queued: 0,
+                demotions_dropped: 0,
+            })
+    }
+
+    /// Every counter as `(name, value)`, names unique thanks to their prefixes:
+    /// `index_*`, `{tier}_*` and `{tier}_writer_*` per attached tier, the movement
+    /// counters (`engine_promotions_{from}_to_{to}` for a slower source,
+    /// `engine_demotions_{from}_to_{to}_{queued,dropped}` for a faster one), `engine_*`
+    /// `snapshot_*`, `checkpoint_*` and `state_*`.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        self.samples().pairs()
+    }
+}
+
+impl HitStats {
+    /// Blocks loads delivered from tier `kind`.
+    pub fn delivered(&self, kind: TierKind) -> u64 {
+        match kind {
+            TierKind::Ram => self.load_blocks_delivered_ram,
+            TierKind::Ssd => self.load_blocks_delivered_ssd,
+            TierKind::Remote => self.load_blocks_delivered_remote,
+        }
     }
 }
 
@@ -202,5 +308,44 @@ impl EngineStats {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_names_are_unique() {
+        let all = EngineStats {
+            lower: vec![
+                LowerTierStats {
+                    kind: TierKind::Ssd,
+                    tier: TierStats::default(),
+                    writer: WriterStats::default(),
+                },
+                LowerTierStats {
+                    kind: TierKind::Remote,
+                    tier: TierStats::default(),
+                    writer: WriterStats::default(),
+                },
+            ],
+            moves: TierKind::ALL
+                .iter()
+                .flat_map(|&from| TierKind::ALL.iter().map(move |&to| (from, to)))
+                .filter(|(from, to)| from != to)
+                .map(|(from, to)| MoveStats {
+                    from,
+                    to,
+                    promoted: 0,
+                    demotions_queued: 0,
+                    demotions_dropped: 0,
+                })
+                .collect(),
+            ..EngineStats::default()
+        };
+        let names: Vec<String> = all.counters().into_iter().map(|(n, _)| n).collect();
+        let unique: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
     }
 }

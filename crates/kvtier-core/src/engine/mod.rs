@@ -49,8 +49,9 @@ use crate::error::{Error, Result};
 use crate::hash::ExtraKeys;
 use crate::index::{Lookup, PrefixIndex, Prompt};
 use crate::layout::{Layout, LayoutDigest, LayoutKey};
+use crate::registry::{EngineStats, LowerTierStats};
 use crate::snapshot::{SnapshotBucket, SnapshotKey, SnapshotPut};
-use crate::stats::{EngineCounters, EngineStats, LowerTierStats};
+use crate::stats::EngineCounters;
 use crate::tier::{RamTier, Tier, TierKind};
 
 /// The blocks a load returned.

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::stats::MoveStats;
+use crate::registry::MoveStats;
 use crate::tier::TierKind;
 
 const KINDS: usize = TierKind::ALL.len();

@@ -14,6 +14,7 @@ mod registry;
 
 pub use registry::{ObserverHandle, Observers};
 
+use crate::stats::{Counter, CounterKind};
 use crate::tier::{BlockMeta, RemovalCause, TierKind};
 
 /// Why a block left a tier.
@@ -126,4 +127,15 @@ pub struct ObserverStats {
     pub dropped: u64,
     /// Events waiting in its queue now.
     pub queued: u64,
+}
+
+impl ObserverStats {
+    /// Every observer counter; names are prefixed `observer_{name}_`, and the metrics carry
+    /// an `observer` label.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<ObserverStats>] = &[
+        Counter { name: "delivered", family: "observer_events", label: Some(("outcome", "delivered")), help: "Residency events handed to an observer, and those dropped because its queue was full", kind: CounterKind::Counter, read: |s| s.delivered },
+        Counter { name: "dropped", family: "observer_events", label: Some(("outcome", "dropped")), help: "Residency events handed to an observer, and those dropped because its queue was full", kind: CounterKind::Counter, read: |s| s.dropped },
+        Counter { name: "queued", family: "observer_queue_depth", label: None, help: "Residency events waiting in an observer's queue", kind: CounterKind::Gauge, read: |s| s.queued },
+    ];
 }
