@@ -74,6 +74,28 @@ impl Samples {
         self.list.push(sample);
     }
 
+    /// Adds one sample per `(what, value)` of `counters`: flat name `{prefix}{what}`,
+    /// family `family` with the label `what`. For subsystems that count under one family.
+    pub fn by_what(
+        &mut self,
+        prefix: &str,
+        family: &'static str,
+        help: &'static str,
+        kind: CounterKind,
+        counters: impl IntoIterator<Item = (&'static str, u64)>,
+    ) {
+        for (what, value) in counters {
+            self.list.push(Sample {
+                name: format!("{prefix}{what}"),
+                family,
+                help,
+                kind,
+                labels: vec![("what", what.to_string())],
+                value,
+            });
+        }
+    }
+
     /// Adds every sample of `other`.
     pub fn extend(&mut self, other: Samples) {
         self.list.extend(other.list);

@@ -75,6 +75,20 @@ pub struct PublisherStats {
 }
 
 impl PublisherStats {
+    /// Every counter as registry samples (`kvtier_core::registry`): flat names
+    /// `kv_events_{name}`, family `kv_events` with a `what` label.
+    pub fn samples(&self) -> kvtier_core::registry::Samples {
+        let mut out = kvtier_core::registry::Samples::default();
+        out.by_what(
+            "kv_events_",
+            "kv_events",
+            "The KV-event publisher: epoch, batches, replays, misses, re-listings (docs/kv-events.md)",
+            kvtier_core::stats::CounterKind::Gauge,
+            self.counters(),
+        );
+        out
+    }
+
     /// Every counter by name (`epoch`, `batches`, …), for stats endpoints.
     pub fn counters(&self) -> [(&'static str, u64); 10] {
         [

@@ -62,6 +62,20 @@ pub struct ClusterStats {
 }
 
 impl ClusterStats {
+    /// Every counter as registry samples (`kvtier_core::registry`): flat names
+    /// `cluster_{name}`, family `cluster` with a `what` label.
+    pub fn samples(&self) -> kvtier_core::registry::Samples {
+        let mut out = kvtier_core::registry::Samples::default();
+        out.by_what(
+            "cluster_",
+            "cluster",
+            "The cluster metadata plane: replay, watch, publishing, fencing (docs/cluster.md)",
+            kvtier_core::stats::CounterKind::Gauge,
+            self.snapshot(),
+        );
+        out
+    }
+
     /// `(name, value)` of every counter, in declaration order.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -84,6 +84,63 @@ pub struct RecoveryReport {
     pub previous_shutdown_clean: Option<bool>,
 }
 
+impl RecoveryReport {
+    /// What recovery found, as registry samples (`kvtier_core::registry`):
+    /// `ssd_recovery_{what}` (family `ssd_recovery`), `ssd_recovery_milliseconds` and
+    /// `ssd_previous_shutdown_{clean,partial,unknown}` (1 for how the previous run ended).
+    pub fn samples(&self) -> kvtier_core::registry::Samples {
+        use kvtier_core::registry::{Sample, Samples};
+        use kvtier_core::stats::CounterKind::Gauge;
+        let mut out = Samples::default();
+        out.by_what(
+            "ssd_recovery_",
+            "ssd_recovery",
+            "What the SSD tier's recovery found at open",
+            Gauge,
+            [
+                ("segments", self.segments),
+                ("records", self.records),
+                ("dropped_missing", self.dropped_missing),
+                ("tombstoned", self.tombstoned),
+                ("superseded", self.superseded),
+                ("torn_index_bytes", self.torn_index_bytes),
+                ("torn_segment_bytes", self.torn_segment_bytes),
+                ("rescanned_segments", self.rescanned_segments),
+                ("salvaged_records", self.salvaged_records),
+                ("damaged_records", self.damaged_records),
+                ("damaged_segment_headers", self.damaged_segment_headers),
+                ("tombstones_written", self.tombstones_written),
+                ("stray_files", self.stray_files),
+                ("repairs_failed", self.repairs_failed),
+                ("removed_files", self.removed_files),
+            ],
+        );
+        out.push(Sample {
+            name: "ssd_recovery_milliseconds".to_string(),
+            family: "ssd_recovery_milliseconds",
+            help: "How long the SSD tier's recovery took",
+            kind: Gauge,
+            labels: vec![],
+            value: u64::try_from(self.elapsed.as_millis()).unwrap_or(u64::MAX),
+        });
+        for (state, on) in [
+            ("clean", self.previous_shutdown_clean == Some(true)),
+            ("partial", self.previous_shutdown_clean == Some(false)),
+            ("unknown", self.previous_shutdown_clean.is_none()),
+        ] {
+            out.push(Sample {
+                name: format!("ssd_previous_shutdown_{state}"),
+                family: "ssd_previous_shutdown",
+                help: "How the previous run ended (1 for the state it ended in)",
+                kind: Gauge,
+                labels: vec![("state", state.to_string())],
+                value: u64::from(on),
+            });
+        }
+        out
+    }
+}
+
 /// Kept segments, live records, the report, and the highest segment id ever seen (new
 /// segments take higher ids, so a removed segment's name is never reused).
 pub(super) type Recovery = (
