@@ -480,6 +480,11 @@ pub struct ServeArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Any setting by its dotted path, as in the settings file: `--set ssd.capacity=200GB`
+    /// (repeatable; applied after every other flag). `KVTIER__SSD__CAPACITY=200GB` in the
+    /// environment does the same, before the flags.
+    #[arg(long = "set", value_name = "KEY.PATH=VALUE", value_parser = crate::overrides::parse_assignment)]
+    pub set: Vec<(String, String)>,
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700].
     #[arg(long, env = "KVTIER_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -694,10 +699,13 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Defaults, then the file, then these arguments.
     pub fn settings(&self) -> Result<Settings, Error> {
-        let mut s = match &self.config {
+        let file = match &self.config {
             Some(path) => Settings::from_file(path)?,
             None => Settings::default(),
         };
+        // File, then the environment's `KVTIER__A__B` overrides, then the named flags,
+        // then `--set` (see `crate::overrides`).
+        let mut s = crate::overrides::apply(&file, &crate::overrides::from_env(std::env::vars()))?;
         fn set<T: Clone>(slot: &mut T, v: &Option<T>) {
             if let Some(v) = v {
                 *slot = v.clone();
@@ -784,6 +792,7 @@ impl ServeArgs {
             &mut s.auth.allow_insecure_listen,
             &self.allow_insecure_listen,
         );
+        let s = crate::overrides::apply(&s, &self.set)?;
         s.validate()?;
         Ok(s)
     }
