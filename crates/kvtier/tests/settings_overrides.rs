@@ -44,9 +44,18 @@ fn set_and_the_environment_reach_every_setting_in_order() {
         ],
     );
     assert!(ok, "{err}");
-    assert!(config.contains("ram = \"3GiB\""), "environment over file:\n{config}");
-    assert!(config.contains("retries = 5"), "named flag over environment:\n{config}");
-    assert!(config.contains("maintenance_every = \"3s\""), "--set:\n{config}");
+    assert!(
+        config.contains("ram = \"3GiB\""),
+        "environment over file:\n{config}"
+    );
+    assert!(
+        config.contains("retries = 5"),
+        "named flag over environment:\n{config}"
+    );
+    assert!(
+        config.contains("maintenance_every = \"3s\""),
+        "--set:\n{config}"
+    );
     assert!(config.contains("topic = \"kv\""), "--set:\n{config}");
     assert!(config.contains("name = \"blue\""), "environment:\n{config}");
 
