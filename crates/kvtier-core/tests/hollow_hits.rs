@@ -173,3 +173,33 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
     assert_eq!(h.load_blocks_asked, 8);
     Ok(())
 }
+
+#[test]
+fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
+    let (e, layout, _lower) = engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+    let layers = layout.key().num_layers;
+    assert!(layers >= 2, "the test layout has {layers} layers");
+    for l in 0..layers {
+        let loaded = e.load_layers(&lookup, l..l + 1)?;
+        assert_eq!(loaded.blocks.len(), 4);
+    }
+    let h = hits(&e);
+    // One hit, loaded in `layers` ranges: four blocks asked and delivered, not 4 × layers.
+    assert_eq!(h.load_blocks_asked, 4, "{h:?}");
+    assert_eq!(h.load_blocks_delivered_ram, 4, "{h:?}");
+
+    // A block gone before the first range is counted as evicted, once.
+    assert!(e.ram().remove(&lookup.blocks[3].hash)?);
+    let mut short = lookup.clone();
+    short.blocks[3].tier = TierKind::Ram;
+    let loaded = e.load_layers(&short, 0..1)?;
+    assert_eq!(loaded.blocks.len(), 3);
+    assert!(!loaded.complete);
+    let h = hits(&e);
+    assert_eq!(h.load_blocks_asked, 8, "{h:?}");
+    assert_eq!(h.load_blocks_undelivered_evicted, 1, "{h:?}");
+    Ok(())
+}

@@ -147,6 +147,9 @@ impl Engine {
     /// Loads only layers `layers` of each matched block of `lookup` (one page per layer per
     /// block, each a zero-copy slice when the block is in RAM). The page boundaries come
     /// from the layout the lookup was made under, never from the caller.
+    ///
+    /// A hit loaded layer by layer is counted in the hit accounting once, by the range
+    /// that starts at layer 0.
     pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
         self.poison.check()?;
         let layout = self.layout(lookup.layout)?;
@@ -162,21 +165,30 @@ impl Engine {
                 ))
             })?;
         let mut blocks = Vec::with_capacity(lookup.blocks.len());
-        for r in &lookup.blocks {
-            match self.get_range(r, range.clone())? {
-                Some(b) => blocks.push(b),
-                None => {
-                    return Ok(Loaded {
-                        blocks,
-                        complete: false,
-                    });
+        let mut served = [0u64; TierKind::ALL.len()];
+        let outcome = (|| -> Result<bool> {
+            for r in &lookup.blocks {
+                match self.get_range(r, range.clone())? {
+                    Some(b) => {
+                        served[r.tier as usize] += 1;
+                        blocks.push(b);
+                    }
+                    None => return Ok(false),
                 }
             }
+            Ok(true)
+        })();
+        // A hit loaded layer by layer is counted once, by the range that starts at layer 0
+        // (every layered load of a hit reads it): delivered means its first layers came.
+        if layers.start == 0 {
+            self.movement.hits.load(
+                lookup.blocks.len(),
+                &served,
+                outcome.as_ref().err().map(Error::kind),
+            );
         }
-        Ok(Loaded {
-            blocks,
-            complete: true,
-        })
+        let complete = outcome?;
+        Ok(Loaded { blocks, complete })
     }
 
     /// Bytes `range` of the block `r` names, from the tier the lookup found it in (or, not
