@@ -83,3 +83,26 @@ def test_the_exception_classes_are_the_cores_error_kinds():
     for name in _kvtier.ERROR_KINDS:
         e = errors.error_for(name, "m")
         assert e.kind == name and type(e) is not errors.KvtierError
+
+
+def test_an_unreachable_server_is_unavailable_and_an_unreachable_s3_tier_a_degraded_start(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # A kvtier serve nobody runs: the first call says so.
+    gone = kvtier.open(url=f"http://127.0.0.1:{port}")
+    with pytest.raises(kvtier.UnavailableError):
+        gone.register_layout("py-open", "f16", TPB, 2, 2, 64)
+    # An S3 endpoint nobody runs: the engine starts degraded, not down (docs/adr/0012):
+    # RAM and SSD serve, the remote tier counts its failures.
+    settings = {
+        "ram": "64MiB",
+        "data_dir": str(tmp_path / "degraded"),
+        "ssd": {"enabled": False},
+        "remote": {"endpoints": [f"http://127.0.0.1:{port}"], "deadline": "500ms"},
+    }
+    with kvtier.Engine(settings) as kv:
+        round_trip(kv)
+        assert kv.stats()["remote_io_errors"] >= 1
