@@ -11,7 +11,6 @@
 //! (its interval is a setting).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -40,7 +39,6 @@ pub struct Refusals {
     every: Duration,
     slots: Mutex<HashMap<&'static str, Slot>>,
     totals: Mutex<HashMap<&'static str, u64>>,
-    logged: AtomicU64,
 }
 
 impl Default for Refusals {
@@ -56,7 +54,6 @@ impl Refusals {
             every,
             slots: Mutex::new(HashMap::new()),
             totals: Mutex::new(HashMap::new()),
-            logged: AtomicU64::new(0),
         }
     }
 
@@ -101,7 +98,6 @@ impl Refusals {
                 }
             }
         };
-        self.logged.fetch_add(1, Ordering::Relaxed);
         match level {
             Level::Info => {
                 tracing::info!(kind, unlogged_since_last = unlogged, "refused: {detail}")

@@ -3,9 +3,8 @@
 //! the edge's handler, and the process's refusal log.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use kvtier_listen::http::{ConnCounters, Handler, ListenSettings, TimedBody};
+use kvtier_listen::http::{Handler, ListenSettings, TimedBody};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -55,14 +54,5 @@ pub async fn serve(
     stopping: watch::Receiver<bool>,
 ) {
     let refusals = refusals::REFUSALS.clone();
-    let counters = Arc::new(ConnCounters::default());
-    kvtier_listen::http::serve(
-        listener,
-        Routes(router),
-        limits,
-        refusals,
-        counters,
-        stopping,
-    )
-    .await;
+    kvtier_listen::http::serve(listener, Routes(router), limits, refusals, stopping).await;
 }

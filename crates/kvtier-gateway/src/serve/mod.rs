@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvtier_core::clock::{Clock, SystemClock};
-use kvtier_listen::http::{BodyDeadline, ConnCounters, Handler, ListenSettings, TimedBody};
+use kvtier_listen::http::{BodyDeadline, Handler, ListenSettings, TimedBody};
 use kvtier_listen::refusals::Refusals;
 use kvtier_ssd::{Durability, StoreConfig};
 use s3s::auth::{S3Auth, SecretKey};
@@ -169,8 +169,6 @@ pub struct RunningGateway {
     /// What recovery found at open.
     pub opened: Opened,
     counters: Arc<Counters>,
-    conns: Arc<ConnCounters>,
-    refusals: Arc<Refusals>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -275,12 +273,10 @@ impl RunningGateway {
             body_deadline: BodyDeadline::Pause,
             idle_timeout: config.idle_timeout,
         };
-        let conns = Arc::new(ConnCounters::default());
         let handler = Requests {
             shaper,
             counters: counters.clone(),
         };
-        let edge = (refusals.clone(), conns.clone());
         let thread = std::thread::Builder::new()
             .name("kvtier-gateway-accept".into())
             .spawn(move || {
@@ -288,7 +284,7 @@ impl RunningGateway {
                     match TcpListener::from_std(std_listener) {
                         Ok(listener) => {
                             kvtier_listen::http::serve(
-                                listener, handler, limits, edge.0, edge.1, stopping,
+                                listener, handler, limits, refusals, stopping,
                             )
                             .await;
                         }
@@ -303,8 +299,6 @@ impl RunningGateway {
             addr,
             opened,
             counters,
-            conns,
-            refusals,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -313,16 +307,6 @@ impl RunningGateway {
     /// The request counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
-    }
-
-    /// What the listener did to connections (accepted, evicted at the cap, refused).
-    pub fn conn_counters(&self) -> &ConnCounters {
-        &self.conns
-    }
-
-    /// Refused requests and connections closed by a limit, by kind.
-    pub fn refusals(&self) -> &Refusals {
-        &self.refusals
     }
 
     /// Stops accepting, closes connections, and waits for the threads (the store's

@@ -33,7 +33,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,18 +88,6 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
     ) -> impl Future<Output = http::Response<Self::Body>> + Send + use<Self>;
 }
 
-/// Counts of what the listener did to connections (refusals are counted by kind in
-/// [`Refusals`]).
-#[derive(Debug, Default)]
-pub struct ConnCounters {
-    /// Connections accepted and served.
-    pub accepted: AtomicU64,
-    /// Idle connections closed to admit a new one.
-    pub evicted: AtomicU64,
-    /// Connections closed at once because every open one had a request in progress.
-    pub refused: AtomicU64,
-}
-
 /// Open connections, by id, for the cap.
 #[derive(Default)]
 struct Table {
@@ -142,7 +129,6 @@ pub async fn serve<H: Handler>(
     handler: H,
     limits: ListenSettings,
     refusals: Arc<Refusals>,
-    counters: Arc<ConnCounters>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let cap = limits.max_connections.max(1);
@@ -162,9 +148,6 @@ pub async fn serve<H: Handler>(
                 // front end's own files may have grown into the reserve): free one by
                 // closing the longest-idle connection, and back off instead of spinning.
                 let freed = crate::accept::out_of_descriptors(&e) && table.lock().evict_idlest();
-                if freed {
-                    counters.evicted.fetch_add(1, Ordering::Relaxed);
-                }
                 refusals.note(
                     Level::Warn,
                     "accept_failed",
@@ -183,10 +166,8 @@ pub async fn serve<H: Handler>(
         };
         let (id, state) = {
             let mut t = table.lock();
-            let before = t.open.len();
             if !t.make_room(cap) {
                 drop(t);
-                counters.refused.fetch_add(1, Ordering::Relaxed);
                 refusals.note(
                     Level::Warn,
                     "connection_cap",
@@ -197,16 +178,12 @@ pub async fn serve<H: Handler>(
                 drop(tcp);
                 continue;
             }
-            if t.open.len() < before {
-                counters.evicted.fetch_add(1, Ordering::Relaxed);
-            }
             let id = t.next;
             t.next += 1;
             let state = Arc::new(ConnState::new(epoch));
             t.open.insert(id, state.clone());
             (id, state)
         };
-        counters.accepted.fetch_add(1, Ordering::Relaxed);
         // Small answers (lookups, S3 heads) must not wait for Nagle's algorithm: it would
         // hold a response's tail for the client's delayed ACK, ~40 ms.
         if let Err(e) = tcp.set_nodelay(true) {
