@@ -187,8 +187,8 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    /// Every reason with its name, the one table of them (store answers, counters'
-    /// labels, Python's store reports).
+    /// Every reason with its name, the one table of them (store answers, Python's store
+    /// reports; the counter tables in `stats.rs` spell the same names as labels).
     const NAMES: [(RejectReason, &'static str); 4] = [
         (RejectReason::NoSpace, "no_space"),
         (RejectReason::ParentMissing, "parent_missing"),
@@ -199,14 +199,6 @@ impl RejectReason {
     /// This reason's name (`no_space`, `parent_missing`, `collision`, `quarantined`).
     pub const fn name(self) -> &'static str {
         Self::NAMES[self as usize].1
-    }
-
-    /// The reason named `name`, if it is one.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::NAMES
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(r, _)| *r)
     }
 }
 
@@ -368,4 +360,21 @@ pub trait SnapshotStore: Send + Sync + Debug {
     /// Whether a blob is kept under `key`, from memory alone (lookups ask this; the read
     /// that follows verifies it).
     fn contains_snapshot(&self, key: &SnapshotKey) -> bool;
+}
+
+#[cfg(test)]
+mod names {
+    use super::{RejectReason, TierKind};
+
+    #[test]
+    fn each_reason_is_named_by_its_own_row_and_each_tier_letter_reads_back() {
+        // `name` indexes the table by discriminant: the rows must stay in that order.
+        for (reason, name) in RejectReason::NAMES {
+            assert_eq!(reason.name(), name);
+        }
+        for kind in TierKind::ALL {
+            assert_eq!(TierKind::from_letter(kind.letter()), Some(kind));
+        }
+        assert_eq!(TierKind::from_letter('x'), None);
+    }
 }
