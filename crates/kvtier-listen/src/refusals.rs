@@ -6,13 +6,16 @@
 //! therefore logged at most once per interval (default [`INTERVAL`]), at `info`
 //! (requests) or `warn` (connection limits an operator may want to raise), with the
 //! number of the same kind left unlogged since the previous line, and every one is
-//! counted by kind (the front ends export the totals). Nothing here logs at `error`.
+//! counted by kind ([`Refusals::samples`]: what the front ends export). Nothing here logs
+//! at `error`.
 //! Both front ends use this: `kvtier serve` one per process, the gateway one per gateway
 //! (its interval is a setting).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use kvtier_core::registry::{Sample, Samples};
+use kvtier_core::stats::CounterKind;
 use parking_lot::Mutex;
 
 /// At most one line per kind in this period, unless told otherwise.
@@ -120,6 +123,25 @@ impl Refusals {
         v.sort_unstable();
         v
     }
+
+    /// Every refusal so far as registry samples (`kvtier_core::registry`), what each front
+    /// end exports: flat name `refused_{kind}`, counter family `refused` labelled by
+    /// `kind`. A kind appears once it has happened (kinds are the front ends' own names:
+    /// error codes, the limit that closed a connection).
+    pub fn samples(&self) -> Samples {
+        let mut out = Samples::default();
+        for (kind, n) in self.totals() {
+            out.push(Sample {
+                name: format!("refused_{kind}"),
+                family: "refused",
+                help: "Requests refused (by error code) and connections closed by a limit (by kind)",
+                kind: CounterKind::Counter,
+                labels: vec![("kind", kind.to_string())],
+                value: n,
+            });
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -144,5 +166,15 @@ mod tests {
             "kinds are apart"
         );
         assert_eq!(r.totals(), vec![("bad_json", 1000), ("idle_timeout", 1)]);
+        let flat = r.samples().flat();
+        assert_eq!(flat.len(), 2, "{flat:?}");
+        assert_eq!(flat["refused_bad_json"], 1000);
+        assert_eq!(flat["refused_idle_timeout"], 1);
+        assert!(
+            r.samples()
+                .iter()
+                .all(|s| s.family == "refused" && s.kind == CounterKind::Counter),
+            "one counter family"
+        );
     }
 }
