@@ -209,10 +209,16 @@ pub fn run(args: &GatewayArgs) -> Result<(), kvtier_core::Error> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     waiter.block_on(stop);
-    let (gets, ranged, bytes, requests) = running.counters().snapshot();
+    // Read from the gateway's one list of counters (`RunningGateway::samples`).
+    let counts = running.samples().flat();
     running.stop();
+    let n = |name: &str| counts.get(name).copied().unwrap_or(0);
     println!(
-        "kvtier gateway: stopped after {requests} requests ({gets} GETs, {ranged} ranged, {bytes} bytes sent)"
+        "kvtier gateway: stopped after {} requests ({} GETs, {} ranged, {} bytes sent)",
+        n("gateway_requests"),
+        n("gateway_gets"),
+        n("gateway_ranged_gets"),
+        n("gateway_sent_bytes"),
     );
     Ok(())
 }

@@ -27,6 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvtier_core::clock::{Clock, SystemClock};
+use kvtier_core::registry::Samples;
+use kvtier_core::stats::Counter;
+use kvtier_core::stats::CounterKind::Counter as C;
 use kvtier_listen::http::{BodyDeadline, Handler, ListenSettings, TimedBody};
 use kvtier_listen::refusals::Refusals;
 use kvtier_ssd::{Durability, StoreConfig};
@@ -149,16 +152,36 @@ impl S3Auth for OneKey {
 }
 
 impl Counters {
+    /// Every request counter of the gateway, declared once (`kvtier_core::registry`):
+    /// flat name `gateway_{name}`, counter family `gateway_{name}`.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<Counters>] = &[
+        Counter { name: "requests", family: "gateway_requests", label: None, help: "Requests the gateway received, whatever their outcome", kind: C, read: |c| get(&c.requests) },
+        Counter { name: "gets", family: "gateway_gets", label: None, help: "GetObject requests answered with data", kind: C, read: |c| get(&c.gets) },
+        Counter { name: "ranged_gets", family: "gateway_ranged_gets", label: None, help: "GetObject requests with a Range header answered with data", kind: C, read: |c| get(&c.ranged_gets) },
+        Counter { name: "sent_bytes", family: "gateway_sent_bytes", label: None, help: "Bytes sent in GetObject bodies", kind: C, read: |c| get(&c.bytes_out) },
+    ];
+
+    /// The counters as registry samples, from [`Self::COUNTERS`].
+    pub fn samples(&self) -> Samples {
+        let mut out = Samples::default();
+        out.table(Self::COUNTERS, "gateway", self, &[]);
+        out
+    }
+
     /// `(gets, ranged_gets, bytes_out, requests)` now.
     pub fn snapshot(&self) -> (u64, u64, u64, u64) {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         (
-            g(&self.gets),
-            g(&self.ranged_gets),
-            g(&self.bytes_out),
-            g(&self.requests),
+            get(&self.gets),
+            get(&self.ranged_gets),
+            get(&self.bytes_out),
+            get(&self.requests),
         )
     }
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
 }
 
 /// A gateway serving on its own threads; stopped by [`RunningGateway::stop`] or drop.
@@ -169,6 +192,7 @@ pub struct RunningGateway {
     /// What recovery found at open.
     pub opened: Opened,
     counters: Arc<Counters>,
+    refusals: Arc<Refusals>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -277,6 +301,8 @@ impl RunningGateway {
             shaper,
             counters: counters.clone(),
         };
+        // The listener counts into `refusals`; the gateway keeps a handle to read them.
+        let refused = refusals.clone();
         let thread = std::thread::Builder::new()
             .name("kvtier-gateway-accept".into())
             .spawn(move || {
@@ -301,6 +327,7 @@ impl RunningGateway {
             counters,
             stop: Some(stop),
             thread: Some(thread),
+            refusals: refused,
         })
     }
 
@@ -311,6 +338,15 @@ impl RunningGateway {
 
     /// Stops accepting, closes connections, and waits for the threads (the store's
     /// directory lock is released when this returns).
+    /// Every counter of the gateway as registry samples (`kvtier_core::registry`): its
+    /// request counters (`gateway_*`) and its listener's refusals by kind (`refused_*`).
+    /// What the gateway reports is rendered from this one list.
+    pub fn samples(&self) -> Samples {
+        let mut out = self.counters.samples();
+        out.extend(self.refusals.samples());
+        out
+    }
+
     pub fn stop(mut self) {
         self.shutdown();
     }
