@@ -1,11 +1,13 @@
 //! One counter registry: every counter of a node as a list of [`Sample`]s, each carrying
 //! both its flat `/v1/stats` name and its metric family, labels and type for `/metrics`.
 //!
-//! Each engine component declares its counters in a [`Counter`] table next to its owner
-//! (`TierStats::COUNTERS`, `WriterStats::COUNTERS`, …) and [`EngineStats::samples`] reads
-//! them with [`Samples::table`]; the node adds its other subsystems' samples
-//! (`kvtier_node::registry`) and the server its refusals, and both exporters render that
-//! one list, so a name can never be in one and missing from the other.
+//! Every subsystem declares its counters in a [`Counter`] table next to its owner — the
+//! engine's components (`TierStats::COUNTERS`, `WriterStats::COUNTERS`, …), the SSD
+//! recovery report, the cluster plane, the KV-event publisher, the gateway — and reads
+//! them into samples with [`Samples::table`]. [`EngineStats::samples`] gathers the
+//! engine's, the node adds its other subsystems' (`kvtier_node::registry`) and the edge
+//! its refusals (`kvtier_listen::refusals`), and every exporter renders that one list, so
+//! a name can never be in one and missing from another.
 
 use std::collections::BTreeMap;
 
@@ -72,28 +74,6 @@ impl Samples {
     /// Adds one sample.
     pub fn push(&mut self, sample: Sample) {
         self.list.push(sample);
-    }
-
-    /// Adds one sample per `(what, value)` of `counters`: flat name `{prefix}{what}`,
-    /// family `family` with the label `what`. For subsystems that count under one family.
-    pub fn by_what(
-        &mut self,
-        prefix: &str,
-        family: &'static str,
-        help: &'static str,
-        kind: CounterKind,
-        counters: impl IntoIterator<Item = (&'static str, u64)>,
-    ) {
-        for (what, value) in counters {
-            self.list.push(Sample {
-                name: format!("{prefix}{what}"),
-                family,
-                help,
-                kind,
-                labels: vec![("what", what.to_string())],
-                value,
-            });
-        }
     }
 
     /// Adds every sample of `other`.

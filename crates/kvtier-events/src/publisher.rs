@@ -9,6 +9,8 @@ use crossbeam_channel::{Sender, bounded};
 use kvtier_core::clock::Clock;
 use kvtier_core::events::{ObserverHandle, ResidencyEvent, ResidencyObserver};
 use kvtier_core::layout::LayoutDigest;
+use kvtier_core::stats::Counter;
+use kvtier_core::stats::CounterKind::{Counter as C, Gauge as G};
 use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, Error, ErrorKind, Result};
 use parking_lot::Mutex;
@@ -75,34 +77,28 @@ pub struct PublisherStats {
 }
 
 impl PublisherStats {
-    /// Every counter as registry samples (`kvtier_core::registry`): flat names
-    /// `kv_events_{name}`, family `kv_events` with a `what` label.
+    /// Every counter of the publisher, declared once: flat name `kv_events_{name}` in
+    /// `/v1/stats`, family `kv_events_{name}` in `/metrics` (`_total` for a counter). The
+    /// epoch is a level (it is replaced at every restart of publishing); the rest count.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<PublisherStats>] = &[
+        Counter { name: "epoch", family: "kv_events_epoch", label: None, help: "The current epoch of the KV-event sequence", kind: G, read: |s| s.epoch },
+        Counter { name: "batches", family: "kv_events_batches", label: None, help: "KV-event batches published", kind: C, read: |s| s.batches },
+        Counter { name: "events", family: "kv_events_events", label: None, help: "KV events in the published batches", kind: C, read: |s| s.events },
+        Counter { name: "send_failures", family: "kv_events_send_failures", label: None, help: "Batches the PUB socket refused (still kept for replay)", kind: C, read: |s| s.send_failures },
+        Counter { name: "replay_requests", family: "kv_events_replay_requests", label: None, help: "Replay requests answered", kind: C, read: |s| s.replay_requests },
+        Counter { name: "replayed_batches", family: "kv_events_replayed_batches", label: None, help: "Batches sent in replay answers", kind: C, read: |s| s.replayed_batches },
+        Counter { name: "bad_replay_requests", family: "kv_events_bad_replay_requests", label: None, help: "Malformed replay requests (not answered)", kind: C, read: |s| s.bad_replay_requests },
+        Counter { name: "missed", family: "kv_events_missed", label: None, help: "Residency events the engine dropped because the publisher fell behind", kind: C, read: |s| s.missed },
+        Counter { name: "relistings", family: "kv_events_relistings", label: None, help: "Listings sent (one per epoch, one after every miss)", kind: C, read: |s| s.relistings },
+        Counter { name: "welcomes", family: "kv_events_welcomes", label: None, help: "Empty batches sent to teach a new subscriber the sequence", kind: C, read: |s| s.welcomes },
+    ];
+
+    /// Every counter as registry samples (`kvtier_core::registry`), from [`Self::COUNTERS`].
     pub fn samples(&self) -> kvtier_core::registry::Samples {
         let mut out = kvtier_core::registry::Samples::default();
-        out.by_what(
-            "kv_events_",
-            "kv_events",
-            "The KV-event publisher: epoch, batches, replays, misses, re-listings (docs/kv-events.md)",
-            kvtier_core::stats::CounterKind::Gauge,
-            self.counters(),
-        );
+        out.table(Self::COUNTERS, "kv_events", self, &[]);
         out
-    }
-
-    /// Every counter by name (`epoch`, `batches`, …), for stats endpoints.
-    pub fn counters(&self) -> [(&'static str, u64); 10] {
-        [
-            ("epoch", self.epoch),
-            ("batches", self.batches),
-            ("events", self.events),
-            ("send_failures", self.send_failures),
-            ("replay_requests", self.replay_requests),
-            ("replayed_batches", self.replayed_batches),
-            ("bad_replay_requests", self.bad_replay_requests),
-            ("missed", self.missed),
-            ("relistings", self.relistings),
-            ("welcomes", self.welcomes),
-        ]
     }
 }
 

@@ -1,6 +1,10 @@
-//! What the metadata plane counts (docs/metrics.md, `kvtier_cluster_*`).
+//! What the metadata plane counts (docs/metrics.md, `kvtier_cluster_*`): the counters and
+//! their table ([`ClusterStats::COUNTERS`]), which `/v1/stats` and `/metrics` both render.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvtier_core::stats::Counter;
+use kvtier_core::stats::CounterKind::{Counter as C, Gauge as G};
 
 /// Counters of one replica's metadata plane.
 #[derive(Debug, Default)]
@@ -62,51 +66,58 @@ pub struct ClusterStats {
 }
 
 impl ClusterStats {
-    /// Every counter as registry samples (`kvtier_core::registry`): flat names
-    /// `cluster_{name}`, family `cluster` with a `what` label.
+    /// Every counter of the metadata plane, declared once: flat name `cluster_{name}` in
+    /// `/v1/stats`, family `cluster_{name}` in `/metrics` (`_total` for a counter). Only
+    /// three are levels rather than counts: the first replay's duration, the last
+    /// advertise lag and the leader flag.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<ClusterStats>] = &[
+        Counter { name: "replay_records", family: "cluster_replay_records", label: None, help: "Records read by full reads (start and resyncs)", kind: C, read: |s| get(&s.replay_records) },
+        Counter { name: "replay_ms", family: "cluster_replay_milliseconds", label: None, help: "How long the first full read and its adoption took", kind: G, read: |s| get(&s.replay_ms) },
+        Counter { name: "resyncs_compacted", family: "cluster_resyncs_compacted", label: None, help: "Full resyncs after a watch's revision was compacted", kind: C, read: |s| get(&s.resyncs_compacted) },
+        Counter { name: "watch_resumes", family: "cluster_watch_resumes", label: None, help: "Watches resumed after a broken stream", kind: C, read: |s| get(&s.watch_resumes) },
+        Counter { name: "adverts_applied", family: "cluster_adverts_applied", label: None, help: "Advertisements adopted from the watch", kind: C, read: |s| get(&s.adverts_applied) },
+        Counter { name: "withdrawals_applied", family: "cluster_withdrawals_applied", label: None, help: "Withdrawals applied from the watch", kind: C, read: |s| get(&s.withdrawals_applied) },
+        Counter { name: "records_refused", family: "cluster_records_refused", label: None, help: "Records not adopted (malformed, unknown endpoint, refused by the tier)", kind: C, read: |s| get(&s.records_refused) },
+        Counter { name: "published", family: "cluster_published", label: None, help: "Advertisements this replica published", kind: C, read: |s| get(&s.published) },
+        Counter { name: "publish_lost", family: "cluster_publish_lost", label: None, help: "Publishes that found the run or state already taken or withdrawn", kind: C, read: |s| get(&s.publish_lost) },
+        Counter { name: "fenced", family: "cluster_fenced", label: None, help: "Publishes and deletes refused because this replica's lease or generation was stale", kind: C, read: |s| get(&s.fenced) },
+        Counter { name: "publish_dropped", family: "cluster_publish_dropped", label: None, help: "Advertisements dropped from a full queue", kind: C, read: |s| get(&s.publish_dropped) },
+        Counter { name: "publish_retries", family: "cluster_publish_retries", label: None, help: "Publish attempts that failed and were retried", kind: C, read: |s| get(&s.publish_retries) },
+        Counter { name: "publish_transactions", family: "cluster_publish_transactions", label: None, help: "Transactions that advertised runs", kind: C, read: |s| get(&s.publish_transactions) },
+        Counter { name: "advertise_lag_ms", family: "cluster_advertise_lag_milliseconds", label: None, help: "The last record's lag from written to applied here", kind: G, read: |s| get(&s.advertise_lag_ms) },
+        Counter { name: "registrations", family: "cluster_registrations", label: None, help: "Registrations of this replica (each a new generation)", kind: C, read: |s| get(&s.registrations) },
+        Counter { name: "gc_tombstones", family: "cluster_gc_tombstones", label: None, help: "Advertisements this replica withdrew", kind: C, read: |s| get(&s.gc_tombstones) },
+        Counter { name: "gc_deleted", family: "cluster_gc_deleted", label: None, help: "Withdrawn objects deleted after their grace window", kind: C, read: |s| get(&s.gc_deleted) },
+        Counter { name: "gc_bytes", family: "cluster_gc_bytes", label: None, help: "Bytes of the withdrawn objects deleted", kind: C, read: |s| get(&s.gc_bytes) },
+        Counter { name: "deletes_refused", family: "cluster_deletes_refused", label: None, help: "Deletes refused because another replica owns the object", kind: C, read: |s| get(&s.deletes_refused) },
+        Counter { name: "leader_changes", family: "cluster_leader_changes", label: None, help: "Times this replica became GC leader", kind: C, read: |s| get(&s.leader_changes) },
+        Counter { name: "orphans_reclaimed", family: "cluster_orphans_reclaimed", label: None, help: "Objects the leader withdrew because their owner was gone too long", kind: C, read: |s| get(&s.orphans_reclaimed) },
+        Counter { name: "budget_evictions", family: "cluster_budget_evictions", label: None, help: "Objects the leader withdrew because their namespace was over budget", kind: C, read: |s| get(&s.budget_evictions) },
+        Counter { name: "is_leader", family: "cluster_is_leader", label: None, help: "1 while this replica is GC leader", kind: G, read: |s| get(&s.is_leader) },
+        Counter { name: "states_published", family: "cluster_states_published", label: None, help: "State objects (snapshots, checkpoints) this replica advertised", kind: C, read: |s| get(&s.states_published) },
+        Counter { name: "states_adopted", family: "cluster_states_adopted", label: None, help: "State advertisements this replica adopted to serve from", kind: C, read: |s| get(&s.states_adopted) },
+    ];
+
+    /// Every counter as registry samples (`kvtier_core::registry`), from [`Self::COUNTERS`].
     pub fn samples(&self) -> kvtier_core::registry::Samples {
         let mut out = kvtier_core::registry::Samples::default();
-        out.by_what(
-            "cluster_",
-            "cluster",
-            "The cluster metadata plane: replay, watch, publishing, fencing (docs/cluster.md)",
-            kvtier_core::stats::CounterKind::Gauge,
-            self.snapshot(),
-        );
+        out.table(Self::COUNTERS, "cluster", self, &[]);
         out
     }
 
-    /// `(name, value)` of every counter, in declaration order.
+    /// `(name, value)` of every counter, in declaration order (names without the
+    /// `cluster_` prefix).
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
-            ("replay_records", g(&self.replay_records)),
-            ("replay_ms", g(&self.replay_ms)),
-            ("resyncs_compacted", g(&self.resyncs_compacted)),
-            ("watch_resumes", g(&self.watch_resumes)),
-            ("adverts_applied", g(&self.adverts_applied)),
-            ("withdrawals_applied", g(&self.withdrawals_applied)),
-            ("records_refused", g(&self.records_refused)),
-            ("published", g(&self.published)),
-            ("publish_lost", g(&self.publish_lost)),
-            ("fenced", g(&self.fenced)),
-            ("publish_dropped", g(&self.publish_dropped)),
-            ("publish_retries", g(&self.publish_retries)),
-            ("publish_transactions", g(&self.publish_transactions)),
-            ("advertise_lag_ms", g(&self.advertise_lag_ms)),
-            ("registrations", g(&self.registrations)),
-            ("gc_tombstones", g(&self.gc_tombstones)),
-            ("gc_deleted", g(&self.gc_deleted)),
-            ("gc_bytes", g(&self.gc_bytes)),
-            ("deletes_refused", g(&self.deletes_refused)),
-            ("leader_changes", g(&self.leader_changes)),
-            ("orphans_reclaimed", g(&self.orphans_reclaimed)),
-            ("budget_evictions", g(&self.budget_evictions)),
-            ("is_leader", g(&self.is_leader)),
-            ("states_published", g(&self.states_published)),
-            ("states_adopted", g(&self.states_adopted)),
-        ]
+        Self::COUNTERS
+            .iter()
+            .map(|c| (c.name, (c.read)(self)))
+            .collect()
     }
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
 }
 
 /// Adds one.

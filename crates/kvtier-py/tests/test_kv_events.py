@@ -259,7 +259,7 @@ def test_kvtier_serve_publishes_and_a_restart_after_kill_9_is_a_new_epoch(tmp_pa
         assert client.stats()["kv_events_epoch"] == first_epoch
         import urllib.request
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
-        assert f'kvtier_kv_events{{what="epoch"}} {first_epoch}' in metrics, metrics[-2000:]
+        assert f'kvtier_kv_events_epoch{{}} {first_epoch}' in metrics, metrics[-2000:]
         server.kill9()
         server = Server(tmp_path, *args)
         c.wait_for(lambda: c.epochs_seen[-1] > first_epoch and c.count("SSD") == 4)

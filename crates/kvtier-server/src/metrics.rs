@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::Engine;
-use kvtier_core::registry::{Sample, Samples};
+use kvtier_core::registry::Samples;
 use kvtier_core::stats::CounterKind;
 use kvtier_node::registry::Sources;
 use kvtier_ssd::RecoveryReport;
@@ -100,20 +100,10 @@ struct NodeCollector {
 }
 
 /// The edge's own samples: refusals, 4xx answers by code and connections closed by a
-/// limit by kind (flat names `refused_{kind}`). `/v1/stats` adds them to the node's.
+/// limit by kind (flat names `refused_{kind}`, `kvtier_listen::refusals`). `/v1/stats`
+/// adds them to the node's.
 pub fn edge_samples() -> Samples {
-    let mut out = Samples::default();
-    for (kind, n) in crate::listen::refusals::REFUSALS.totals() {
-        out.push(Sample {
-            name: format!("refused_{kind}"),
-            family: "refused",
-            help: "Requests refused (by error code) and connections closed by a limit (by kind)",
-            kind: CounterKind::Counter,
-            labels: vec![("kind", kind.to_string())],
-            value: n,
-        });
-    }
-    out
+    crate::listen::refusals::REFUSALS.samples()
 }
 
 /// Every sample of the node and the edge: what both `/v1/stats` and `/metrics` render.
@@ -161,14 +151,15 @@ mod tests {
 
     use std::collections::{BTreeMap, BTreeSet};
 
+    use kvtier_core::registry::Sample;
     use kvtier_node::Settings;
 
     use super::*;
     use crate::state::AppState;
 
     /// A node with RAM, SSD and the KV-event publisher attached (cluster mode and the
-    /// remote tier need a real etcd and a second server: `kvtier/tests/cluster.rs` and
-    /// `serve_remote.rs` cover their families).
+    /// remote tier need a real etcd and a real S3 server: `kvtier/tests/stats_and_metrics.rs`
+    /// renders a node with every subsystem attached).
     fn node() -> Arc<AppState> {
         let dir = std::env::temp_dir().join(format!(
             "kvtier-metrics-{}-{:?}",
@@ -248,10 +239,36 @@ mod tests {
         assert!(text.contains("# TYPE kvtier_load_blocks_undelivered counter"));
         assert!(text.contains("kvtier_load_blocks_undelivered_total{reason=\"evicted\"} 0"));
         assert!(text.contains("kvtier_refused_total{kind=\"bad_json\"}"));
+        // Each family is written once, typed as its table says.
+        for s in samples.iter() {
+            let kind = match s.kind {
+                CounterKind::Counter => "counter",
+                CounterKind::Gauge => "gauge",
+            };
+            let line = format!("# TYPE kvtier_{} {kind}\n", s.family);
+            assert_eq!(text.matches(&line).count(), 1, "{line}");
+        }
+        // The recovery report's and the publisher's counts are counters; their levels
+        // (what recovery kept, the epoch) gauges.
+        for (family, kind) in [
+            ("ssd_recovery_damaged_records", "counter"),
+            ("ssd_recovery_removed_files", "counter"),
+            ("ssd_recovery_records", "gauge"),
+            ("ssd_recovery_milliseconds", "gauge"),
+            ("kv_events_batches", "counter"),
+            ("kv_events_missed", "counter"),
+            ("kv_events_epoch", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE kvtier_{family} {kind}\n")),
+                "{family} is not a {kind}:\n{text}"
+            );
+        }
     }
 
-    /// The families of docs/metrics.md's table.
-    fn documented() -> BTreeSet<String> {
+    /// The families of docs/metrics.md's tables, in order (a family listed twice is
+    /// there twice).
+    fn documented() -> Vec<String> {
         let doc = include_str!("../../../docs/metrics.md");
         doc.lines()
             .filter(|l| l.starts_with("| `"))
@@ -267,25 +284,32 @@ mod tests {
             .collect()
     }
 
+    /// The families of subsystems the test node does not run, from their tables: the
+    /// cluster plane's and the gateway's (whose refusals share `refused`).
+    fn families_elsewhere() -> BTreeSet<String> {
+        let cluster = kvtier_meta::ClusterStats::COUNTERS.iter().map(|c| c.family);
+        let gateway = kvtier_gateway::Counters::COUNTERS.iter().map(|c| c.family);
+        cluster.chain(gateway).map(str::to_string).collect()
+    }
+
     #[test]
     fn every_exported_family_is_documented_once_and_every_documented_one_exported() {
         let app = node();
-        let exported: BTreeSet<String> = all_samples(&app.node.sources())
+        let mut exported: BTreeSet<String> = all_samples(&app.node.sources())
             .iter()
             .map(|s| s.family.to_string())
             .collect();
-        let documented = documented();
+        exported.extend(families_elsewhere());
+        exported.insert("request_duration_seconds".to_string());
+        let listed = documented();
+        let documented: BTreeSet<String> = listed.iter().cloned().collect();
+        assert_eq!(documented.len(), listed.len(), "listed twice: {listed:?}");
         let undocumented: Vec<_> = exported.difference(&documented).collect();
         assert!(
             undocumented.is_empty(),
             "not in docs/metrics.md: {undocumented:?}"
         );
-        // Families only a subsystem this test does not start exports.
-        let elsewhere = ["cluster", "request_duration_seconds"];
-        let missing: Vec<_> = documented
-            .iter()
-            .filter(|f| !exported.contains(*f) && !elsewhere.contains(&f.as_str()))
-            .collect();
+        let missing: Vec<_> = documented.difference(&exported).collect();
         assert!(missing.is_empty(), "documented, not exported: {missing:?}");
     }
 

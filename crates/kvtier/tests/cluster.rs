@@ -191,7 +191,7 @@ fn a_prompt_stored_on_one_replica_is_a_hit_on_another_within_a_second() {
         assert_eq!(stats["remote_hits"], 8, "{stats:?}");
         let metrics = cb.metrics().await.unwrap();
         assert!(
-            metrics.contains("kvtier_cluster{what=\"adverts_applied\"} 1"),
+            metrics.contains("kvtier_cluster_adverts_applied_total{} 1"),
             "{metrics}"
         );
         assert_eq!(ca.stats().await.unwrap()["cluster_published"], 1);

@@ -82,7 +82,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         for family in [
             "kvtier_tier_hits_total{tier=\"ssd\"}",
             "kvtier_tier_resident_blocks{tier=\"ssd\"} 8",
-            "kvtier_ssd_recovery{what=\"records\"} 8",
+            "kvtier_ssd_recovery_records{} 8",
             "kvtier_ssd_previous_shutdown{state=\"clean\"} 1",
             "kvtier_request_duration_seconds_count{endpoint=\"/v1/load\",status=\"2xx\"}",
             "kvtier_writer_queue_depth{tier=\"ssd\"}",

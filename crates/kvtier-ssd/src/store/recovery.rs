@@ -24,6 +24,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvtier_core::stats::Counter;
+use kvtier_core::stats::CounterKind::{Counter as C, Gauge as G};
 use kvtier_core::{PassThroughHasher, Result};
 use parking_lot::Mutex;
 
@@ -84,59 +86,49 @@ pub struct RecoveryReport {
     pub previous_shutdown_clean: Option<bool>,
 }
 
+const SHUTDOWN: &str = "How the previous run ended (1 for the state it ended in)";
+
 impl RecoveryReport {
-    /// What recovery found, as registry samples (`kvtier_core::registry`):
-    /// `ssd_recovery_{what}` (family `ssd_recovery`), `ssd_recovery_milliseconds` and
-    /// `ssd_previous_shutdown_{clean,partial,unknown}` (1 for how the previous run ended).
+    /// What recovery found, declared once: flat name `ssd_recovery_{name}` in `/v1/stats`,
+    /// family `ssd_recovery_{name}` in `/metrics`. What the store held after recovery
+    /// (segments, live records) and how long it took are levels; what it came across and
+    /// did (damage, repairs, removed files) are counts. A reattach replaces the report,
+    /// which a scraper takes for a counter reset, so `increase()` over a window adds up
+    /// what every recovery in it found.
+    #[rustfmt::skip]
+    pub const COUNTERS: &'static [Counter<RecoveryReport>] = &[
+        Counter { name: "segments", family: "ssd_recovery_segments", label: None, help: "Segments the last SSD recovery kept", kind: G, read: |r| r.segments },
+        Counter { name: "records", family: "ssd_recovery_records", label: None, help: "Live records the last SSD recovery found", kind: G, read: |r| r.records },
+        Counter { name: "dropped_missing", family: "ssd_recovery_dropped_missing", label: None, help: "Index entries dropped at open because their record data was missing or cut short", kind: C, read: |r| r.dropped_missing },
+        Counter { name: "tombstoned", family: "ssd_recovery_tombstoned", label: None, help: "Records found dead by a tombstone at open", kind: C, read: |r| r.tombstoned },
+        Counter { name: "superseded", family: "ssd_recovery_superseded", label: None, help: "Older copies of a key found stored again later at open", kind: C, read: |r| r.superseded },
+        Counter { name: "torn_index_bytes", family: "ssd_recovery_torn_index_bytes", label: None, help: "Index log bytes found belonging to no intact entry at open", kind: C, read: |r| r.torn_index_bytes },
+        Counter { name: "torn_segment_bytes", family: "ssd_recovery_torn_segment_bytes", label: None, help: "Bytes of unfinished writes cut off segment tails at open", kind: C, read: |r| r.torn_segment_bytes },
+        Counter { name: "rescanned_segments", family: "ssd_recovery_rescanned_segments", label: None, help: "Segments whose index log was rewritten from a scan at open", kind: C, read: |r| r.rescanned_segments },
+        Counter { name: "salvaged_records", family: "ssd_recovery_salvaged_records", label: None, help: "Records the index log lacked, found by their own headers at open", kind: C, read: |r| r.salvaged_records },
+        Counter { name: "damaged_records", family: "ssd_recovery_damaged_records", label: None, help: "Records skipped at open because they failed their own checks", kind: C, read: |r| r.damaged_records },
+        Counter { name: "damaged_segment_headers", family: "ssd_recovery_damaged_segment_headers", label: None, help: "Segments found with a damaged file header at open", kind: C, read: |r| r.damaged_segment_headers },
+        Counter { name: "tombstones_written", family: "ssd_recovery_tombstones_written", label: None, help: "Tombstones written at open for older copies of keys", kind: C, read: |r| r.tombstones_written },
+        Counter { name: "stray_files", family: "ssd_recovery_stray_files", label: None, help: "Entries named like store files left alone at open (not regular files, or unreadable)", kind: C, read: |r| r.stray_files },
+        Counter { name: "repairs_failed", family: "ssd_recovery_repairs_failed", label: None, help: "Repairs that failed at open (retried at the next open)", kind: C, read: |r| r.repairs_failed },
+        Counter { name: "removed_files", family: "ssd_recovery_removed_files", label: None, help: "Files removed at open (orphan logs, segments without a live record, temporary files)", kind: C, read: |r| r.removed_files },
+        Counter { name: "milliseconds", family: "ssd_recovery_milliseconds", label: None, help: "How long the last SSD recovery took", kind: G, read: |r| u64::try_from(r.elapsed.as_millis()).unwrap_or(u64::MAX) },
+    ];
+
+    /// How the previous run ended, as flat names `ssd_previous_shutdown_{state}` (1 for
+    /// the state it ended in), family `ssd_previous_shutdown` labelled by `state`.
+    #[rustfmt::skip]
+    pub const PREVIOUS_SHUTDOWN: &'static [Counter<RecoveryReport>] = &[
+        Counter { name: "clean", family: "ssd_previous_shutdown", label: Some(("state", "clean")), help: SHUTDOWN, kind: G, read: |r| u64::from(r.previous_shutdown_clean == Some(true)) },
+        Counter { name: "partial", family: "ssd_previous_shutdown", label: Some(("state", "partial")), help: SHUTDOWN, kind: G, read: |r| u64::from(r.previous_shutdown_clean == Some(false)) },
+        Counter { name: "unknown", family: "ssd_previous_shutdown", label: Some(("state", "unknown")), help: SHUTDOWN, kind: G, read: |r| u64::from(r.previous_shutdown_clean.is_none()) },
+    ];
+
+    /// What recovery found, as registry samples (`kvtier_core::registry`): both tables.
     pub fn samples(&self) -> kvtier_core::registry::Samples {
-        use kvtier_core::registry::{Sample, Samples};
-        use kvtier_core::stats::CounterKind::Gauge;
-        let mut out = Samples::default();
-        out.by_what(
-            "ssd_recovery_",
-            "ssd_recovery",
-            "What the SSD tier's recovery found at open",
-            Gauge,
-            [
-                ("segments", self.segments),
-                ("records", self.records),
-                ("dropped_missing", self.dropped_missing),
-                ("tombstoned", self.tombstoned),
-                ("superseded", self.superseded),
-                ("torn_index_bytes", self.torn_index_bytes),
-                ("torn_segment_bytes", self.torn_segment_bytes),
-                ("rescanned_segments", self.rescanned_segments),
-                ("salvaged_records", self.salvaged_records),
-                ("damaged_records", self.damaged_records),
-                ("damaged_segment_headers", self.damaged_segment_headers),
-                ("tombstones_written", self.tombstones_written),
-                ("stray_files", self.stray_files),
-                ("repairs_failed", self.repairs_failed),
-                ("removed_files", self.removed_files),
-            ],
-        );
-        out.push(Sample {
-            name: "ssd_recovery_milliseconds".to_string(),
-            family: "ssd_recovery_milliseconds",
-            help: "How long the SSD tier's recovery took",
-            kind: Gauge,
-            labels: vec![],
-            value: u64::try_from(self.elapsed.as_millis()).unwrap_or(u64::MAX),
-        });
-        for (state, on) in [
-            ("clean", self.previous_shutdown_clean == Some(true)),
-            ("partial", self.previous_shutdown_clean == Some(false)),
-            ("unknown", self.previous_shutdown_clean.is_none()),
-        ] {
-            out.push(Sample {
-                name: format!("ssd_previous_shutdown_{state}"),
-                family: "ssd_previous_shutdown",
-                help: "How the previous run ended (1 for the state it ended in)",
-                kind: Gauge,
-                labels: vec![("state", state.to_string())],
-                value: u64::from(on),
-            });
-        }
+        let mut out = kvtier_core::registry::Samples::default();
+        out.table(Self::COUNTERS, "ssd_recovery", self, &[]);
+        out.table(Self::PREVIOUS_SHUTDOWN, "ssd_previous_shutdown", self, &[]);
         out
     }
 }
