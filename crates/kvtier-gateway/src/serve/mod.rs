@@ -325,9 +325,9 @@ impl RunningGateway {
             addr,
             opened,
             counters,
+            refusals: refused,
             stop: Some(stop),
             thread: Some(thread),
-            refusals: refused,
         })
     }
 
@@ -336,8 +336,6 @@ impl RunningGateway {
         &self.counters
     }
 
-    /// Stops accepting, closes connections, and waits for the threads (the store's
-    /// directory lock is released when this returns).
     /// Every counter of the gateway as registry samples (`kvtier_core::registry`): its
     /// request counters (`gateway_*`) and its listener's refusals by kind (`refused_*`).
     /// What the gateway reports is rendered from this one list.
@@ -347,6 +345,8 @@ impl RunningGateway {
         out
     }
 
+    /// Stops accepting, closes connections, and waits for the threads (the store's
+    /// directory lock is released when this returns).
     pub fn stop(mut self) {
         self.shutdown();
     }
