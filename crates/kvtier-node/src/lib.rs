@@ -3,7 +3,9 @@
 //! package.
 //!
 //! - [`settings`]: every setting, defined once with its default: serde for files
-//!   (`--print-config` prints it back as written), clap for flags and environment.
+//!   (`--print-config` prints it back as written) and Python's dict.
+//! - [`args`]: `kvtier serve`'s command line — a few named flags, `--set` for the rest,
+//!   `--help` defaults rendered from the settings.
 //! - [`units`]: sizes and durations in human units that round-trip as written (`2GB` stays
 //!   `2GB`).
 //! - [`overrides`]: any setting by its dotted path (`--set a.b=v`, `KVTIER__A__B=v`).
@@ -14,6 +16,7 @@
 //! - [`components`]: what the assembly injects into every part — one clock (monotonic
 //!   and wall time) and one runtime for network I/O.
 
+pub mod args;
 pub mod cache;
 pub mod components;
 pub mod node;
@@ -24,7 +27,8 @@ pub mod settings;
 /// front end).
 pub use kvtier_core::units;
 
+pub use args::ServeArgs;
 pub use cache::{Cache, CacheLayout, Hit};
 pub use components::Components;
 pub use node::{Node, cluster_endpoints, remote_config};
-pub use settings::{ServeArgs, Settings};
+pub use settings::Settings;

@@ -223,7 +223,7 @@ impl Node {
             }
         } else if settings.cluster.enabled() {
             return Err(Error::invalid(
-                "cluster mode shares the remote tier: it needs remote endpoints (--remote-endpoints)",
+                "cluster mode shares the remote tier: it needs remote endpoints (--remote-endpoints, or remote.endpoints)",
             ));
         }
         let engine = Arc::new(builder.build()?);

@@ -7,7 +7,9 @@
 //! A path that names no setting is refused, as an unknown key in the file is.
 //!
 //! Order, later wins: the settings file, then the environment's `KVTIER__…` variables,
-//! then the named flags (and their own `KVTIER_…` variables), then `--set`.
+//! then the named flags (and their own `KVTIER_…` variables), then `--set`
+//! (`crate::args`). [`paths`] lists every setting by its path, unset ones included: what
+//! `kvtier serve --help` prints.
 
 use kvtier_core::Error;
 
@@ -15,6 +17,54 @@ use crate::Settings;
 
 /// The prefix of a generic environment override.
 pub const ENV_PREFIX: &str = "KVTIER__";
+
+/// The environment variable that sets `path`: `ssd.min_free` is `KVTIER__SSD__MIN_FREE`.
+pub fn env_name(path: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        path.split('.')
+            .map(str::to_ascii_uppercase)
+            .collect::<Vec<_>>()
+            .join("__")
+    )
+}
+
+/// Every setting of `settings` by its dotted path, in path order, with its value as
+/// `--set` takes it (text as written, other values as TOML writes them: `true`, `3`,
+/// `["http://a:9000"]`, `{}` for an empty table of named entries such as
+/// `cluster.budgets`), or `None` for a setting that is not set (`ssd.dir`, the tokens).
+pub fn paths(settings: &Settings) -> Vec<(String, Option<String>)> {
+    // JSON, not TOML: TOML has no way to write an unset value, and the list must name
+    // those settings too.
+    let mut out = Vec::new();
+    if let Ok(value) = serde_json::to_value(settings) {
+        flatten("", &value, &mut out);
+    }
+    out.sort();
+    out
+}
+
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, Option<String>)>) {
+    use serde_json::Value;
+    let value = match v {
+        Value::Object(fields) if !fields.is_empty() => {
+            for (k, v) in fields {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&path, v, out);
+            }
+            return;
+        }
+        Value::Object(_) => Some("{}".to_owned()),
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    out.push((prefix.to_owned(), value));
+}
 
 /// `PATH=VALUE` split at its first `=`.
 pub fn parse_assignment(text: &str) -> Result<(String, String), String> {
@@ -176,5 +226,38 @@ mod tests {
         assert_eq!(got, pairs(&[("ram", "1GiB"), ("ssd.min_free", "0B")]));
         let s = apply(&Settings::default(), &got).unwrap();
         assert_eq!((s.ram.0, s.ssd.min_free.0), (1 << 30, 0));
+        assert_eq!(env_name("ssd.min_free"), "KVTIER__SSD__MIN_FREE");
+        assert_eq!(
+            from_env(pairs(&[(&env_name("ssd.min_free"), "0B")]))[0].0,
+            "ssd.min_free"
+        );
+    }
+
+    #[test]
+    fn paths_name_every_setting_unset_ones_included_and_set_takes_them_back() {
+        let listed = paths(&Settings::default());
+        let get = |p: &str| {
+            listed
+                .iter()
+                .find(|(path, _)| path == p)
+                .unwrap_or_else(|| panic!("{p} missing"))
+                .1
+                .clone()
+        };
+        assert_eq!(get("ssd.capacity").as_deref(), Some("64GiB"));
+        assert_eq!(get("ssd.enabled").as_deref(), Some("true"));
+        assert_eq!(get("ssd.dir"), None);
+        assert_eq!(get("auth.admin_token"), None);
+        assert_eq!(get("remote.endpoints").as_deref(), Some("[]"));
+        assert_eq!(get("cluster.budgets").as_deref(), Some("{}"));
+        // Every listed value, set back at its path, changes nothing.
+        let back: Vec<(String, String)> = listed
+            .iter()
+            .filter_map(|(p, v)| Some((p.clone(), v.clone()?)))
+            .collect();
+        assert_eq!(
+            apply(&Settings::default(), &back).unwrap(),
+            Settings::default()
+        );
     }
 }

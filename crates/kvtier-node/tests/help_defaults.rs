@@ -1,122 +1,166 @@
-//! `kvtier serve --help` states each flag's default; this test holds every stated default
-//! to `Settings::default()`, the one definition, so the two cannot drift apart. A flag
-//! names the setting at the same dotted path (`--ssd-min-free` is `ssd.min_free`); a
-//! default stated in words ("none, no remote tier") is allowed only for a setting that
-//! has no value by default.
+//! `kvtier serve --help` states defaults rendered from `Settings::default()`, the one
+//! definition: each named flag's `[default: …]`, and the list of every setting by its
+//! path at the end of the long help. These tests hold that rendering to the settings, each
+//! named flag to the setting it says it sets (`--ram V` is `--set ram=V`), and the named
+//! flags to a few.
 
-#![allow(clippy::unwrap_used, reason = "tests")]
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 use std::collections::BTreeMap;
 
-use clap::{Args, Command};
-use kvtier_node::{ServeArgs, Settings};
+use clap::{Args, Command, FromArgMatches};
+use kvtier_node::args::NAMED_FLAGS;
+use kvtier_node::{ServeArgs, Settings, overrides};
 
-/// Every setting of `Settings::default()` by dotted path, as the settings file writes
-/// its value (strings without quotes).
+fn command() -> Command {
+    ServeArgs::augment_args(Command::new("serve"))
+}
+
+/// Every setting of `Settings::default()` by path, as `--help` shows it (`none`: unset,
+/// `""`: empty text).
 fn defaults() -> BTreeMap<String, String> {
-    let text = toml::to_string(&Settings::default()).unwrap();
-    let table: toml::Table = text.parse().unwrap();
-    let mut out = BTreeMap::new();
-    flatten("", &toml::Value::Table(table), &mut out);
-    out
+    overrides::paths(&Settings::default())
+        .into_iter()
+        .map(|(p, v)| {
+            let shown = match v.as_deref() {
+                None => "none".to_owned(),
+                Some("") => "\"\"".to_owned(),
+                Some(v) => v.to_owned(),
+            };
+            (p, shown)
+        })
+        .collect()
 }
 
-fn flatten(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
-    match v {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let path = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&path, v, out);
-            }
-        }
-        toml::Value::String(s) => {
-            out.insert(prefix.to_owned(), s.clone());
-        }
-        other => {
-            out.insert(prefix.to_owned(), other.to_string());
-        }
-    }
-}
-
-/// Whether two spellings name the same value (`60s` and `1m`, `1024MiB` and `1GiB`).
-fn same_value(a: &str, b: &str) -> bool {
-    use kvtier_node::units::{ByteSize, HumanDuration};
-    a == b
-        || matches!((a.parse::<HumanDuration>(), b.parse::<HumanDuration>()), (Ok(x), Ok(y)) if x == y)
-        || matches!((a.parse::<ByteSize>(), b.parse::<ByteSize>()), (Ok(x), Ok(y)) if x == y)
-}
-
-/// The default a flag's help states, if it states one.
-fn stated_default(help: &str) -> Option<String> {
-    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-    let start = help.rfind("[default: ")? + "[default: ".len();
-    let end = help[start..].find(']')? + start;
-    Some(help[start..end].to_owned())
+fn parse(args: &[&str]) -> Settings {
+    let matches = command()
+        .try_get_matches_from(std::iter::once("serve").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    ServeArgs::from_arg_matches(&matches)
+        .unwrap()
+        .settings_from(Vec::new())
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 #[test]
-fn every_default_stated_in_help_is_the_settings_default() {
+fn every_named_flag_states_its_settings_default() {
     let defaults = defaults();
-    let by_flag: BTreeMap<String, (&String, &String)> = defaults
-        .iter()
-        .map(|(path, value)| (path.replace(['.', '_'], "-"), (path, value)))
-        .collect();
-    let cmd = ServeArgs::augment_args(Command::new("serve"));
-    let mut checked = 0;
-    let mut wrong = Vec::new();
-    for arg in cmd.get_arguments() {
-        let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else {
-            continue;
-        };
-        let Some(stated) = stated_default(&help.to_string()) else {
-            continue;
-        };
-        // Exactly the path, or a section's setting the flag names without its section
-        // (`--allow-insecure-listen` is `auth.allow_insecure_listen`).
-        let setting = by_flag.get(long).or_else(|| {
-            let mut within = by_flag
-                .iter()
-                .filter(|(flag, _)| flag.ends_with(&format!("-{long}")));
-            match (within.next(), within.next()) {
-                (Some((_, found)), None) => Some(found),
-                _ => None,
-            }
-        });
-        match setting {
-            // No value by default (an empty string or list): stated in words.
-            Some((_, value)) if value.is_empty() || *value == "[]" => {}
-            Some((path, value)) => {
-                checked += 1;
-                if !same_value(&stated, value) {
-                    wrong.push(format!(
-                        "--{long} says [default: {stated}] but {path} defaults to {value}"
-                    ));
-                }
-            }
-            // A switch of the command line, not a setting: off unless given.
-            None if matches!(arg.get_action(), clap::ArgAction::SetTrue) => {
-                assert_eq!(stated, "false", "--{long}");
-            }
-            // A default in words is for a setting with no value by default.
-            None => {
-                let path_like = long.replace('-', "_");
-                let words = stated.contains(' ')
-                    || stated.starts_with("none")
-                    || stated.chars().any(|c| c.is_ascii_uppercase());
-                if !words {
-                    wrong.push(format!(
-                        "--{long} says [default: {stated}] but no setting at {path_like} has a default value"
-                    ));
-                }
-            }
+    let cmd = command();
+    for f in NAMED_FLAGS {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == f.id).unwrap();
+        let default = &defaults[f.path];
+        for help in [arg.get_help(), arg.get_long_help()].into_iter().flatten() {
+            let help = help.to_string();
+            assert!(
+                help.ends_with(&format!("(setting `{}`) [default: {default}]", f.path)),
+                "--{}: {help}",
+                arg.get_long().unwrap()
+            );
         }
     }
-    assert!(wrong.is_empty(), "{wrong:#?}");
-    // Most flags state a default that is checked; a refactoring that loses the mapping
-    // would check none.
-    assert!(checked >= 40, "only {checked} defaults checked");
+    // The rendering is the value's own (`4GiB` as `ByteSize` writes it), not `none`.
+    let ram = cmd.get_arguments().find(|a| a.get_id() == "ram").unwrap();
+    let help = ram.get_help().unwrap().to_string();
+    assert!(
+        help.ends_with(&format!("[default: {}]", Settings::default().ram)),
+        "{help}"
+    );
+}
+
+#[test]
+fn the_long_help_lists_every_setting_with_its_default() {
+    let mut cmd = command();
+    let help = cmd.render_long_help().to_string();
+    let defaults = defaults();
+    assert!(defaults.len() >= 50, "only {} settings", defaults.len());
+    for (path, default) in &defaults {
+        assert!(
+            help.contains(&format!("\n  {path} = {default}\n"))
+                || help.ends_with(&format!("\n  {path} = {default}")),
+            "{path} = {default} missing from:\n{help}"
+        );
+    }
+    // The short help points there.
+    let short = cmd.render_help().to_string();
+    assert!(short.contains("--set PATH=VALUE"), "{short}");
+    assert!(short.contains("KVTIER__PATH=VALUE"), "{short}");
+}
+
+#[test]
+fn each_named_flag_sets_the_setting_at_its_path() {
+    // (argument id, flag and value, the same value as --set takes it)
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("listen", &["--listen", "127.0.0.1:7711"], "127.0.0.1:7711"),
+        ("data_dir", &["--data-dir", "/tmp/kv"], "/tmp/kv"),
+        ("ram", &["--ram", "3GiB"], "3GiB"),
+        ("ssd_capacity", &["--ssd-capacity", "10GB"], "10GB"),
+        (
+            "remote_endpoints",
+            &[
+                "--remote-endpoints",
+                "http://127.0.0.1:9000,http://127.0.0.1:9001",
+            ],
+            r#"["http://127.0.0.1:9000", "http://127.0.0.1:9001"]"#,
+        ),
+        ("remote_bucket", &["--remote-bucket", "shared"], "shared"),
+        (
+            "cluster",
+            &["--cluster", "etcd://127.0.0.1:2379"],
+            "etcd://127.0.0.1:2379",
+        ),
+        (
+            "admin_token",
+            &["--admin-token", "admin-token-0123456789"],
+            "admin-token-0123456789",
+        ),
+        (
+            "data_token",
+            &["--data-token", "data-token-0123456789"],
+            "data-token-0123456789",
+        ),
+        (
+            "allow_insecure_listen",
+            &["--allow-insecure-listen"],
+            "true",
+        ),
+    ];
+    let ids: Vec<&str> = cases.iter().map(|c| c.0).collect();
+    let named: Vec<&str> = NAMED_FLAGS.iter().map(|f| f.id).collect();
+    assert_eq!(ids, named, "a case for every named flag");
+    for (f, (_, flag, value)) in NAMED_FLAGS.iter().zip(cases) {
+        let by_flag = parse(flag);
+        assert_ne!(by_flag, Settings::default(), "{flag:?} changed nothing");
+        let by_path = parse(&["--set", &format!("{}={value}", f.path)]);
+        assert_eq!(by_flag, by_path, "{flag:?} is not --set {}={value}", f.path);
+    }
+    // `--cluster-etcd` is the same flag as `--cluster`.
+    assert_eq!(
+        parse(&["--cluster-etcd", "etcd://127.0.0.1:2379"])
+            .cluster
+            .etcd,
+        "etcd://127.0.0.1:2379"
+    );
+}
+
+#[test]
+fn the_named_flags_are_few_and_the_others_are_gone() {
+    assert!(NAMED_FLAGS.len() <= 12, "{} named flags", NAMED_FLAGS.len());
+    let cmd = command();
+    let flags = cmd
+        .get_arguments()
+        .filter(|a| a.get_long().is_some())
+        .count();
+    // The named flags, --config, --print-config and --set.
+    assert_eq!(flags, NAMED_FLAGS.len() + 3);
+    for gone in [
+        "--ssd-ttl",
+        "--max-body",
+        "--ssd-enabled",
+        "--kv-events-endpoint",
+    ] {
+        let e = command()
+            .try_get_matches_from(["serve", gone, "1"])
+            .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{gone}");
+    }
 }

@@ -108,7 +108,7 @@ def main() -> None:
         make_model(model)
         server = subprocess.Popen(
             [kvtier_bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(Path(tmp) / "kv"),
-             "--ram", "2GiB", "--ssd-enabled", "false"],
+             "--ram", "2GiB", "--set", "ssd.enabled=false"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         try:

@@ -25,14 +25,14 @@ class Server:
     def __init__(self, data_dir: Path, *extra: str) -> None:
         self.process = subprocess.Popen(
             [kvtier_binary(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
-             "--ram", "256MiB", "--ssd-min-free", "0", *extra],
+             "--ram", "256MiB", "--set", "ssd.min_free=0", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
         )
         self.url: str | None = None
-        # With --kv-events-endpoint: where events are published (ports filled in).
+        # With kv_events.endpoint set: where events are published (ports filled in).
         self.kv_events: str | None = None
         self.kv_replay: str | None = None
         assert self.process.stdout is not None

@@ -13,7 +13,7 @@ TPB = 16
 
 @pytest.fixture
 def server(tmp_path):
-    s = Server(tmp_path / "data", "--ssd-enabled", "false")
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     yield s
     s.stop()
 

@@ -171,7 +171,7 @@ def test_checkpoints_come_back_from_the_ssd_after_a_restart(tmp_path):
 
 
 def test_checkpoints_and_restores_through_the_server(tmp_path):
-    s = Server(tmp_path / "data", "--ssd-enabled", "false")
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     try:
         c = kvtier.Client(s.url)
         layout = hybrid(c)

@@ -243,8 +243,9 @@ def test_bad_settings_and_a_taken_port_are_clear_errors(tmp_path):
 
 def test_kvtier_serve_publishes_and_a_restart_after_kill_9_is_a_new_epoch(tmp_path):
     port, replay_port = free_port(), free_port()
-    args = ["--kv-events-endpoint", f"tcp://127.0.0.1:{port}", "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay_port}",
-            "--ssd-durability", "written"]
+    args = ["--set", f"kv_events.endpoint=tcp://127.0.0.1:{port}",
+            "--set", f"kv_events.replay_endpoint=tcp://127.0.0.1:{replay_port}",
+            "--set", "ssd.durability=written"]
     server = Server(tmp_path, *args)
     c = Consumer(server.kv_events, server.kv_replay)
     try:

@@ -50,7 +50,7 @@ def test_one_engine_per_process_and_settings(tmp_path):
 
 
 def test_a_server_through_open_answers_as_the_engine_does(tmp_path):
-    server = Server(tmp_path / "served", "--ssd-enabled", "false")
+    server = Server(tmp_path / "served", "--set", "ssd.enabled=false")
     try:
         served = kvtier.open(url=server.url)
         assert isinstance(served, kvtier.Client) and not served.embedded

@@ -19,7 +19,8 @@ pub struct Cli {
 enum Command {
     /// Run kvtier as a daemon: RAM + SSD under a data directory, with the network API,
     /// Prometheus metrics, health and the admin control plane (docs/API.md). Settings come
-    /// from defaults, then --config FILE, then environment variables and flags.
+    /// from defaults, then --config FILE, then the environment, then the flags below, then
+    /// --set; every setting and its default is listed at the end of --help.
     Serve(Box<kvtier_node::ServeArgs>),
     /// Serve an S3-compatible object store (kvtier's shared data plane) from a local
     /// directory: buckets, PUT/GET with ranges, listings, multipart, SigV4

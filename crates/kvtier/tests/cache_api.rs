@@ -186,7 +186,7 @@ fn hybrid_calls(cache: &Cache) -> (usize, Vec<u8>, Vec<u8>) {
 #[test]
 fn an_embedded_engine_and_a_server_answer_every_call_alike() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("served"), &["--ssd-enabled", "false"]);
+    let server = Server::start(&dir.path().join("served"), &["--set", "ssd.enabled=false"]);
     let served = Cache::served(&server.url, None).unwrap();
     let local = embedded(&dir.path().join("local"));
     assert!(local.is_embedded() && !served.is_embedded());

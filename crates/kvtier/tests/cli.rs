@@ -170,7 +170,8 @@ fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::
     let out = kvtier().args(["serve", "--help"]).output()?;
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout)?;
-    // Every key of the printed configuration has a flag, and the flag says its default.
+    // Every key of the printed configuration is listed by its path with its value, which
+    // is the default here.
     let dir = tempfile::tempdir()?;
     let out = kvtier()
         .args([
@@ -181,6 +182,7 @@ fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::
         ])
         .arg("--data-dir")
         .arg(dir.path())
+        .env_remove("KVTIER_CONFIG")
         .output()?;
     assert!(
         out.status.success(),
@@ -196,26 +198,28 @@ fn serve_help_lists_every_setting_with_its_default() -> Result<(), Box<dyn std::
             section = s.to_string();
             continue;
         }
-        let Some((key, _)) = line.split_once(" = ") else {
+        let Some((key, value)) = line.split_once(" = ") else {
             continue;
         };
-        let flag = match section.as_str() {
-            "" | "auth" => format!("--{}", key.replace('_', "-")),
-            s => format!("--{}-{}", s.replace('_', "-"), key.replace('_', "-")),
+        if key == "data_dir" || key.ends_with("token") {
+            continue; // set above, not the default
+        }
+        let path = if section.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{section}.{key}")
         };
-        let at = help
-            .find(&format!("{flag} "))
-            .unwrap_or_else(|| panic!("{flag} missing from:\n{help}"));
-        let entry = &help[at..help[at..]
-            .find("\n      --")
-            .map_or(help.len(), |e| at + e + 1)];
+        let value = match value.trim_matches('"') {
+            "" => "\"\"",
+            v => v,
+        };
         assert!(
-            entry.contains("default") || key.ends_with("token"),
-            "{flag} does not state its default:\n{entry}"
+            help.contains(&format!("\n  {path} = {value}\n")),
+            "`{path} = {value}` missing from:\n{help}"
         );
         keys += 1;
     }
-    assert!(keys >= 20, "only {keys} settings printed:\n{config}");
+    assert!(keys >= 40, "only {keys} settings printed:\n{config}");
     Ok(())
 }
 
@@ -226,14 +230,14 @@ fn serve_settings_come_from_file_then_environment_then_flags()
     let file = dir.path().join("kvtier.toml");
     std::fs::write(
         &file,
-        "ram = \"2GiB\"\nmax_tokens = 4096\n[ssd]\nttl = \"1h\"\n",
+        "ram = \"2GiB\"\nmax_tokens = 4096\n[ssd]\nttl = \"1h\"\ncapacity = \"1GB\"\n",
     )?;
     let out = kvtier()
-        .args(["serve", "--print-config", "--max-tokens", "8192"])
+        .args(["serve", "--print-config", "--ssd-capacity", "3GB"])
         .arg("--config")
         .arg(&file)
         .env("KVTIER_RAM", "3GiB")
-        .env("KVTIER_MAX_TOKENS", "1024")
+        .env("KVTIER_SSD_CAPACITY", "2GB")
         .output()?;
     assert!(
         out.status.success(),
@@ -246,11 +250,11 @@ fn serve_settings_come_from_file_then_environment_then_flags()
         "environment over file:\n{config}"
     );
     assert!(
-        config.contains("max_tokens = 8192"),
+        config.contains("capacity = \"3GB\""),
         "flag over environment:\n{config}"
     );
     assert!(
-        config.contains("ttl = \"1h\""),
+        config.contains("ttl = \"1h\"") && config.contains("max_tokens = 4096"),
         "file over default:\n{config}"
     );
     // A bad value names itself.

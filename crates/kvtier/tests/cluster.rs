@@ -135,11 +135,11 @@ fn a_prompt_stored_on_one_replica_is_a_hit_on_another_within_a_second() {
     let b_config = config(dir.path(), "b", &proxy.url, &etcd.url());
     let a = Server::start(
         &dir.path().join("a"),
-        &["--config", &a_config, "--ssd-enabled", "false"],
+        &["--config", &a_config, "--set", "ssd.enabled=false"],
     );
     let b = Server::start(
         &dir.path().join("b"),
-        &["--config", &b_config, "--ssd-enabled", "false"],
+        &["--config", &b_config, "--set", "ssd.enabled=false"],
     );
     let rt = runtime();
     rt.block_on(async {
@@ -209,10 +209,10 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     let a_config = config(dir.path(), "a", &gateway.endpoint, &etcd.url());
     let b_config = config(dir.path(), "b", &gateway.endpoint, &etcd.url());
-    let b_args = ["--config", b_config.as_str(), "--ssd-enabled", "false"];
+    let b_args = ["--config", b_config.as_str(), "--set", "ssd.enabled=false"];
     let a = Server::start(
         &dir.path().join("a"),
-        &["--config", &a_config, "--ssd-enabled", "false"],
+        &["--config", &a_config, "--set", "ssd.enabled=false"],
     );
     let b = Server::start(&dir.path().join("b"), &b_args);
     let rt = runtime();
@@ -372,7 +372,7 @@ fn killing_the_etcd_leader_during_a_store_loop_stalls_no_store_and_loses_no_adve
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    let no_ssd = ["--ssd-enabled", "false"];
+    let no_ssd = ["--set", "ssd.enabled=false"];
     let a = replica(dir.path(), "a", &gateway.endpoint, &etcd.url(), &no_ssd);
     let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &no_ssd);
     let leader = etcd.leader().expect("an etcd leader");
@@ -432,7 +432,7 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
         &dir.path().join("s3"),
         &["--create-bucket", "shared"],
     );
-    let ttl = ["--cluster-lease-ttl", "2s"];
+    let ttl = ["--set", "cluster.lease_ttl=2s"];
     let a = replica(dir.path(), "a", &gateway.endpoint, &etcd.url(), &ttl);
     let b_etcd = etcd.url_at(host.link(ETCD).outside);
     let b_config = config(dir.path(), "b", &gateway.endpoint, &b_etcd);
@@ -540,8 +540,8 @@ fn cluster_status(etcd: &str) -> serde_json::Value {
             "--json",
             "--cluster",
             etcd,
-            "--cluster-name",
-            "test",
+            "--set",
+            "cluster.name=test",
         ])
         .env_remove("KVTIER_CONFIG")
         .output()
@@ -560,7 +560,7 @@ fn only_the_owner_deletes_through_the_admin_api() {
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     let proxy = CountingProxy::start(&gateway.endpoint);
-    let grace = ["--cluster-gc-grace", "1s"];
+    let grace = ["--set", "cluster.gc_grace=1s"];
     let a = replica(dir.path(), "a", &proxy.url, &etcd.url(), &grace);
     let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &grace);
     let rt = runtime();

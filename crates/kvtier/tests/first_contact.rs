@@ -118,7 +118,7 @@ fn exchange(addr: &str, request: &[u8]) -> (u16, String, String) {
 #[test]
 fn every_refusal_axum_or_ours_is_a_json_error_with_a_code() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--max-body", "4KiB"]);
+    let server = Server::start(dir.path(), &["--set", "max_body=4KiB"]);
     let addr = server.url.strip_prefix("http://").unwrap().to_string();
     let big = format!(
         "POST /v1/lookup HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
@@ -174,10 +174,10 @@ fn print_config_prints_sizes_in_the_unit_they_were_written_in() {
             "--print-config",
             "--ram",
             "2GB",
-            "--max-body",
-            "512MiB",
+            "--set",
+            "max_body=512MiB",
         ])
-        .args(["--ssd-capacity", "10TB", "--idle-timeout", "90s"])
+        .args(["--ssd-capacity", "10TB", "--set", "idle_timeout=90s"])
         .env_remove("KVTIER_CONFIG")
         .output()
         .unwrap();

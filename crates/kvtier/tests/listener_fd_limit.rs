@@ -183,8 +183,8 @@ fn kvtier_serve_under_a_low_limit_clamps_its_cap_and_answers_past_idle_sockets()
 fn kvtier_serve_raises_its_soft_limit_to_the_hard_one() {
     let hard = higher_hard_limit();
     let dir = tempfile::tempdir().unwrap();
-    let cap = (hard / 2).to_string();
-    let server = Server::start_with_nofile(dir.path(), LIMIT, hard, &["--max-connections", &cap]);
+    let cap = format!("max_connections={}", hard / 2);
+    let server = Server::start_with_nofile(dir.path(), LIMIT, hard, &["--set", &cap]);
     assert_eq!(
         nofile_of(server.pid()),
         (hard, hard),

@@ -102,7 +102,7 @@ fn after_kill_9_the_next_start_reports_an_unclean_shutdown_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let spec = layout_spec("kill", 2);
-    let server = Server::start(dir.path(), &["--ssd-durability", "fsync"]);
+    let server = Server::start(dir.path(), &["--set", "ssd.durability=fsync"]);
     let c = server.client();
     let (layout, p) = rt.block_on(async {
         assert_eq!(
@@ -166,7 +166,13 @@ fn tokens_are_required_where_configured() {
 fn an_open_address_without_tokens_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["serve", "--listen", "0.0.0.0:0", "--ssd-enabled", "false"])
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--set",
+            "ssd.enabled=false",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .output()
@@ -183,7 +189,10 @@ fn an_open_address_without_tokens_is_refused() {
 fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let server = Server::start(dir.path(), &["--max-body", "256KiB", "--max-tokens", "256"]);
+    let server = Server::start(
+        dir.path(),
+        &["--set", "max_body=256KiB", "--set", "max_tokens=256"],
+    );
     let url = server.url.clone();
     let c = server.client();
     let http = reqwest_like(&url);
@@ -437,7 +446,13 @@ fn a_second_server_on_the_same_data_directory_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let first = Server::start(dir.path(), &[]);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--ssd-min-free", "0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--set",
+            "ssd.min_free=0",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .output()
@@ -465,7 +480,7 @@ fn readiness_checks_the_tiers_the_settings_ask_for() {
         vec![("ssd".to_owned(), true)]
     );
     assert!(with_ssd.stop().success());
-    let ram_only = Server::start(dir.path(), &["--ssd-enabled", "false"]);
+    let ram_only = Server::start(dir.path(), &["--set", "ssd.enabled=false"]);
     let r = rt.block_on(ram_only.client().ready()).unwrap();
     assert!(r.ready && r.checks.is_empty(), "{r:?}");
     assert!(ram_only.stop().success());

@@ -57,7 +57,7 @@ fn every_durably_acknowledged_store_survives_kill_9() {
         let flags: &[&str] = if per_request {
             &[]
         } else {
-            &["--ssd-durability", "synced"]
+            &["--set", "ssd.durability=synced"]
         };
         let server = Server::start(dir.path(), flags);
         let c = server.client();

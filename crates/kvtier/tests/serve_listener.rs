@@ -68,7 +68,7 @@ fn idle_and_slow_header_clients_are_closed_by_their_own_timer() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &["--idle-timeout", "1s", "--header-timeout", "3s"],
+        &["--set", "idle_timeout=1s", "--set", "header_timeout=3s"],
     );
     let a = addr(&server);
 
@@ -132,7 +132,7 @@ fn a_slow_body_is_refused_with_408_at_the_body_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &["--body-timeout", "2s", "--idle-timeout", "1s"],
+        &["--set", "body_timeout=2s", "--set", "idle_timeout=1s"],
     );
     let mut s = TcpStream::connect(addr(&server)).unwrap();
     s.write_all(
@@ -169,12 +169,12 @@ fn hundreds_of_idle_sockets_over_the_cap_do_not_lock_a_legitimate_client_out() {
     let server = Server::start(
         dir.path(),
         &[
-            "--max-connections",
-            "32",
-            "--idle-timeout",
-            "5m",
-            "--header-timeout",
-            "5m",
+            "--set",
+            "max_connections=32",
+            "--set",
+            "idle_timeout=5m",
+            "--set",
+            "header_timeout=5m",
         ],
     );
     let a = addr(&server);
@@ -225,7 +225,7 @@ fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &["--max-connections", "3", "--body-timeout", "30s"],
+        &["--set", "max_connections=3", "--set", "body_timeout=30s"],
     );
     let a = addr(&server);
     // Three requests in progress: heads sent, bodies pending.
@@ -343,7 +343,7 @@ fn chunked(body: &[u8]) -> Vec<u8> {
 #[test]
 fn a_body_over_max_body_is_answered_413_however_it_is_framed() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--max-body", "1MiB"]);
+    let server = Server::start(dir.path(), &["--set", "max_body=1MiB"]);
     let a = addr(&server);
     // 2 MiB that are not an upload: a store refuses them at their first bytes (no `KVTU`
     // head) — yet the answer must be the one a Content-Length of 2 MiB gets at once. The

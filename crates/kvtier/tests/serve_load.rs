@@ -174,7 +174,7 @@ fn disable_and_enable_keep_answering_and_never_serve_wrong_bytes() {
     let spec = layout_spec("toggle", 32); // 512 KiB blocks
     let server = Server::start(
         dir.path(),
-        &["--ram", "8MiB", "--ssd-mode", "write_through"],
+        &["--ram", "8MiB", "--set", "ssd.mode=write_through"],
     );
     let c = server.client();
     let admin = server.admin();

@@ -42,10 +42,10 @@ const LEVELS: [&str; 3] = ["queued", "written", "synced"];
 /// blocks a segment holds blocks of two prompts, and a layout delete leaves segments a
 /// third full (compaction moves what is left of a segment under half full).
 const COMPACTING: &[&str] = &[
-    "--ssd-segment-size",
-    "64KiB",
-    "--ssd-maintenance-every",
-    "100ms",
+    "--set",
+    "ssd.segment_size=64KiB",
+    "--set",
+    "ssd.maintenance_every=100ms",
 ];
 
 fn env_or(name: &str, default: u32) -> u32 {

@@ -111,7 +111,7 @@ fn an_upload_cut_anywhere_on_the_wire_stores_exactly_the_bytes_sent() {
 fn a_store_refused_after_its_head_is_answered_not_reset() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let server = Server::start(dir.path(), &["--max-body", "8MiB"]);
+    let server = Server::start(dir.path(), &["--set", "max_body=8MiB"]);
     let c = server.client();
     rt.block_on(async {
         let layout = c.register_layout(&layout_spec("early", 32)).await.unwrap();

@@ -100,7 +100,7 @@ def config(model: str = "org/model", tp_rank: int = 0, **extra) -> HiCacheStorag
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("sglang") / "data", "--ssd-enabled", "false")
+    s = Server(tmp_path_factory.mktemp("sglang") / "data", "--set", "ssd.enabled=false")
     yield s
     s.stop()
 

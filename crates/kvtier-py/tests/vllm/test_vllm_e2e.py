@@ -121,7 +121,7 @@ def cold(models, tmp_path_factory):
     is what every run must answer. (vLLM computes a run with a KV connector configured
     very slightly differently from one without: one logprob differed by 5e-6 here; the
     reference is therefore the same configuration, as in production.)"""
-    server = Server(tmp_path_factory.mktemp("cold"), "--ssd-enabled", "false")
+    server = Server(tmp_path_factory.mktemp("cold"), "--set", "ssd.enabled=false")
     try:
         result = engine(models[0], server.url)
     finally:
@@ -156,7 +156,7 @@ def test_a_fresh_engine_gets_the_prefix_from_kvtier_bit_identically(models, cold
 
 
 def test_a_cache_salt_is_part_of_the_key(models, cold, tmp_path):
-    server = Server(tmp_path / "data", "--ssd-enabled", "false")
+    server = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     try:
         a = engine(models[0], server.url, salt="tenant-a")
         assert a["cached"] == 0 and same(a, cold)
@@ -267,7 +267,7 @@ def test_a_perturbed_store_changes_the_answer(models, cold, tmp_path):
     # The negative control: wrong bytes stored under exactly the prompt's keys (the
     # connector's own layout) make the engine answer differently — so a comparison of
     # logprobs can fail, and the equalities above mean something.
-    server = Server(tmp_path / "data", "--ssd-enabled", "false")
+    server = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     try:
         c = kvtier.Client(server.url)
         layout = c.register_layout(str(models[0]), "bf16", BLOCK, 2, 2, 64)

@@ -113,7 +113,7 @@ def test_a_hybrid_recurrent_model_is_served_at_one_boundary_for_kv_and_state(mod
 
 
 def test_kv_without_the_recurrent_state_is_never_a_hit(model, tmp_path):
-    server = Server(tmp_path / "data", "--ssd-enabled", "false")
+    server = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     try:
         # This run stores the KV blocks of the prompt but fails to gather every state.
         first = run(model, server.url, patch="no-state")

@@ -66,12 +66,12 @@ impl Server {
     fn launch(mut cmd: Command, listen: &[&str], data_dir: &Path, extra: &[&str]) -> Server {
         cmd.arg("serve").args(listen);
         // Test defaults, unless the test sets them: a small RAM, no free-space watermark
-        // (the test machine's disk may be nearly full).
-        for (flag, value) in [("--ram", "256MiB"), ("--ssd-min-free", "0")] {
-            if !extra.contains(&flag) {
-                cmd.args([flag, value]);
-            }
+        // (the test machine's disk may be nearly full). A `--set` in `extra` comes after
+        // this one and wins.
+        if !extra.contains(&"--ram") {
+            cmd.args(["--ram", "256MiB"]);
         }
+        cmd.args(["--set", "ssd.min_free=0"]);
         cmd.arg("--data-dir")
             .arg(data_dir)
             .args(["--admin-token", ADMIN])
