@@ -156,7 +156,22 @@ impl Node {
     /// work are `Invalid`; a port, thread or runtime that cannot be had, or a remote tier
     /// that cannot be reached, `Unavailable`; an SSD store whose recovery refuses the
     /// directory, `Corrupt` where the store says so.
+    /// With `remote.require_at_start`, an endpoint that does not answer a listing within
+    /// the remote deadline fails the open (`Unavailable`) before any tier is opened;
+    /// without it the node starts degraded (the remote tier misses and counts its
+    /// failures until the endpoint answers).
     pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, Error> {
+        if let Some(config) = remote_config(&settings)
+            && settings.remote.require_at_start
+        {
+            kvtier_remote::check_reachable(&config, &components.runtime()?).map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    "the remote tier must answer at start (remote.require_at_start)",
+                )
+                .with_source(e)
+            })?;
+        }
         // Bound first: a taken port fails the start before any tier is opened.
         let kv_sockets = if settings.kv_events.enabled() {
             Some(

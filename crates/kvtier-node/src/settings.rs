@@ -124,6 +124,11 @@ pub struct RemoteSettings {
     pub deadline: HumanDuration,
     /// Also queue remote hits for the SSD tier.
     pub promote_to_ssd: bool,
+    /// Refuse to start (`Unavailable`) when an endpoint does not answer a listing of the
+    /// bucket within `deadline`. Off: the node starts degraded instead — RAM and SSD
+    /// serve, the remote tier misses and counts its failures, `/readyz` tells — and picks
+    /// the endpoint up when it answers.
+    pub require_at_start: bool,
 }
 
 impl Default for RemoteSettings {
@@ -137,6 +142,7 @@ impl Default for RemoteSettings {
             secret_key: None,
             deadline: HumanDuration(Duration::from_secs(2)),
             promote_to_ssd: RemoteAttach::default().promote_to_ssd,
+            require_at_start: false,
         }
     }
 }

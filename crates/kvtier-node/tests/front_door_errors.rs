@@ -1,6 +1,6 @@
 //! The front door answers with the core's error and its kind (issue 36, item 3): bad
 //! settings are `Invalid`, an S3 endpoint nothing listens on starts the node degraded (no
-//! error), and a background thread that panics closes the node's engine (`Closed`, with
+//! error) unless `remote.require_at_start` asks for `Unavailable`, and a background thread that panics closes the node's engine (`Closed`, with
 //! the reason).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
@@ -74,6 +74,35 @@ fn an_s3_endpoint_nothing_listens_on_starts_degraded() {
         .find(|t| t.kind == kvtier_core::TierKind::Remote)
         .expect("the remote tier is attached");
     assert!(remote.tier.io_errors > 0, "{remote:?}");
+}
+
+/// With `remote.require_at_start`, the same endpoint fails the open with `Unavailable`,
+/// naming the endpoint and the setting, before any tier is opened (no SSD store is made).
+#[test]
+fn an_s3_endpoint_nothing_listens_on_fails_the_open_when_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = kvtier_testkit::free_port().unwrap();
+    let mut s = settings(&dir.path().join("data"));
+    s.remote.endpoints = vec![format!("http://127.0.0.1:{port}")];
+    s.remote.deadline = kvtier_node::units::HumanDuration(Duration::from_millis(500));
+    s.remote.require_at_start = true;
+    // Credentials given, so the failure is the endpoint's, not a credential lookup's.
+    s.remote.access_key = Some("kvtier-test".into());
+    s.remote.secret_key = Some("kvtier-test-secret".into());
+    let started = Instant::now();
+    let e = Node::open(s.clone()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("remote.require_at_start"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}/kvtier")), "{text}");
+    assert!(text.to_lowercase().contains("connect"), "{text}");
+    // Within the deadline, plus the bridge's margin and some slack for a loaded machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!s.ssd_dir().exists(), "the SSD tier was opened");
 }
 
 #[test]

@@ -106,3 +106,31 @@ def test_an_unreachable_server_is_unavailable_and_an_unreachable_s3_tier_a_degra
     with kvtier.Engine(settings) as kv:
         round_trip(kv)
         assert kv.stats()["remote_io_errors"] >= 1
+
+
+def test_an_unreachable_s3_tier_is_unavailable_when_required_at_start(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The same endpoint nobody runs, with the strict setting: the open fails, and fails as
+    # an outage (retry later), not as bad settings.
+    data = tmp_path / "strict"
+    settings = {
+        "ram": "64MiB",
+        "data_dir": str(data),
+        "remote": {
+            "endpoints": [f"http://127.0.0.1:{port}"],
+            "deadline": "500ms",
+            "require_at_start": True,
+            # Credentials given, so the failure is the endpoint's, not a credential lookup's.
+            "access_key": "kvtier-test",
+            "secret_key": "kvtier-test-secret",
+        },
+    }
+    with pytest.raises(kvtier.UnavailableError, match="require_at_start") as e:
+        kvtier.open(settings=settings)
+    assert f"127.0.0.1:{port}" in str(e.value) and "connect" in str(e.value).lower()
+    # Nothing was opened before the check: no SSD store was made.
+    assert not (data / "ssd").exists()

@@ -30,5 +30,6 @@ mod tier;
 pub use catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName};
 pub use config::{Endpoint, RemoteConfig};
 pub use runtime::IoRuntime;
+pub use s3::check_reachable;
 pub use state::StateName;
 pub use tier::RemoteTier;

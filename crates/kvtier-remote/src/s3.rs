@@ -1,13 +1,14 @@
 //! The S3 client: building object_store's client for an endpoint, and the bridge that
 //! runs one of its requests on the tier's runtime and waits for it within the deadline —
 //! a miss, never a hang, whatever the endpoint does. What a call came to is a [`Fetch`].
+//! And the one check a node may make before it starts: [`check_reachable`].
 
 use std::future::Future;
 use std::time::Duration;
 
-use kvtier_core::{Error, Result};
+use kvtier_core::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
-use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::config::RemoteConfig;
 use crate::runtime::IoRuntime;
@@ -101,4 +102,32 @@ pub(crate) fn build_store(
     }
     b.build()
         .map_err(|err| Error::invalid(format!("remote endpoint {}", e.id())).with_source(err))
+}
+
+/// Whether every endpoint of `config` answers, within the deadline, a listing of its
+/// bucket under the prefix (one page; an answer that the bucket or prefix holds nothing
+/// counts). `Unavailable`, naming the first endpoint that does not answer and why (the
+/// call's error as the source); `Invalid` if an endpoint's client cannot be built. The
+/// tier itself never needs this: it starts without an endpoint that does not answer. A
+/// node calls it before opening anything when its settings require the remote tier.
+pub fn check_reachable(config: &RemoteConfig, runtime: &IoRuntime) -> Result<()> {
+    for e in &config.endpoints {
+        let store = build_store(e, config)?;
+        let prefix = object_store::path::Path::from(config.prefix.as_str());
+        let listed = call_within(runtime, config.deadline, async move {
+            store.list_with_delimiter(Some(&prefix)).await.map(|_| ())
+        });
+        if let Fetch::Failed(why) = listed {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "remote endpoint `{}` did not answer a listing within {:?}",
+                    e.id(),
+                    config.deadline
+                ),
+            )
+            .with_source(why));
+        }
+    }
+    Ok(())
 }

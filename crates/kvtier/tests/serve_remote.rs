@@ -2,7 +2,8 @@
 //! stored through the API reach the shared bucket; a second server with another data
 //! directory and no SSD — a fresh replica — finds them, reports them as remote (`o`),
 //! and loads them byte for byte, counting the promotions as remote→ram in `/v1/stats` and
-//! `/metrics`.
+//! `/metrics`. With `remote.require_at_start`, a server whose endpoint answers starts, and
+//! one whose endpoint nobody answers exits at once with an `unavailable` error.
 
 #![allow(
     clippy::panic,
@@ -54,7 +55,16 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
     // SIGTERM drains the remote queue before the process exits.
     assert!(first.stop().success());
 
-    let second = start("b", &["--ssd-enabled", "false"]);
+    // Strict about the shared tier: the endpoint answers, so the start goes on.
+    let second = start(
+        "b",
+        &[
+            "--set",
+            "ssd.enabled=false",
+            "--set",
+            "remote.require_at_start=true",
+        ],
+    );
     rt.block_on(async {
         let c = second.client();
         assert_eq!(c.register_layout(&spec).await.unwrap(), layout);
@@ -90,4 +100,34 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
     });
     assert!(second.stop().success());
     drop(gateway);
+}
+
+#[test]
+fn a_required_remote_tier_nobody_answers_fails_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = kvtier_testkit::free_port().unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--remote-endpoints", &format!("http://127.0.0.1:{port}")])
+        .args(["--set", "remote.deadline=500ms"])
+        .args(["--set", "remote.require_at_start=true"])
+        // Credentials given, so the failure is the endpoint's, not a credential lookup's.
+        .args(["--set", &format!("remote.access_key={ACCESS}")])
+        .args(["--set", &format!("remote.secret_key={SECRET}")])
+        .env_remove("KVTIER_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {err}");
+    assert!(err.contains("unavailable"), "{err}");
+    assert!(err.contains("remote.require_at_start"), "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(err.to_lowercase().contains("connect"), "{err}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("listening on"),
+        "it listened"
+    );
+    assert!(!data.join("ssd").exists(), "the SSD tier was opened");
 }
