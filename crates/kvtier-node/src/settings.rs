@@ -124,10 +124,10 @@ pub struct RemoteSettings {
     pub deadline: HumanDuration,
     /// Also queue remote hits for the SSD tier.
     pub promote_to_ssd: bool,
-    /// Refuse to start (`Unavailable`) when an endpoint does not answer a listing of the
-    /// bucket within `deadline`. Off: the node starts degraded instead — RAM and SSD
-    /// serve, the remote tier misses and counts its failures, `/readyz` tells — and picks
-    /// the endpoint up when it answers.
+    /// Refuse to start (`Unavailable`) when an endpoint does not list its bucket within
+    /// `deadline` (no answer, a refused connection, an error answer). Off: the node starts
+    /// degraded instead — RAM and SSD serve; remote calls miss within the deadline and
+    /// count as failures until the endpoint answers.
     pub require_at_start: bool,
 }
 
@@ -294,6 +294,11 @@ pub struct Settings {
     /// Threads answering requests; 0 picks half the cores, at least one. Engine work that
     /// may block (SSD reads and writes) runs on a separate blocking pool.
     pub workers: usize,
+    /// The CPU priority (`nice`, 0 to 19) of the threads that read store bodies: as many
+    /// as `workers`, beside them. Above 0, a lookup never waits for the CPU behind a
+    /// store's copy; the store takes the cycles left over. 0 keeps them at the request
+    /// threads' priority (docs/adr/0017-the-edge.md).
+    pub store_nice: i32,
     /// How long shutdown waits for requests in flight.
     pub shutdown_timeout: HumanDuration,
     /// Connections open at once; at the cap a new connection closes the longest-idle one,
@@ -328,6 +333,7 @@ impl Default for Settings {
             max_tokens: kvtier_core::DEFAULT_MAX_TOKENS,
             max_body: ByteSize(1 << 30),
             workers: 0,
+            store_nice: 19,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 1024,
             header_timeout: HumanDuration(Duration::from_secs(10)),
@@ -421,6 +427,13 @@ impl Settings {
         }
         if self.ram.0 == 0 {
             return Err(Error::invalid("ram must be larger than 0"));
+        }
+        if !(0..=19).contains(&self.store_nice) {
+            return Err(Error::invalid(format!(
+                "store_nice must be 0 to 19 (a lower priority than the request threads, or the \
+                 same), not {}",
+                self.store_nice
+            )));
         }
         if self.ssd.segment_size.0 < 8 << 10 {
             return Err(Error::invalid("ssd.segment_size must be at least 8KiB"));

@@ -104,12 +104,13 @@ pub(crate) fn build_store(
         .map_err(|err| Error::invalid(format!("remote endpoint {}", e.id())).with_source(err))
 }
 
-/// Whether every endpoint of `config` answers, within the deadline, a listing of its
-/// bucket under the prefix (one page; an answer that the bucket or prefix holds nothing
-/// counts). `Unavailable`, naming the first endpoint that does not answer and why (the
-/// call's error as the source); `Invalid` if an endpoint's client cannot be built. The
-/// tier itself never needs this: it starts without an endpoint that does not answer. A
-/// node calls it before opening anything when its settings require the remote tier.
+/// Whether every endpoint of `config` lists its bucket under the prefix (one page),
+/// within the deadline. `Unavailable`, naming the first endpoint that does not and with
+/// the call's error as the source: no answer in time, a refused connection, or an error
+/// answer (a missing bucket, credentials it refuses); `Invalid` if an endpoint's client
+/// cannot be built. The tier itself never needs this: it starts without an endpoint that
+/// does not answer. A node calls it before opening anything when its settings require
+/// the remote tier.
 pub fn check_reachable(config: &RemoteConfig, runtime: &IoRuntime) -> Result<()> {
     for e in &config.endpoints {
         let store = build_store(e, config)?;
@@ -120,11 +121,7 @@ pub fn check_reachable(config: &RemoteConfig, runtime: &IoRuntime) -> Result<()>
         if let Fetch::Failed(why) = listed {
             return Err(Error::new(
                 ErrorKind::Unavailable,
-                format!(
-                    "remote endpoint `{}` did not answer a listing within {:?}",
-                    e.id(),
-                    config.deadline
-                ),
+                format!("remote endpoint `{}` did not list its bucket", e.id()),
             )
             .with_source(why));
         }

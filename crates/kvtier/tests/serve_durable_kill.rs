@@ -2,7 +2,7 @@
 //! moment while clients store, round after round, into the same data directory; after
 //! every restart each store that was answered 200 as `written` or `synced` loads back
 //! byte for byte. Half the rounds ask per request (`?durability=written`), half run with
-//! the server default `--ssd-durability synced`.
+//! the server default `ssd.durability = synced`.
 
 #![allow(
     clippy::panic,

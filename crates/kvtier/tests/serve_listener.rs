@@ -3,7 +3,7 @@
 //! (and not before the bound that applies to them); hundreds of idle sockets over the
 //! connection cap do not lock a legitimate client out; when every connection is busy a
 //! new one is closed at once instead of waiting; an oversized request head is answered
-//! 431, and a body over `--max-body` 413 however it is framed — each answer read by the
+//! 431, and a body over `max_body` 413 however it is framed — each answer read by the
 //! client, not lost to a connection reset.
 
 #![allow(
