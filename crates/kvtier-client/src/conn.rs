@@ -45,6 +45,8 @@ struct Conn {
     buf: Vec<u8>,
     at: usize,
     keep_alive: bool,
+    /// The pool's lane it goes back to.
+    lane: usize,
 }
 
 impl Conn {
@@ -101,7 +103,10 @@ impl Conn {
 pub struct Pool {
     addr: String,
     host: String,
-    idle: Mutex<Vec<TcpStream>>,
+    /// Idle connections by lane: small requests (0) and bulk ones (1,
+    /// [`crate::wire::is_bulk`]) never share a connection, since the server serves a
+    /// connection on the lane its first request chose.
+    idle: [Mutex<Vec<TcpStream>>; 2],
 }
 
 impl Pool {
@@ -117,7 +122,7 @@ impl Pool {
         Some(Self {
             addr: host.clone(),
             host,
-            idle: Mutex::new(Vec::new()),
+            idle: Default::default(),
         })
     }
 
@@ -143,9 +148,10 @@ impl Pool {
         head.push_str("\r\n");
         // A pooled connection may have been closed by the server while idle: retry once on
         // a fresh one if the first attempt fails before any answer.
-        let pooled = self.idle.lock().pop();
+        let lane = usize::from(crate::wire::is_bulk(head.as_bytes()));
+        let pooled = self.idle[lane].lock().pop();
         if let Some(stream) = pooled {
-            match Self::exchange(stream, &head, body).await {
+            match Self::exchange(stream, &head, body, lane).await {
                 Ok(r) => return Ok(r),
                 Err(e) if e.kind() != io::ErrorKind::InvalidData => {}
                 Err(e) => return Err(e),
@@ -153,19 +159,24 @@ impl Pool {
         }
         let stream = TcpStream::connect(&self.addr).await?;
         stream.set_nodelay(true)?;
-        Self::exchange(stream, &head, body).await
+        Self::exchange(stream, &head, body, lane).await
     }
 
     /// Writes the request — `head`, then the body's parts in order — and reads the
     /// answer's head.
-    async fn exchange(mut stream: TcpStream, head: &str, body: &[&[u8]]) -> io::Result<Response> {
+    async fn exchange(
+        mut stream: TcpStream,
+        head: &str,
+        body: &[&[u8]],
+        lane: usize,
+    ) -> io::Result<Response> {
         // One write for a small request; for a large body, the head and then each part
         // as it is (no copy of it: the kernel's copy into the socket is the only one).
         let sent = Self::write_request(&mut stream, head, body).await;
         // A server may answer before it has read the whole body (one over its limit, a
         // store for an unknown layout) and close: its answer says more than the failed
         // write, so it is read if it is there.
-        match Self::read_head(stream).await {
+        match Self::read_head(stream, lane).await {
             Ok(mut r) => {
                 if sent.is_err() {
                     r.conn.keep_alive = false;
@@ -195,7 +206,7 @@ impl Pool {
     }
 
     /// Reads an answer's head; the body is read from the returned [`Response`].
-    async fn read_head(mut stream: TcpStream) -> io::Result<Response> {
+    async fn read_head(mut stream: TcpStream, lane: usize) -> io::Result<Response> {
         let mut buf = vec![0u8; 4096];
         let mut have = 0;
         let end = loop {
@@ -255,6 +266,7 @@ impl Pool {
             buf: buf[..have].to_vec(),
             at: end,
             keep_alive,
+            lane,
         };
         if let Framing::Length(n) = framing
             && conn.buffered() as u64 > n
@@ -276,7 +288,7 @@ impl Pool {
         };
         // Nothing of this response may be left, and nothing past it.
         if finished && r.conn.buffered() == 0 && r.conn.keep_alive {
-            let mut idle = self.idle.lock();
+            let mut idle = self.idle[r.conn.lane].lock();
             if idle.len() < IDLE {
                 idle.push(r.conn.stream);
             }
@@ -371,4 +383,77 @@ impl Pool {
 
 fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    /// A server that answers every request `200` with an empty body and counts the
+    /// connections it accepted.
+    async fn counting_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut s = BufReader::new(s);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        // The requests here have no body: a head ends at its empty line.
+                        if line == "\r\n" {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                            if s.get_mut().write_all(ok).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (base, accepted)
+    }
+
+    #[tokio::test]
+    async fn stores_and_lookups_never_share_a_pooled_connection() {
+        let (base, accepted) = counting_server().await;
+        let pool = Pool::new(&base).unwrap();
+        let call = |path: &'static str| {
+            let pool = &pool;
+            async move {
+                let r = pool.send("POST", path, None, "x", &[]).await.unwrap();
+                assert_eq!(r.status, 200);
+                pool.body(r).await.unwrap();
+            }
+        };
+        call("/v1/store").await;
+        call("/v1/lookup").await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "the lookup took a connection of its own"
+        );
+        call("/v1/lookup").await;
+        call("/v1/store?durability=written").await;
+        call("/v1/load").await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "each kind reused its own pooled connection (a load is not bulk)"
+        );
+    }
 }

@@ -11,6 +11,20 @@ pub const BLOCKS_CONTENT_TYPE: &str = "application/vnd.kvtier.blocks";
 /// Content type of a store or snapshot-put request (JSON head, then payload bytes).
 pub const UPLOAD_CONTENT_TYPE: &str = "application/vnd.kvtier.upload";
 
+/// How the request lines of bulk calls begin: stores (`/v1/store`, `/v1/store/raw`),
+/// whose bodies are block bytes written behind the engine's work. The server serves a
+/// connection whose first request is one of these on its bulk lane, at a lower CPU
+/// priority, so that lookups never wait behind a store's copy (docs/adr/0017-the-edge.md);
+/// the client keeps them on connections of their own, so that a lookup never rides a
+/// bulk connection. Loads are not bulk: an engine waits for a load as it waits for a
+/// lookup (the load is its prefill), so a load keeps the request threads' priority.
+pub const BULK_REQUESTS: [&str; 1] = ["POST /v1/store"];
+
+/// Whether a request whose head begins with `head` moves block bytes ([`BULK_REQUESTS`]).
+pub fn is_bulk(head: &[u8]) -> bool {
+    BULK_REQUESTS.iter().any(|r| head.starts_with(r.as_bytes()))
+}
+
 /// A layout key as JSON: everything that decides what a KV byte means.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use kvtier_listen::http::{Handler, ListenSettings, TimedBody};
+use kvtier_listen::http::{Handler, Lanes, ListenSettings, TimedBody};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -43,16 +43,22 @@ impl Handler for Routes {
             }
         }
     }
+
+    /// Stores and loads ([`kvtier_client::wire::is_bulk`]).
+    fn is_bulk(&self, head: &[u8]) -> bool {
+        kvtier_client::wire::is_bulk(head)
+    }
 }
 
-/// Serves `router` on `listener` under `limits` until `stopping` turns true (see
-/// `kvtier_listen::http::serve`).
+/// Serves `router` on `listener` under `limits` through `lanes` until `stopping` turns
+/// true (see `kvtier_listen::http::serve`).
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: ListenSettings,
+    lanes: Lanes,
     stopping: watch::Receiver<bool>,
 ) {
     let refusals = refusals::REFUSALS.clone();
-    kvtier_listen::http::serve(listener, Routes(router), limits, refusals, stopping).await;
+    kvtier_listen::http::serve(listener, Routes(router), limits, &lanes, refusals, stopping).await;
 }

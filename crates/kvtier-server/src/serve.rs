@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use kvtier_core::{Error, ErrorKind};
-use kvtier_listen::http::{BodyDeadline, ListenSettings};
+use kvtier_listen::http::{BodyDeadline, Lanes, ListenSettings};
 
 use crate::listen;
 use crate::routes;
@@ -70,7 +70,7 @@ impl Running {
     /// Serves until `stop` resolves, then shuts down in order.
     pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let app = self.app;
-        let (deadline, limits) = {
+        let (deadline, limits, threads, nice) = {
             let s = app.node.settings.read();
             let limits = ListenSettings {
                 max_connections: self.max_connections,
@@ -80,13 +80,25 @@ impl Running {
                 body_deadline: BodyDeadline::Whole,
                 idle_timeout: s.idle_timeout.0,
             };
-            (s.shutdown_timeout.0, limits)
+            (
+                s.shutdown_timeout.0,
+                limits,
+                s.worker_threads(),
+                s.store_nice,
+            )
         };
+        // Store bodies on threads of their own at a lower priority, so that lookups never
+        // wait for the CPU behind a copy (kvtier_listen::http::Lanes).
+        let lanes = Lanes::with_bulk(threads, nice).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no bulk lane: every request on the request threads");
+            Lanes::one()
+        });
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let server = listen::serve(
             self.listener,
             routes::router(app.clone()),
             limits,
+            lanes,
             stopping_rx,
         );
         let server = tokio::spawn(server);

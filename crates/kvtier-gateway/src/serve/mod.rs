@@ -309,8 +309,10 @@ impl RunningGateway {
                 runtime.block_on(async move {
                     match TcpListener::from_std(std_listener) {
                         Ok(listener) => {
+                            // Every gateway request carries an object: one lane.
+                            let lanes = kvtier_listen::http::Lanes::one();
                             kvtier_listen::http::serve(
-                                listener, handler, limits, refusals, stopping,
+                                listener, handler, limits, &lanes, refusals, stopping,
                             )
                             .await;
                         }

@@ -168,6 +168,46 @@ impl AsyncWrite for WatchedIo {
     }
 }
 
+/// Where a connection is served ([`super::Lanes`]).
+pub(super) enum Lane {
+    /// On the accepting runtime.
+    Small,
+    /// On the bulk lane.
+    Bulk,
+    /// Nowhere: the cap closed it while it waited for its first request.
+    Closed,
+}
+
+/// Bytes of a first request looked at to choose its lane: enough for a request line's
+/// method and path.
+const LANE_PEEK: usize = 64;
+
+/// Chooses a new connection's lane from the first bytes of its first request, looked at
+/// without reading them (hyper reads them next). A connection that sends nothing before
+/// its idle deadline, or that the front end stops waiting for, is left to [`serve`] on
+/// the accepting runtime, which closes it the usual way.
+pub(super) async fn choose_lane<H: Handler>(
+    tcp: &TcpStream,
+    state: &ConnState,
+    handler: &H,
+    limits: &ListenSettings,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> Lane {
+    let mut head = [0u8; LANE_PEEK];
+    let deadline = state
+        .deadline(limits)
+        .map_or_else(|| Instant::now() + limits.idle_timeout, |(at, _)| at);
+    tokio::select! {
+        peeked = tcp.peek(&mut head) => match peeked {
+            Ok(n) if n > 0 && handler.is_bulk(&head[..n]) => Lane::Bulk,
+            _ => Lane::Small,
+        },
+        _ = state.close.notified() => Lane::Closed,
+        _ = tokio::time::sleep_until(deadline) => Lane::Small,
+        _ = stopping.wait_for(|s| *s) => Lane::Small,
+    }
+}
+
 /// Serves one connection until the client closes it, a timer or the cap closes it, or
 /// the front end stops (then the request in progress, if any, is finished first).
 pub(super) async fn serve<H: Handler>(

@@ -28,6 +28,7 @@
 
 mod body;
 mod conn;
+mod lane;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,12 +38,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use body::{BodyTimedOut, TimedBody, timed_out};
-use conn::ConnState;
+use conn::{ConnState, Lane};
+pub use lane::{Lanes, spawn_blocking};
 
 use crate::refusals::{Level, Refusals};
 
@@ -86,6 +88,14 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
         request: http::Request<TimedBody>,
         peer: SocketAddr,
     ) -> impl Future<Output = http::Response<Self::Body>> + Send + use<Self>;
+
+    /// Whether a connection whose first request begins with `head` (its first bytes as
+    /// they arrived: the request line, or part of it) is served on the bulk lane
+    /// ([`Lanes`]). By default none is.
+    fn is_bulk(&self, head: &[u8]) -> bool {
+        let _ = head;
+        false
+    }
 }
 
 /// Open connections, by id, for the cap.
@@ -121,13 +131,14 @@ impl Table {
     }
 }
 
-/// Accepts on `listener` and serves `handler` until `stopping` turns true; then stops
-/// accepting, lets each connection finish the request it is serving, and returns once
-/// every connection has closed.
+/// Accepts on `listener` and serves `handler` through `lanes` until `stopping` turns
+/// true; then stops accepting, lets each connection finish the request it is serving, and
+/// returns once every connection has closed.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: H,
     limits: ListenSettings,
+    lanes: &Lanes,
     refusals: Arc<Refusals>,
     mut stopping: watch::Receiver<bool>,
 ) {
@@ -194,7 +205,42 @@ pub async fn serve<H: Handler>(
         let refusals = refusals.clone();
         let stopping = stopping.clone();
         let alive = alive_tx.clone();
+        let bulk = lanes.bulk();
         tokio::spawn(async move {
+            let tcp = match bulk {
+                None => tcp,
+                Some(bulk) => {
+                    match conn::choose_lane(&tcp, &state, &handler, &limits, stopping.clone()).await
+                    {
+                        Lane::Small => tcp,
+                        Lane::Closed => {
+                            table.lock().open.remove(&id);
+                            return;
+                        }
+                        // Moved to the bulk lane: its socket is driven by that runtime from
+                        // now on.
+                        Lane::Bulk => {
+                            match tcp.into_std() {
+                                Ok(std) => bulk.spawn(async move {
+                                    if let Ok(tcp) = TcpStream::from_std(std) {
+                                        conn::serve(
+                                            tcp, peer, state, handler, limits, refusals, stopping,
+                                        )
+                                        .await;
+                                    }
+                                    table.lock().open.remove(&id);
+                                    drop(alive);
+                                }),
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "cannot move a connection to the bulk lane");
+                                    table.lock().open.remove(&id);
+                                }
+                            }
+                            return;
+                        }
+                    }
+                }
+            };
             conn::serve(tcp, peer, state, handler, limits, refusals, stopping).await;
             table.lock().open.remove(&id);
             drop(alive);

@@ -120,7 +120,8 @@ pub fn extra_keys(blocks: &[BlockExtraKeys]) -> Result<ExtraKeys, ApiError> {
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
+    // At the process's priority even when called on the bulk lane (kvtier_listen).
+    kvtier_listen::http::spawn_blocking(f).await.map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

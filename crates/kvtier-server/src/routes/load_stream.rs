@@ -87,7 +87,7 @@ async fn step(mut st: State) -> Option<(Vec<Bytes>, State)> {
     };
     let engine = st.engine.clone();
     let layers = st.layers.clone();
-    let loaded = tokio::task::spawn_blocking(move || match layers {
+    let loaded = kvtier_listen::http::spawn_blocking(move || match layers {
         Some(r) => engine.load_layers(&batch, r),
         None => engine.load(&batch.blocks),
     })

@@ -41,30 +41,39 @@ pub async fn rows(
     let rounds = 200 * effort.scale;
     let per = 16;
     let done = Arc::new(AtomicBool::new(false));
-    // The store client: stores until the lookups are done (and at least once).
+    // The store client: stores until the lookups are done (and at least once). It runs on
+    // a thread of its own, as another engine's store path would, so that the lookup
+    // clients' latency is not its writes' queueing on their threads.
     let storer = {
         let c = Client::new(url)?;
         let done = done.clone();
         let layout = big.layout.clone();
         let payloads = vec![payload.clone(); per];
         let block = payload.len();
-        tokio::spawn(async move {
-            let mut rates = Vec::new();
-            let mut i = 0u32;
-            while rates.is_empty() || !done.load(Ordering::Relaxed) {
-                let p = prompt(&layout, 500 + i % STORE_PROMPTS, per * 16);
-                let t = Instant::now();
-                let answer = c.store(&p, payloads.clone()).await?;
-                let secs = t.elapsed().as_secs_f64();
-                anyhow::ensure!(
-                    answer.stored + answer.duplicates == per,
-                    "store kept {answer:?}"
-                );
-                rates.push((per * block) as f64 / secs / 1e9);
-                i += 1;
-            }
-            Ok::<_, anyhow::Error>(rates)
-        })
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("bench-storer".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let mut rates = Vec::new();
+                    let mut i = 0u32;
+                    while rates.is_empty() || !done.load(Ordering::Relaxed) {
+                        let p = prompt(&layout, 500 + i % STORE_PROMPTS, per * 16);
+                        let t = Instant::now();
+                        let answer = c.store(&p, payloads.clone()).await?;
+                        let secs = t.elapsed().as_secs_f64();
+                        anyhow::ensure!(
+                            answer.stored + answer.duplicates == per,
+                            "store kept {answer:?}"
+                        );
+                        rates.push((per * block) as f64 / secs / 1e9);
+                        i += 1;
+                    }
+                    Ok::<_, anyhow::Error>(rates)
+                })
+            })?
     };
     let lookup = Arc::new(lookup);
     let mut tasks = Vec::new();
@@ -95,7 +104,9 @@ pub async fn rows(
         }
     }
     done.store(true, Ordering::Relaxed);
-    let mut rates = storer.await??;
+    let mut rates = tokio::task::spawn_blocking(move || storer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the store client panicked"))??;
     if let Some(e) = failed {
         return Err(e);
     }

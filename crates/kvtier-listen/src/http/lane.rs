@@ -1,0 +1,162 @@
+//! Two lanes of request threads, so that small requests never wait behind bulk bodies.
+//!
+//! A store's body is copied twice on the server (socket to hyper's buffer, buffer to the
+//! block), at memory speed a core's worth of work for as long as the transfer lasts. On
+//! the request threads that also answer lookups, a lookup waits for the CPU behind that
+//! copy: with one store streaming on two cores, `server.mixed.lookup.p99.ms` was 10 to
+//! 36 ms against 0.3 to 0.5 ms for the same round trips without the store
+//! (BENCHMARKS.md, issue 36).
+//!
+//! So a front end may name some requests *bulk* ([`super::Handler::is_bulk`], from the
+//! first bytes of a connection's first request). Such a connection is served on the bulk
+//! lane: a runtime of its own whose threads run at a lower CPU priority (a higher `nice`
+//! value, which any process may set on its own threads). The kernel then runs a woken
+//! small-request thread ahead of a bulk copy, and the copy takes the cycles left over.
+//! Where cores are free, nice changes nothing: it only orders threads that compete.
+//!
+//! A connection stays on the lane its first request chose (hyper serves it whole): a
+//! kept-alive connection that mixes kinds has its later requests served on that lane —
+//! correct, only without the ordering. kvtier's client keeps bulk and small requests on
+//! separate connections, so it never mixes them.
+
+use std::cell::RefCell;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::runtime::{Handle, Runtime};
+
+/// The lanes a front end serves through.
+#[derive(Default)]
+pub struct Lanes {
+    bulk: Option<Bulk>,
+}
+
+/// The bulk lane: its runtime, and the priority its request threads run at.
+struct Bulk {
+    runtime: Runtime,
+    nice: i32,
+}
+
+impl Lanes {
+    /// One lane: every request on the caller's runtime (the gateway: all its requests
+    /// carry objects).
+    pub fn one() -> Self {
+        Self::default()
+    }
+
+    /// A bulk lane of `threads` request threads at `nice` beside the caller's runtime.
+    ///
+    /// Only the threads that serve bulk connections run at `nice`; the lane's blocking
+    /// pool (the engine work a request hands off, which takes the engine's locks) keeps
+    /// the process's priority, so that a lookup never waits for a lock held by a thread
+    /// the kernel ranks below it.
+    pub fn with_bulk(threads: usize, nice: i32) -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("kvtier-bulk")
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            bulk: Some(Bulk { runtime, nice }),
+        })
+    }
+
+    /// Where bulk connections go, if there is a bulk lane.
+    /// Called on the front end's runtime, which becomes the bulk lane's way back to
+    /// threads at the process's priority ([`spawn_blocking`]).
+    pub(super) fn bulk(&self) -> Option<BulkLane> {
+        self.bulk.as_ref().map(|b| BulkLane {
+            handle: b.runtime.handle().clone(),
+            nice: b.nice,
+            home: Handle::current(),
+        })
+    }
+}
+
+/// A way onto the bulk lane, held by the tasks that may move a connection there.
+#[derive(Clone)]
+pub(super) struct BulkLane {
+    handle: Handle,
+    nice: i32,
+    home: Handle,
+}
+
+impl BulkLane {
+    /// Runs `serve` (a connection's task) on the lane's request threads, at their
+    /// priority. Its socket must be registered inside it, with the lane's runtime.
+    pub(super) fn spawn(&self, serve: impl Future<Output = ()> + Send + 'static) {
+        self.handle.spawn(AtNice {
+            inner: Box::pin(serve),
+            nice: self.nice,
+            home: self.home.clone(),
+        });
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        // Dropped from async code when the front end stops: a runtime may not block there.
+        if let Some(bulk) = self.bulk.take() {
+            bulk.runtime.shutdown_background();
+        }
+    }
+}
+
+thread_local! {
+    /// On a bulk lane's thread: the `nice` value it was set to and the front end's
+    /// runtime (at the process's priority).
+    static BULK_THREAD: RefCell<Option<(i32, Handle)>> = const { RefCell::new(None) };
+}
+
+/// A future polled only on threads at `nice`: the first poll on a thread sets it.
+struct AtNice {
+    inner: Pin<Box<dyn Future<Output = ()> + Send>>,
+    nice: i32,
+    home: Handle,
+}
+
+impl Future for AtNice {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let nice = self.nice;
+        BULK_THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.as_ref().map(|(n, _)| *n) != Some(nice) {
+                lower_priority(nice);
+                *t = Some((nice, self.home.clone()));
+            }
+        });
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Runs `f` on a blocking-pool thread at the process's priority, wherever it is called
+/// from: what a request handler uses instead of `tokio::task::spawn_blocking`.
+///
+/// A thread starts at its creator's priority, so a thread created from a bulk lane's
+/// thread would run at the lane's lower priority — and blocking work (the engine's)
+/// takes locks that lookups wait for. From a bulk lane's thread, the work is therefore
+/// handed to the front end's runtime first, whose threads create the blocking thread.
+pub async fn spawn_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    let home = BULK_THREAD.with(|t| t.borrow().as_ref().map(|(_, h)| h.clone()));
+    match home {
+        None => tokio::task::spawn_blocking(f).await,
+        Some(home) => home
+            .spawn(async move { tokio::task::spawn_blocking(f).await })
+            .await
+            .and_then(|r| r),
+    }
+}
+
+/// Sets this thread's `nice` value (Linux applies it per thread). Raising it needs no
+/// privilege; failing leaves the thread at its priority, which is only slower.
+fn lower_priority(nice: i32) {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), nice) {
+        tracing::debug!(error = %e, nice, "cannot lower a bulk thread's priority");
+    }
+}
