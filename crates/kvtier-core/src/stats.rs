@@ -7,7 +7,8 @@
 //! Counters bumped on the lock-free read path are [`StripedCounter`]s, so two threads
 //! loading blocks do not fight over one cache line.
 //!
-//! This module imports nothing from the crate: the tables of components that own their
+//! This module imports nothing from the crate but the reject reasons' name table (a leaf,
+//! `tier::reject`): the tables of components that own their
 //! stats types (`WriterStats::COUNTERS` in `tier::writer`, `ObserverStats::COUNTERS` in
 //! `events`) live next to them, and the aggregate of everything the engine counts
 //! (`EngineStats`) lives in `registry`, which reads every table. So tiers, the index and
@@ -15,6 +16,8 @@
 //! writer and events back, closing an import cycle through the core).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::tier::reject::RejectReason;
 
 /// Number of stripes; a power of two at least the core count of the machines we target.
 const STRIPES: usize = 16;
@@ -168,10 +171,10 @@ impl TierStats {
         Counter { name: "misses", family: "tier_misses", label: None, help: "Loads a tier could not answer", kind: C, read: |s| s.misses },
         Counter { name: "stores", family: "tier_stores", label: None, help: "Blocks a tier admitted", kind: C, read: |s| s.stores },
         Counter { name: "dedup_skips", family: "tier_dedup_skips", label: None, help: "Puts of a block already held", kind: C, read: |s| s.dedup_skips },
-        Counter { name: "rejected_no_space", family: "tier_rejected", label: Some(("reason", "no_space")), help: REJECTED, kind: C, read: |s| s.rejected_no_space },
-        Counter { name: "rejected_parent_missing", family: "tier_rejected", label: Some(("reason", "parent_missing")), help: REJECTED, kind: C, read: |s| s.rejected_parent_missing },
-        Counter { name: "rejected_collision", family: "tier_rejected", label: Some(("reason", "collision")), help: REJECTED, kind: C, read: |s| s.rejected_collision },
-        Counter { name: "rejected_quarantined", family: "tier_rejected", label: Some(("reason", "quarantined")), help: REJECTED, kind: C, read: |s| s.rejected_quarantined },
+        Counter { name: "rejected_no_space", family: "tier_rejected", label: Some(("reason", RejectReason::NoSpace.name())), help: REJECTED, kind: C, read: |s| s.rejected_no_space },
+        Counter { name: "rejected_parent_missing", family: "tier_rejected", label: Some(("reason", RejectReason::ParentMissing.name())), help: REJECTED, kind: C, read: |s| s.rejected_parent_missing },
+        Counter { name: "rejected_collision", family: "tier_rejected", label: Some(("reason", RejectReason::Collision.name())), help: REJECTED, kind: C, read: |s| s.rejected_collision },
+        Counter { name: "rejected_quarantined", family: "tier_rejected", label: Some(("reason", RejectReason::Quarantined.name())), help: REJECTED, kind: C, read: |s| s.rejected_quarantined },
         Counter { name: "io_errors", family: "tier_io_errors", label: None, help: "Failed reads and writes (disk full included)", kind: C, read: |s| s.io_errors },
         Counter { name: "evictions_budget", family: "tier_evictions", label: Some(("cause", "budget")), help: EVICTIONS, kind: C, read: |s| s.evictions.budget },
         Counter { name: "evictions_ttl", family: "tier_evictions", label: Some(("cause", "ttl")), help: EVICTIONS, kind: C, read: |s| s.evictions.ttl },

@@ -9,79 +9,13 @@
     reason = "test code"
 )]
 
-use std::ops::Range;
-use std::sync::{Arc, Mutex};
+mod stand_in;
+
 use std::time::Duration;
 
-use bytes::Bytes;
-use kvtier_core::hash::BlockHash;
-use kvtier_core::stats::{HitStats, TierStats};
-use kvtier_core::tier::conformance::test_layout;
-use kvtier_core::tier::{BlockMeta, PutOutcome, RamConfig, RamTier, ResidencySink, Tier, TierKind};
-use kvtier_core::{Engine, Error, ErrorKind, ExtraKeys, Layout, PersistConfig, PersistMode};
-
-/// A RAM tier standing in for the SSD below the engine; a read of `failing` fails with
-/// the error kind set.
-#[derive(Debug)]
-struct Lower {
-    ram: RamTier,
-    failing: Mutex<Option<(BlockHash, ErrorKind)>>,
-}
-
-impl Tier for Lower {
-    fn kind(&self) -> TierKind {
-        TierKind::Ssd
-    }
-    fn put(&self, meta: &BlockMeta, payload: Bytes) -> kvtier_core::Result<PutOutcome> {
-        self.ram.put(meta, payload)
-    }
-    fn get(&self, hash: &BlockHash) -> kvtier_core::Result<Option<Bytes>> {
-        if let Some((h, kind)) = *self.failing.lock().unwrap()
-            && h == *hash
-        {
-            return Err(Error::new(kind, format!("injected: block=`{hash:?}`")));
-        }
-        self.ram.get(hash)
-    }
-    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> kvtier_core::Result<Option<Bytes>> {
-        self.ram.get_range(hash, range)
-    }
-    fn contains(&self, hash: &BlockHash) -> bool {
-        self.ram.contains(hash)
-    }
-    fn remove(&self, hash: &BlockHash) -> kvtier_core::Result<bool> {
-        self.ram.remove(hash)
-    }
-    fn stats(&self) -> TierStats {
-        self.ram.stats()
-    }
-}
-
-fn engine() -> (Engine, Arc<Layout>, Arc<Lower>) {
-    let layout = test_layout().unwrap();
-    let lower = Arc::new(Lower {
-        ram: RamTier::standalone(RamConfig {
-            capacity_bytes: 64 << 20,
-        }),
-        failing: Mutex::new(None),
-    });
-    let tier = lower.clone();
-    let e = Engine::builder()
-        .ram(RamConfig {
-            capacity_bytes: 64 * layout.block_bytes(),
-        })
-        .persistent_tier(
-            PersistConfig {
-                mode: PersistMode::WriteThrough,
-                ..PersistConfig::default()
-            },
-            move |_sink: Arc<dyn ResidencySink>| Ok(tier as Arc<dyn Tier>),
-        )
-        .build()
-        .unwrap();
-    let layout = e.register_layout(layout.key().clone()).unwrap();
-    (e, layout, lower)
-}
+use kvtier_core::stats::HitStats;
+use kvtier_core::tier::{Tier, TierKind};
+use kvtier_core::{Engine, ErrorKind, ExtraKeys, Layout};
 
 /// Stores four whole blocks and a partial one; returns the prompt's tokens.
 fn store_four_blocks(e: &Engine, layout: &Layout) -> kvtier_core::Result<Vec<u32>> {
@@ -99,7 +33,7 @@ fn hits(e: &Engine) -> HitStats {
 
 #[test]
 fn a_load_after_evicting_part_of_a_hit_counts_the_gap_as_evicted() -> kvtier_core::Result<()> {
-    let (e, layout, lower) = engine();
+    let (e, layout, lower) = stand_in::engine();
     let tokens = store_four_blocks(&e, &layout)?;
     let tpb = layout.tokens_per_block() as u64;
 
@@ -145,7 +79,7 @@ fn a_load_after_evicting_part_of_a_hit_counts_the_gap_as_evicted() -> kvtier_cor
 
 #[test]
 fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
-    let (e, layout, lower) = engine();
+    let (e, layout, lower) = stand_in::engine();
     let tokens = store_four_blocks(&e, &layout)?;
     let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
     assert_eq!(lookup.blocks.len(), 4);
@@ -153,7 +87,7 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
 
     // Block 1 is read from the lower tier, and that read fails verification.
     assert!(e.ram().remove(&b(1))?);
-    *lower.failing.lock().unwrap() = Some((b(1), ErrorKind::Corrupt));
+    lower.fail_reads_of(b(1), ErrorKind::Corrupt);
     let err = e.load(&lookup.blocks).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt);
     let h = hits(&e);
@@ -161,7 +95,7 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
     assert_eq!(h.load_blocks_undelivered_corrupt, 3, "{h:?}");
 
     // Any other failure (a deadline, an unavailable tier) counts as `failed`.
-    *lower.failing.lock().unwrap() = Some((b(1), ErrorKind::Unavailable));
+    lower.fail_reads_of(b(1), ErrorKind::Unavailable);
     assert_eq!(
         e.load(&lookup.blocks).unwrap_err().kind(),
         ErrorKind::Unavailable
@@ -176,7 +110,7 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
 
 #[test]
 fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
-    let (e, layout, _lower) = engine();
+    let (e, layout, _lower) = stand_in::engine();
     let tokens = store_four_blocks(&e, &layout)?;
     let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
     assert_eq!(lookup.blocks.len(), 4);

@@ -8,66 +8,15 @@
     reason = "test code"
 )]
 
-use std::ops::Range;
+mod stand_in;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use kvtier_core::hash::BlockHash;
-use kvtier_core::stats::TierStats;
-use kvtier_core::tier::conformance::test_layout;
-use kvtier_core::tier::{BlockMeta, PutOutcome, RamConfig, RamTier, ResidencySink, Tier, TierKind};
-use kvtier_core::{
-    Ack, Engine, ErrorKind, ExtraKeys, Layout, PersistConfig, PersistMode, StoreOptions,
-};
-
-/// A RAM tier standing in for the SSD below the engine.
-#[derive(Debug)]
-struct Lower(RamTier);
-
-impl Tier for Lower {
-    fn kind(&self) -> TierKind {
-        TierKind::Ssd
-    }
-    fn put(&self, meta: &BlockMeta, payload: Bytes) -> kvtier_core::Result<PutOutcome> {
-        self.0.put(meta, payload)
-    }
-    fn get(&self, hash: &BlockHash) -> kvtier_core::Result<Option<Bytes>> {
-        self.0.get(hash)
-    }
-    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> kvtier_core::Result<Option<Bytes>> {
-        self.0.get_range(hash, range)
-    }
-    fn contains(&self, hash: &BlockHash) -> bool {
-        self.0.contains(hash)
-    }
-    fn remove(&self, hash: &BlockHash) -> kvtier_core::Result<bool> {
-        self.0.remove(hash)
-    }
-    fn stats(&self) -> TierStats {
-        self.0.stats()
-    }
-}
+use kvtier_core::{Ack, Engine, ErrorKind, ExtraKeys, Layout, StoreOptions};
 
 fn engine() -> (Engine, Arc<Layout>) {
-    let layout = test_layout().unwrap();
-    let lower = Arc::new(Lower(RamTier::standalone(RamConfig {
-        capacity_bytes: 64 << 20,
-    })));
-    let e = Engine::builder()
-        .ram(RamConfig {
-            capacity_bytes: 64 * layout.block_bytes(),
-        })
-        .persistent_tier(
-            PersistConfig {
-                mode: PersistMode::WriteThrough,
-                ..PersistConfig::default()
-            },
-            move |_sink: Arc<dyn ResidencySink>| Ok(lower as Arc<dyn Tier>),
-        )
-        .build()
-        .unwrap();
-    let layout = e.register_layout(layout.key().clone()).unwrap();
+    let (e, layout, _lower) = stand_in::engine();
     (e, layout)
 }
 

@@ -1,7 +1,6 @@
 //! `kvtier serve`'s command line: a handful of named flags for the settings nearly every
 //! run sets (where to listen, where the data lives, how much RAM and SSD, the shared tier,
-//! the tokens), and `--set` for everything else. TiKV's server does the same: about ten
-//! flags, the rest from its configuration file.
+//! the tokens), and `--set` for everything else.
 //!
 //! Nothing here restates a default. The `[default: …]` of a named flag and the list of
 //! every setting at the end of `--help` are rendered from `Settings::default()` when the

@@ -160,15 +160,11 @@ mod tests {
     /// A node with RAM, SSD and the KV-event publisher attached (cluster mode and the
     /// remote tier need a real etcd and a real S3 server: `kvtier/tests/stats_and_metrics.rs`
     /// renders a node with every subsystem attached).
-    fn node() -> Arc<AppState> {
-        let dir = std::env::temp_dir().join(format!(
-            "kvtier-metrics-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
+    /// (The directory is removed when the returned guard is dropped.)
+    fn node() -> (tempfile::TempDir, Arc<AppState>) {
+        let dir = tempfile::tempdir().unwrap();
         let mut settings = Settings {
-            data_dir: dir,
+            data_dir: dir.path().to_path_buf(),
             ..Settings::default()
         };
         settings.ssd.enabled = true;
@@ -178,7 +174,8 @@ mod tests {
             "bad_json",
             &"test",
         );
-        AppState::open(settings).unwrap()
+        let app = AppState::open(settings).unwrap();
+        (dir, app)
     }
 
     /// The series of a Prometheus text: `name{labels}` → value, histograms left out.
@@ -211,7 +208,7 @@ mod tests {
 
     #[test]
     fn stats_and_metrics_render_the_same_list() {
-        let app = node();
+        let (_dir, app) = node();
         let samples = all_samples(&app.node.sources());
         let flat = samples.flat();
         let text = app.metrics.render().unwrap();
@@ -294,7 +291,7 @@ mod tests {
 
     #[test]
     fn every_exported_family_is_documented_once_and_every_documented_one_exported() {
-        let app = node();
+        let (_dir, app) = node();
         let mut exported: BTreeSet<String> = all_samples(&app.node.sources())
             .iter()
             .map(|s| s.family.to_string())
@@ -350,7 +347,7 @@ mod tests {
 
     #[test]
     fn every_dashboard_query_names_an_exported_family() {
-        let app = node();
+        let (_dir, app) = node();
         // Series names as `/metrics` writes them: counters end in `_total`.
         let mut exported: BTreeSet<String> = all_samples(&app.node.sources())
             .iter()

@@ -11,6 +11,7 @@
 
 mod ram;
 mod ram_book;
+pub(crate) mod reject;
 pub mod writer;
 
 #[cfg(feature = "conformance")]
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use ram::{RamConfig, RamTier, append_payload, copy_payload};
+pub use reject::RejectReason;
 
 use crate::error::Result;
 use crate::hash::BlockHash;
@@ -169,37 +171,6 @@ pub enum PutOutcome {
     Duplicate,
     /// The tier refused the block.
     Rejected(RejectReason),
-}
-
-/// Why a tier refused a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
-    /// No room could be made without breaking an invariant (the budget is held by the
-    /// block's own ancestors, or the block is larger than the whole budget).
-    NoSpace,
-    /// The tier keeps only blocks whose parent it also holds, and the parent is absent.
-    ParentMissing,
-    /// The tier holds another block under the same hash (different tokens, parent or
-    /// length): a hash collision or a bug. The hash is quarantined for a while.
-    Collision,
-    /// The hash is quarantined (after a collision or a corrupt read) and not accepted yet.
-    Quarantined,
-}
-
-impl RejectReason {
-    /// Every reason with its name, the one table of them (store answers, Python's store
-    /// reports; the counter tables in `stats.rs` spell the same names as labels).
-    const NAMES: [(RejectReason, &'static str); 4] = [
-        (RejectReason::NoSpace, "no_space"),
-        (RejectReason::ParentMissing, "parent_missing"),
-        (RejectReason::Collision, "collision"),
-        (RejectReason::Quarantined, "quarantined"),
-    ];
-
-    /// This reason's name (`no_space`, `parent_missing`, `collision`, `quarantined`).
-    pub const fn name(self) -> &'static str {
-        Self::NAMES[self as usize].1
-    }
 }
 
 /// Why a block left a tier.
@@ -371,6 +342,11 @@ mod names {
         // `name` indexes the table by discriminant: the rows must stay in that order.
         for (reason, name) in RejectReason::NAMES {
             assert_eq!(reason.name(), name);
+            // Each reason is counted under its name, as label and as flat stats name.
+            let counted = crate::stats::TierStats::COUNTERS
+                .iter()
+                .any(|c| c.label == Some(("reason", name)) && c.name == format!("rejected_{name}"));
+            assert!(counted, "no rejection counter for {name}");
         }
         for kind in TierKind::ALL {
             assert_eq!(TierKind::from_letter(kind.letter()), Some(kind));
