@@ -118,12 +118,18 @@ pub fn check_reachable(config: &RemoteConfig, runtime: &IoRuntime) -> Result<()>
         let listed = call_within(runtime, config.deadline, async move {
             store.list_with_delimiter(Some(&prefix)).await.map(|_| ())
         });
-        if let Fetch::Failed(why) = listed {
-            return Err(Error::new(
+        let unlisted = |what: String| {
+            Error::new(
                 ErrorKind::Unavailable,
-                format!("remote endpoint `{}` did not list its bucket", e.id()),
+                format!("remote endpoint `{}` did not list its bucket{what}", e.id()),
             )
-            .with_source(why));
+        };
+        match listed {
+            Fetch::Got(()) => {}
+            // A listing is never 404 for a bucket that exists (an empty prefix lists
+            // nothing): the bucket is missing.
+            Fetch::Gone => return Err(unlisted(": no such bucket".into())),
+            Fetch::Failed(why) => return Err(unlisted(String::new()).with_source(why)),
         }
     }
     Ok(())

@@ -131,3 +131,27 @@ fn a_required_remote_tier_nobody_answers_fails_the_start() {
     );
     assert!(!data.join("ssd").exists(), "the SSD tier was opened");
 }
+
+#[test]
+fn a_required_remote_tier_whose_bucket_is_missing_fails_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--remote-endpoints", &gateway.endpoint])
+        .args(["--remote-bucket", "absent"])
+        .args(["--set", "remote.require_at_start=true"])
+        .args(["--set", &format!("remote.access_key={ACCESS}")])
+        .args(["--set", &format!("remote.secret_key={SECRET}")])
+        .env_remove("KVTIER_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {err}");
+    assert!(err.contains("unavailable"), "{err}");
+    assert!(err.contains("did not list its bucket"), "{err}");
+    assert!(!data.join("ssd").exists(), "the SSD tier was opened");
+    drop(gateway);
+}
