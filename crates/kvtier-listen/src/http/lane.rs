@@ -47,10 +47,10 @@ impl Lanes {
 
     /// A bulk lane of `threads` request threads at `nice` beside the caller's runtime.
     ///
-    /// Only the threads that serve bulk connections run at `nice`; the lane's blocking
-    /// pool (the engine work a request hands off, which takes the engine's locks) keeps
-    /// the process's priority, so that a lookup never waits for a lock held by a thread
-    /// the kernel ranks below it.
+    /// Only the threads that serve bulk connections run at `nice`. Blocking work a bulk
+    /// request hands off through [`spawn_blocking`] (the engine's, which takes the
+    /// engine's locks) runs at the process's priority, so that a lookup never waits for a
+    /// lock held by a thread the kernel ranks below it.
     pub fn with_bulk(threads: usize, nice: i32) -> io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
@@ -62,9 +62,9 @@ impl Lanes {
         })
     }
 
-    /// Where bulk connections go, if there is a bulk lane.
-    /// Called on the front end's runtime, which becomes the bulk lane's way back to
-    /// threads at the process's priority ([`spawn_blocking`]).
+    /// Where bulk connections go, if there is a bulk lane. Called on the front end's
+    /// runtime, which becomes the lane's way back to threads at the process's priority
+    /// ([`spawn_blocking`]).
     pub(super) fn bulk(&self) -> Option<BulkLane> {
         self.bulk.as_ref().map(|b| BulkLane {
             handle: b.runtime.handle().clone(),
