@@ -102,56 +102,56 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
     drop(gateway);
 }
 
-#[test]
-fn a_required_remote_tier_nobody_answers_fails_the_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = kvtier_testkit::free_port().unwrap();
-    let data = dir.path().join("data");
+/// Runs `kvtier serve` over `data` with the remote tier at `endpoint` required at start
+/// (credentials given, so a failure is the endpoint's, not a credential lookup's) and
+/// `extra` arguments; it must exit without listening or opening the SSD tier. Its stderr.
+fn strict_start_fails(data: &std::path::Path, endpoint: &str, extra: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .args(["--remote-endpoints", &format!("http://127.0.0.1:{port}")])
-        .args(["--set", "remote.deadline=500ms"])
+        .arg(data)
+        .args(["--remote-endpoints", endpoint])
         .args(["--set", "remote.require_at_start=true"])
-        // Credentials given, so the failure is the endpoint's, not a credential lookup's.
         .args(["--set", &format!("remote.access_key={ACCESS}")])
         .args(["--set", &format!("remote.secret_key={SECRET}")])
+        .args(extra)
         .env_remove("KVTIER_CONFIG")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "started: {err}");
     assert!(err.contains("unavailable"), "{err}");
     assert!(err.contains("remote.require_at_start"), "{err}");
-    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
-    assert!(err.to_lowercase().contains("connect"), "{err}");
     assert!(
         !String::from_utf8_lossy(&out.stdout).contains("listening on"),
         "it listened"
     );
     assert!(!data.join("ssd").exists(), "the SSD tier was opened");
+    err
+}
+
+#[test]
+fn a_required_remote_tier_nobody_answers_fails_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = kvtier_testkit::free_port().unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let err = strict_start_fails(
+        &dir.path().join("data"),
+        &endpoint,
+        &["--set", "remote.deadline=500ms"],
+    );
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(err.to_lowercase().contains("connect"), "{err}");
 }
 
 #[test]
 fn a_required_remote_tier_whose_bucket_is_missing_fails_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    let data = dir.path().join("data");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .args(["--remote-endpoints", &gateway.endpoint])
-        .args(["--remote-bucket", "absent"])
-        .args(["--set", "remote.require_at_start=true"])
-        .args(["--set", &format!("remote.access_key={ACCESS}")])
-        .args(["--set", &format!("remote.secret_key={SECRET}")])
-        .env_remove("KVTIER_CONFIG")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started: {err}");
-    assert!(err.contains("unavailable"), "{err}");
+    let err = strict_start_fails(
+        &dir.path().join("data"),
+        &gateway.endpoint,
+        &["--remote-bucket", "absent"],
+    );
     assert!(err.contains("did not list its bucket"), "{err}");
-    assert!(!data.join("ssd").exists(), "the SSD tier was opened");
     drop(gateway);
 }
