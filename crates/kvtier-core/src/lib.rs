@@ -22,7 +22,7 @@
 //! engine.store(&prompt, &[&kv, &kv])?;
 //! let hit = engine.lookup(&prompt);
 //! assert_eq!(hit.matched_tokens, 32);
-//! let loaded = engine.load(&hit.blocks)?;
+//! let loaded = engine.load(&hit)?;
 //! assert!(loaded.complete && loaded.blocks[1] == kv);
 //! # Ok(()) }
 //! ```

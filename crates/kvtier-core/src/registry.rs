@@ -206,12 +206,12 @@ impl EngineStats {
 }
 
 impl HitStats {
-    /// Blocks loads delivered from tier `kind`.
+    /// Tokens loads delivered from tier `kind`.
     pub fn delivered(&self, kind: TierKind) -> u64 {
         match kind {
-            TierKind::Ram => self.load_blocks_delivered_ram,
-            TierKind::Ssd => self.load_blocks_delivered_ssd,
-            TierKind::Remote => self.load_blocks_delivered_remote,
+            TierKind::Ram => self.load_tokens_delivered_ram,
+            TierKind::Ssd => self.load_tokens_delivered_ssd,
+            TierKind::Remote => self.load_tokens_delivered_remote,
         }
     }
 }
@@ -236,9 +236,9 @@ impl EngineStats {
                 &[("tier", kind.name())],
             );
             out.push(Sample {
-                name: format!("engine_load_blocks_delivered_{}", kind.name()),
-                family: "load_blocks_delivered",
-                help: "Blocks loads delivered, by the tier that served them",
+                name: format!("engine_load_tokens_delivered_{}", kind.name()),
+                family: "load_tokens_delivered",
+                help: "Tokens loads delivered, by the tier that served them",
                 kind: CounterKind::Counter,
                 labels: vec![("tier", kind.name().to_string())],
                 value: self.engine.hits.delivered(kind),

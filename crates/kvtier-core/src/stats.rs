@@ -336,22 +336,27 @@ pub struct HitStats {
     pub lookup_tokens_promised: u64,
     /// Blocks lookups matched (promised).
     pub lookup_blocks_promised: u64,
-    /// Blocks loads were asked for.
-    pub load_blocks_asked: u64,
-    /// Blocks loads delivered from RAM.
-    pub load_blocks_delivered_ram: u64,
-    /// Blocks loads delivered from the SSD tier.
-    pub load_blocks_delivered_ssd: u64,
-    /// Blocks loads delivered from the remote tier.
-    pub load_blocks_delivered_remote: u64,
-    /// Blocks a load did not deliver because no tier held them any more (evicted, expired
-    /// or removed since the lookup).
-    pub load_blocks_undelivered_evicted: u64,
-    /// Blocks a load did not deliver because a tier's read failed verification.
-    pub load_blocks_undelivered_corrupt: u64,
-    /// Blocks a load did not deliver because a tier's read failed otherwise (deadline,
-    /// unavailable, refused).
-    pub load_blocks_undelivered_failed: u64,
+    /// Tokens loads were asked for (of the blocks asked for).
+    pub load_tokens_asked: u64,
+    /// Tokens loads delivered from RAM.
+    pub load_tokens_delivered_ram: u64,
+    /// Tokens loads delivered from the SSD tier.
+    pub load_tokens_delivered_ssd: u64,
+    /// Tokens loads delivered from the remote tier.
+    pub load_tokens_delivered_remote: u64,
+    /// Tokens a load did not deliver because no tier held their block any more (evicted,
+    /// expired or removed since the lookup), or a block before it.
+    pub load_tokens_undelivered_evicted: u64,
+    /// Tokens a load did not deliver because a tier's read failed verification.
+    pub load_tokens_undelivered_corrupt: u64,
+    /// Tokens a load did not deliver because a tier's read ran out of its deadline.
+    pub load_tokens_undelivered_deadline: u64,
+    /// Tokens a load did not deliver because a tier's read failed otherwise (unreachable,
+    /// refused by its store, an I/O error).
+    pub load_tokens_undelivered_failed: u64,
+    /// Tokens a load did not deliver because the engine refused the load (its layout no
+    /// longer registered, the engine closed).
+    pub load_tokens_undelivered_refused: u64,
 }
 
 impl EngineCounters {
@@ -368,10 +373,12 @@ impl EngineCounters {
         Counter { name: "lookup_tokens_asked", family: "lookup_tokens", label: Some(("outcome", "asked")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_asked },
         Counter { name: "lookup_tokens_promised", family: "lookup_tokens", label: Some(("outcome", "promised")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_promised },
         Counter { name: "lookup_blocks_promised", family: "lookup_blocks_promised", label: None, help: "Blocks lookups matched (promised to a later load)", kind: C, read: |s| s.hits.lookup_blocks_promised },
-        Counter { name: "load_blocks_asked", family: "load_blocks_asked", label: None, help: "Blocks loads were asked for", kind: C, read: |s| s.hits.load_blocks_asked },
-        Counter { name: "load_blocks_undelivered_evicted", family: "load_blocks_undelivered", label: Some(("reason", "evicted")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_evicted },
-        Counter { name: "load_blocks_undelivered_corrupt", family: "load_blocks_undelivered", label: Some(("reason", "corrupt")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_corrupt },
-        Counter { name: "load_blocks_undelivered_failed", family: "load_blocks_undelivered", label: Some(("reason", "failed")), help: "Blocks loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_blocks_undelivered_failed },
+        Counter { name: "load_tokens_asked", family: "load_tokens_asked", label: None, help: "Tokens loads were asked for", kind: C, read: |s| s.hits.load_tokens_asked },
+        Counter { name: "load_tokens_undelivered_evicted", family: "load_tokens_undelivered", label: Some(("reason", "evicted")), help: "Tokens loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_tokens_undelivered_evicted },
+        Counter { name: "load_tokens_undelivered_corrupt", family: "load_tokens_undelivered", label: Some(("reason", "corrupt")), help: "Tokens loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_tokens_undelivered_corrupt },
+        Counter { name: "load_tokens_undelivered_deadline", family: "load_tokens_undelivered", label: Some(("reason", "deadline")), help: "Tokens loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_tokens_undelivered_deadline },
+        Counter { name: "load_tokens_undelivered_failed", family: "load_tokens_undelivered", label: Some(("reason", "failed")), help: "Tokens loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_tokens_undelivered_failed },
+        Counter { name: "load_tokens_undelivered_refused", family: "load_tokens_undelivered", label: Some(("reason", "refused")), help: "Tokens loads were asked for and did not deliver, by reason", kind: C, read: |s| s.hits.load_tokens_undelivered_refused },
     ];
 }
 

@@ -89,7 +89,7 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                             };
                             let hit = engine.lookup(&p);
                             loads.fetch_add(hit.blocks.len() as u64, Ordering::Relaxed);
-                            match engine.load(&hit.blocks) {
+                            match engine.load(&hit) {
                                 Ok(got) => {
                                     for (r, b) in hit.blocks.iter().zip(&got.blocks) {
                                         if b[..] != common::payload_for(layout, &r.hash)[..] {
@@ -168,7 +168,7 @@ fn mixed_load_keeps_bytes_and_counters_right() -> Result<(), kvtier_core::Error>
                 .collect();
             let p = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
             let hit = engine.lookup(&p);
-            let got = engine.load(&hit.blocks)?;
+            let got = engine.load(&hit)?;
             for (r, b) in hit.blocks.iter().zip(&got.blocks) {
                 assert_eq!(&b[..], &common::payload_for(&layout, &r.hash)[..]);
             }

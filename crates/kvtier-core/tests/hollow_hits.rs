@@ -1,5 +1,5 @@
 //! Hit accounting (issue 36, item 6): what a lookup promised and what the load after it
-//! delivered, per tier, and the promised blocks it did not deliver, by reason. A hit that
+//! delivered, in tokens, per tier, and the promised tokens it did not deliver, by reason. A hit that
 //! turns hollow between lookup and load shows up here, and nowhere else.
 
 #![allow(
@@ -14,7 +14,7 @@ mod stand_in;
 use std::time::Duration;
 
 use kvtier_core::stats::HitStats;
-use kvtier_core::tier::{Tier, TierKind};
+use kvtier_core::tier::{ShortRead, Tier, TierKind};
 use kvtier_core::{Engine, ErrorKind, ExtraKeys, Layout};
 
 /// Stores four whole blocks and a partial one; returns the prompt's tokens.
@@ -52,35 +52,45 @@ fn a_load_after_evicting_part_of_a_hit_counts_the_gap_as_evicted() -> kvtier_cor
     assert!(e.ram().remove(&b(0))?);
     assert!(!e.ram().contains(&b(1)));
 
-    let loaded = e.load(&lookup.blocks)?;
+    let loaded = e.load(&lookup)?;
     assert_eq!(loaded.blocks.len(), 2);
     assert!(!loaded.complete);
     let h = hits(&e);
-    assert_eq!(h.load_blocks_asked, 4);
-    assert_eq!(h.load_blocks_delivered_ssd, 2, "{h:?}");
-    assert_eq!(h.load_blocks_delivered_ram, 0, "{h:?}");
-    assert_eq!(h.load_blocks_delivered_remote, 0);
+    assert_eq!(h.load_tokens_asked, 4 * tpb);
+    assert_eq!(h.load_tokens_delivered_ssd, 2 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_delivered_ram, 0, "{h:?}");
+    assert_eq!(h.load_tokens_delivered_remote, 0);
     // Promised − delivered, all under `evicted`: block 2 went away, and block 3 cannot be
     // used without it.
     let delivered =
-        h.load_blocks_delivered_ram + h.load_blocks_delivered_ssd + h.load_blocks_delivered_remote;
-    assert_eq!(h.lookup_blocks_promised - delivered, 2);
-    assert_eq!(h.load_blocks_undelivered_evicted, 2);
-    assert_eq!(h.load_blocks_undelivered_corrupt, 0);
-    assert_eq!(h.load_blocks_undelivered_failed, 0);
+        h.load_tokens_delivered_ram + h.load_tokens_delivered_ssd + h.load_tokens_delivered_remote;
+    assert_eq!(h.lookup_tokens_promised - delivered, 2 * tpb);
+    assert_eq!(h.load_tokens_undelivered_evicted, 2 * tpb);
+    assert_eq!(undelivered_other_than_evicted(&h), 0, "{h:?}");
 
     // The same names in the flat list `/v1/stats` answers with.
     let flat: std::collections::HashMap<String, u64> = e.stats().counters().into_iter().collect();
     assert_eq!(flat["engine_lookup_tokens_promised"], 4 * tpb);
-    assert_eq!(flat["engine_load_blocks_delivered_ssd"], 2);
-    assert_eq!(flat["engine_load_blocks_undelivered_evicted"], 2);
+    assert_eq!(flat["engine_load_tokens_delivered_ssd"], 2 * tpb);
+    assert_eq!(flat["engine_load_tokens_undelivered_evicted"], 2 * tpb);
     Ok(())
+}
+
+/// Reads one hit counter.
+type Counted = fn(&HitStats) -> u64;
+
+fn undelivered_other_than_evicted(h: &HitStats) -> u64 {
+    h.load_tokens_undelivered_corrupt
+        + h.load_tokens_undelivered_deadline
+        + h.load_tokens_undelivered_failed
+        + h.load_tokens_undelivered_refused
 }
 
 #[test]
 fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
     let (e, layout, lower) = stand_in::engine();
     let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
     let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
     assert_eq!(lookup.blocks.len(), 4);
     let b = |i: usize| lookup.blocks[i].hash;
@@ -88,23 +98,110 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
     // Block 1 is read from the lower tier, and that read fails verification.
     assert!(e.ram().remove(&b(1))?);
     lower.fail_reads_of(b(1), ErrorKind::Corrupt);
-    let err = e.load(&lookup.blocks).unwrap_err();
+    let err = e.load(&lookup).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt);
     let h = hits(&e);
-    assert_eq!(h.load_blocks_delivered_ram, 1, "{h:?}");
-    assert_eq!(h.load_blocks_undelivered_corrupt, 3, "{h:?}");
+    assert_eq!(h.load_tokens_delivered_ram, tpb, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_corrupt, 3 * tpb, "{h:?}");
 
-    // Any other failure (a deadline, an unavailable tier) counts as `failed`.
+    // A tier that is unreachable fails the read: `failed`.
     lower.fail_reads_of(b(1), ErrorKind::Unavailable);
-    assert_eq!(
-        e.load(&lookup.blocks).unwrap_err().kind(),
-        ErrorKind::Unavailable
-    );
+    assert_eq!(e.load(&lookup).unwrap_err().kind(), ErrorKind::Unavailable);
     let h = hits(&e);
-    assert_eq!(h.load_blocks_delivered_ram, 2, "{h:?}");
-    assert_eq!(h.load_blocks_undelivered_failed, 3, "{h:?}");
-    assert_eq!(h.load_blocks_undelivered_evicted, 0);
-    assert_eq!(h.load_blocks_asked, 8);
+    assert_eq!(h.load_tokens_delivered_ram, 2 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_failed, 3 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_evicted, 0);
+    assert_eq!(h.load_tokens_asked, 8 * tpb);
+    Ok(())
+}
+
+#[test]
+fn a_tier_that_answers_a_miss_for_a_reason_is_counted_under_that_reason() -> kvtier_core::Result<()>
+{
+    let (e, layout, lower) = stand_in::engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+    let b = |i: usize| lookup.blocks[i].hash;
+    // Block 2 is read from the lower tier (and so are its descendants).
+    assert!(e.ram().remove(&b(2))?);
+
+    // The read of block 2 answers a miss: its bytes failed their checksum (the SSD and
+    // remote tiers drop such a block and answer a miss), then ran out of the tier's
+    // deadline, then failed otherwise. A load returns two blocks each time, and the two
+    // promised blocks it did not deliver are counted under the reason the tier gave.
+    let cases: [(ShortRead, Counted); 4] = [
+        (ShortRead::Corrupt, |h: &HitStats| {
+            h.load_tokens_undelivered_corrupt
+        }),
+        (ShortRead::Deadline, |h: &HitStats| {
+            h.load_tokens_undelivered_deadline
+        }),
+        (ShortRead::Failed, |h: &HitStats| {
+            h.load_tokens_undelivered_failed
+        }),
+        (ShortRead::NotHeld, |h: &HitStats| {
+            h.load_tokens_undelivered_evicted
+        }),
+    ];
+    for (why, counted) in cases {
+        lower.miss_reads_of(b(2), why);
+        let before = hits(&e);
+        let loaded = e.load(&lookup)?;
+        assert_eq!(loaded.blocks.len(), 2, "{why:?}");
+        assert!(!loaded.complete);
+        let after = hits(&e);
+        assert_eq!(
+            counted(&after) - counted(&before),
+            2 * tpb,
+            "{why:?}: {after:?}"
+        );
+        let others = |h: &HitStats| {
+            h.load_tokens_undelivered_evicted + undelivered_other_than_evicted(h) - counted(h)
+        };
+        assert_eq!(others(&after), others(&before), "{why:?}: {after:?}");
+
+        // Layer by layer (each block read from the tier the lookup found it in: block 2
+        // and the block after it from the lower tier), the same.
+        let mut relooked = lookup.clone();
+        for r in &mut relooked.blocks[2..] {
+            r.tier = TierKind::Ssd;
+        }
+        let before = hits(&e);
+        let loaded = e.load_layers(&relooked, 0..1)?;
+        assert_eq!(loaded.blocks.len(), 2, "{why:?}");
+        assert_eq!(counted(&hits(&e)) - counted(&before), 2 * tpb, "{why:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_load_a_closed_engine_refuses_is_counted_as_refused() -> kvtier_core::Result<()> {
+    let (e, layout, _lower) = stand_in::engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+
+    e.inject_background_panic();
+    let started = std::time::Instant::now();
+    let err = loop {
+        match e.load(&lookup) {
+            Err(err) => break err,
+            Ok(_) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(1),
+                    "still open after 1 s"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    let h = hits(&e);
+    assert_eq!(h.load_tokens_undelivered_refused, 4 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_evicted, 0, "{h:?}");
     Ok(())
 }
 
@@ -112,6 +209,7 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
 fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
     let (e, layout, _lower) = stand_in::engine();
     let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
     let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
     assert_eq!(lookup.blocks.len(), 4);
     let layers = layout.key().num_layers;
@@ -122,8 +220,8 @@ fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
     }
     let h = hits(&e);
     // One hit, loaded in `layers` ranges: four blocks asked and delivered, not 4 × layers.
-    assert_eq!(h.load_blocks_asked, 4, "{h:?}");
-    assert_eq!(h.load_blocks_delivered_ram, 4, "{h:?}");
+    assert_eq!(h.load_tokens_asked, 4 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_delivered_ram, 4 * tpb, "{h:?}");
 
     // A block gone before the first range is counted as evicted, once.
     assert!(e.ram().remove(&lookup.blocks[3].hash)?);
@@ -133,7 +231,7 @@ fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
     assert_eq!(loaded.blocks.len(), 3);
     assert!(!loaded.complete);
     let h = hits(&e);
-    assert_eq!(h.load_blocks_asked, 8, "{h:?}");
-    assert_eq!(h.load_blocks_undelivered_evicted, 1, "{h:?}");
+    assert_eq!(h.load_tokens_asked, 8 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_evicted, tpb, "{h:?}");
     Ok(())
 }

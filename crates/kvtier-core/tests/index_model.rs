@@ -156,7 +156,7 @@ proptest! {
                     let hit = w.engine.lookup(&prompt);
                     prop_assert_eq!(hit.blocks.len(), naive_matched(&w, layout, &tokens));
                     prop_assert_eq!(hit.matched_tokens, hit.blocks.len() * layout.tokens_per_block());
-                    let loaded = w.engine.load(&hit.blocks).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let loaded = w.engine.load(&hit).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     prop_assert!(loaded.complete, "nothing evicts between this lookup and load");
                     for (r, bytes) in hit.blocks.iter().zip(&loaded.blocks) {
                         prop_assert_eq!(&bytes[..], &payload_for(layout, &r.hash)[..], "wrong bytes for block {}", r.position);
@@ -218,7 +218,7 @@ fn eviction_takes_the_least_recently_used_leaf_first() -> Result<(), kvtier_core
     // Touch A and C, so B is the least recently used leaf.
     for t in [&a, &c] {
         let p = engine.prompt(layout.digest(), t, &ExtraKeys::none())?;
-        engine.load(&engine.lookup(&p).blocks)?;
+        engine.load(&engine.lookup(&p))?;
     }
     let d = tokens_of(&[0, 1], 16, 0); // a0 -> d1: needs one more slot
     common::store_all(&engine, &layout, &d)?;
@@ -255,7 +255,7 @@ fn a_layer_is_a_zero_copy_slice_of_the_block() -> Result<(), kvtier_core::Error>
     common::store_all(&engine, &layout, &tokens)?;
     let prompt = engine.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
     let hit = engine.lookup(&prompt);
-    let whole = engine.load(&hit.blocks)?;
+    let whole = engine.load(&hit)?;
     let layer1 = engine.load_layers(&hit, 1..2)?;
     let page = layout.geometry().page_bytes() as usize;
     for (w, l) in whole.blocks.iter().zip(&layer1.blocks) {

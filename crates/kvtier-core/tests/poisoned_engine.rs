@@ -64,10 +64,7 @@ fn a_writer_that_panics_closes_the_engine_within_a_second() -> kvtier_core::Resu
     let durable = store(&e, &layout, 300, Some(Ack::Written)).unwrap_err();
     assert_eq!(durable.kind(), ErrorKind::Closed);
     let lookup = e.lookup(&e.prompt(layout.digest(), &[1, 2, 3], &ExtraKeys::none())?);
-    assert_eq!(
-        e.load(&lookup.blocks).unwrap_err().kind(),
-        ErrorKind::Closed
-    );
+    assert_eq!(e.load(&lookup).unwrap_err().kind(), ErrorKind::Closed);
     assert_eq!(
         e.snapshot_put(layout.digest(), &[1], None, b"x")
             .unwrap_err()

@@ -49,7 +49,7 @@ fn owned_buffers_are_kept_without_a_copy_and_borrowed_ones_are_copied() {
 
     let found = e.lookup(&prompt);
     assert_eq!(found.blocks.len(), 3);
-    let loaded = e.load(&found.blocks).unwrap();
+    let loaded = e.load(&found).unwrap();
     assert!(loaded.complete);
     for (i, (got, sent)) in loaded.blocks.iter().zip(&owned).enumerate() {
         assert_eq!(got, sent, "block {i}");
@@ -68,7 +68,7 @@ fn owned_buffers_are_kept_without_a_copy_and_borrowed_ones_are_copied() {
         .unwrap();
     let mine = payload_for(&layout, &prompt.hashes()[0]);
     assert_eq!(e.store(&prompt, &[&mine]).unwrap().stored, 1);
-    let loaded = e.load(&e.lookup(&prompt).blocks).unwrap();
+    let loaded = e.load(&e.lookup(&prompt)).unwrap();
     assert_eq!(&loaded.blocks[0][..], &mine[..]);
     assert_ne!(loaded.blocks[0].as_ptr(), mine.as_ptr());
 }

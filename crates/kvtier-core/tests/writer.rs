@@ -332,7 +332,7 @@ fn a_block_on_its_way_down_is_found_and_loads_byte_for_byte() {
             1,
             "every block is findable while the writer is held"
         );
-        let loaded = e.load(&hit.blocks).unwrap();
+        let loaded = e.load(&hit).unwrap();
         assert!(loaded.complete);
         assert_eq!(&loaded.blocks[0][..], &bytes[..]);
         // A layer of it, too.

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kvtier_core::tier::ShortRead;
 use kvtier_core::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
@@ -45,6 +46,31 @@ pub(crate) enum CallError {
     /// No answer within the deadline.
     #[error("no answer within {0:?}")]
     Deadline(Duration),
+}
+
+impl CallError {
+    /// How a read that failed this way shows in the engine's hit accounting: as a read
+    /// past its deadline when it ran out of time (the tier's own deadline, or a socket
+    /// read that timed out), as a failed read otherwise.
+    pub(crate) fn short_read(&self) -> ShortRead {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match self {
+            CallError::Deadline(_) => return ShortRead::Deadline,
+            CallError::Store(e) => Some(e),
+            CallError::Direct(e) => Some(e),
+        };
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                )
+            {
+                return ShortRead::Deadline;
+            }
+            cause = e.source();
+        }
+        ShortRead::Failed
+    }
 }
 
 /// Runs `fut` on `runtime` and waits at most `deadline` (plus a margin for the runtime's

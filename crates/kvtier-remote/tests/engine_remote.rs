@@ -93,7 +93,7 @@ fn store(engine: &Engine, layout: LayoutDigest, tokens: &[u32]) -> Vec<Vec<u8>> 
 fn hit(engine: &Engine, layout: LayoutDigest, tokens: &[u32]) -> (usize, Vec<Bytes>, bool) {
     let prompt = engine.prompt(layout, tokens, &ExtraKeys::none()).unwrap();
     let found = engine.lookup(&prompt);
-    let loaded = engine.load(&found.blocks).unwrap();
+    let loaded = engine.load(&found).unwrap();
     (found.blocks.len(), loaded.blocks, loaded.complete)
 }
 
@@ -111,7 +111,7 @@ fn a_restarted_engine_hits_the_remote_tier_with_one_get() {
     assert_eq!(found.blocks.len(), 8);
     assert!(found.blocks.iter().all(|b| b.tier == TierKind::Remote));
     let before = (gateway.gets(), gateway.ranged_gets());
-    let loaded = engine.load(&found.blocks).unwrap();
+    let loaded = engine.load(&found).unwrap();
     assert!(loaded.complete);
     for (got, want) in loaded.blocks.iter().zip(&expected) {
         assert_eq!(&got[..], &want[..]);
@@ -303,6 +303,11 @@ fn a_corrupt_object_is_never_served() {
         !complete && blocks.is_empty(),
         "bytes failing the checksum are a miss"
     );
+    // The hit accounting says why the three promised blocks did not come: their bytes
+    // failed verification (not `evicted`, which the miss alone would suggest).
+    let h = engine.stats().engine.hits;
+    assert_eq!(h.load_tokens_undelivered_corrupt, 3 * TPB as u64, "{h:?}");
+    assert_eq!(h.load_tokens_undelivered_evicted, 0, "{h:?}");
     assert_eq!(
         hit(&engine, layout, &t).0,
         0,
@@ -384,6 +389,20 @@ fn check_fault(mode: Mode) {
         "{mode:?}: the load took {took:?}"
     );
     assert!(proxy.intercepted.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    // The hit accounting says why the four promised blocks did not come: a hanging
+    // endpoint ran the read out of its deadline; any other fault failed it (or ran out of
+    // time between retries). Never `evicted`: the blocks are still there.
+    let h = engine.stats().engine.hits;
+    let promised = 4 * TPB as u64;
+    match mode {
+        Mode::Hang => assert_eq!(h.load_tokens_undelivered_deadline, promised, "{h:?}"),
+        _ => assert_eq!(
+            h.load_tokens_undelivered_failed + h.load_tokens_undelivered_deadline,
+            promised,
+            "{mode:?}: {h:?}"
+        ),
+    }
+    assert_eq!(h.load_tokens_undelivered_evicted, 0, "{mode:?}: {h:?}");
     // A transient failure forgets nothing: once the endpoint is back, the blocks hit.
     proxy.set(Mode::Pass);
     let (found, blocks, complete) = hit(&engine, layout, &remote_t);

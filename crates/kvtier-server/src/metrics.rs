@@ -229,12 +229,12 @@ mod tests {
             "kv_events_epoch",
             "refused_bad_json",
             "engine_lookup_tokens_promised",
-            "engine_load_blocks_undelivered_evicted",
+            "engine_load_tokens_undelivered_evicted",
         ] {
             assert!(flat.contains_key(name), "{name}");
         }
-        assert!(text.contains("# TYPE kvtier_load_blocks_undelivered counter"));
-        assert!(text.contains("kvtier_load_blocks_undelivered_total{reason=\"evicted\"} 0"));
+        assert!(text.contains("# TYPE kvtier_load_tokens_undelivered counter"));
+        assert!(text.contains("kvtier_load_tokens_undelivered_total{reason=\"evicted\"} 0"));
         assert!(text.contains("kvtier_refused_total{kind=\"bad_json\"}"));
         // Each family is written once, typed as its table says.
         for s in samples.iter() {
@@ -382,8 +382,8 @@ mod tests {
         // The hit-accounting families are on it.
         for family in [
             "kvtier_lookup_tokens_total",
-            "kvtier_load_blocks_delivered_total",
-            "kvtier_load_blocks_undelivered_total",
+            "kvtier_load_tokens_delivered_total",
+            "kvtier_load_tokens_undelivered_total",
         ] {
             assert!(all.iter().any(|q| q.contains(family)), "{family}");
         }

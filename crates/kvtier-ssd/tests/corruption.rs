@@ -14,7 +14,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use kvtier_core::tier::Tier;
+use kvtier_core::tier::{ShortRead, Tier};
 
 fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -82,6 +82,39 @@ fn a_flipped_payload_byte_is_a_miss_and_quarantined() {
     drop(tier);
     let (tier, _) = common::open(dir.path());
     assert!(!tier.contains(&blocks[2].0.hash));
+}
+
+#[test]
+fn a_read_of_a_corrupt_record_says_so_once_then_the_block_is_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = populate(dir.path());
+    let seg = &files(dir.path(), "seg")[0];
+    flip(seg, 4096 + 2 * (4096 + 32768) + 4096 + 20_000);
+    let (tier, _) = common::open(dir.path());
+    let hashes: Vec<_> = blocks.iter().map(|(m, _)| m.hash).collect();
+    // The engine's hit accounting counts what `read_run` says: the run stops at block 2
+    // because its bytes failed verification, not because the tier never held it.
+    let read = tier.read_run(&hashes).unwrap();
+    assert_eq!(read.blocks.len(), 2);
+    assert_eq!(read.short, Some(ShortRead::Corrupt));
+    for (got, (_, want)) in read.blocks.iter().zip(&blocks) {
+        assert_eq!(got, want);
+    }
+    // Dropped on that read: from now on it is simply not held.
+    let read = tier.read_run(&hashes[2..]).unwrap();
+    assert!(read.blocks.is_empty());
+    assert_eq!(read.short, Some(ShortRead::NotHeld));
+    // A page of a damaged block, read first, says the same.
+    drop(tier);
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = populate(dir.path());
+    let seg = &files(dir.path(), "seg")[0];
+    flip(seg, 4096 + 2 * (4096 + 32768) + 4096 + 20_000);
+    let (tier, _) = common::open(dir.path());
+    let page = tier.read_range(&blocks[2].0.hash, 16_384..24_576).unwrap();
+    assert_eq!(page.unwrap_err(), ShortRead::Corrupt);
+    let whole = tier.read_run(&[blocks[3].0.hash]).unwrap();
+    assert_eq!((whole.blocks.len(), whole.short), (1, None));
 }
 
 #[test]

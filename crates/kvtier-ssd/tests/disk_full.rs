@@ -173,7 +173,7 @@ fn the_engine_keeps_serving_from_ram_when_the_disk_is_full() {
     // RAM serves everything.
     let hit = e.lookup(&prompt);
     assert_eq!(hit.blocks.len(), 40);
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     assert!(loaded.complete && loaded.blocks.iter().all(|b| b[..] == payload[..]));
     drop(e);
 }

@@ -79,7 +79,7 @@ fn write_through_blocks_all_hit_after_a_clean_restart() {
     let hit = e.lookup(&prompt);
     assert_eq!(hit.blocks.len(), 24, "restart hit ratio below 100%");
     assert!(hit.blocks.iter().all(|b| b.tier == TierKind::Ssd));
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     assert!(loaded.complete);
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
@@ -146,7 +146,7 @@ fn evict_only_hands_ram_victims_to_the_ssd() {
             .unwrap();
         let hit = e.lookup(&prompt);
         assert_eq!(hit.blocks.len(), 3, "conversation {c}: {:?}", e.stats());
-        let loaded = e.load(&hit.blocks).unwrap();
+        let loaded = e.load(&hit).unwrap();
         assert!(loaded.complete);
         for (i, b) in loaded.blocks.iter().enumerate() {
             assert_eq!(
@@ -183,7 +183,7 @@ fn a_chain_longer_than_ram_continues_on_the_ssd() {
             .count(),
         12
     );
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &bytes[i][..]);
     }
@@ -262,7 +262,7 @@ fn a_lookup_prefetches_ssd_only_blocks_in_scan_order() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(e.stats().engine.prefetched, 32, "{:?}", e.stats());
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     assert!(loaded.complete);
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &payload(i, l.block_bytes() as usize)[..]);
@@ -345,7 +345,7 @@ fn evict_only_keeps_the_hot_set_across_a_clean_restart() {
         .unwrap();
     let hit = e.lookup(&prompt);
     assert_eq!(hit.blocks.len(), 12, "the hot set was lost by the restart");
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     for (i, b) in loaded.blocks.iter().enumerate() {
         assert_eq!(&b[..], &stored[i][..], "block {i} differs after restart");
     }

@@ -155,7 +155,7 @@ fn reattach_under_load_loses_nothing_and_never_aliases_layouts() {
         e.lookup(&p).blocks.iter().all(|b| b.tier == TierKind::Ram),
         "the index still points at a detached tier"
     );
-    assert!(e.load(&e.lookup(&p).blocks).unwrap().complete);
+    assert!(e.load(&e.lookup(&p)).unwrap().complete);
     let again = SsdTier::open(
         SsdConfig::new(&dir_a),
         Arc::new(SystemClock::new()),

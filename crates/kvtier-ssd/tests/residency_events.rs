@@ -129,7 +129,7 @@ fn observers_hear_every_insertion_removal_promotion_and_detachment() {
     // Loading the first chain reads the evicted blocks from the SSD: promotions ssd→ram.
     let hit = e.lookup(&a);
     assert_eq!(hit.blocks.len(), 3);
-    let loaded = e.load(&hit.blocks).unwrap();
+    let loaded = e.load(&hit).unwrap();
     assert!(loaded.complete);
     let promoted_now = e.stats().moved(TierKind::Ssd, TierKind::Ram).promoted;
     assert!(promoted_now >= 1, "{:?}", e.stats());

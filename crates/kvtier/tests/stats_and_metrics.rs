@@ -197,8 +197,8 @@ fn a_node_with_every_subsystem_names_the_same_samples_in_stats_and_metrics() {
             "kvtier_writer_outcomes_total{tier=\"remote\",outcome=\"saved\"}",
         ),
         (
-            "engine_load_blocks_delivered_ram",
-            "kvtier_load_blocks_delivered_total{tier=\"ram\"}",
+            "engine_load_tokens_delivered_ram",
+            "kvtier_load_tokens_delivered_total{tier=\"ram\"}",
         ),
         ("ssd_recovery_records", "kvtier_ssd_recovery_records{}"),
         (

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+use super::hits::Ended;
 use super::movement::Moved;
 use super::stack::Slot;
 use super::{Engine, Loaded};
@@ -13,41 +14,72 @@ use crate::events::ResidencyEvent;
 use crate::hash::BlockHash;
 use crate::index::{BlockRef, Lookup};
 use crate::tier::writer::Enqueued;
-use crate::tier::{BlockMeta, PutOutcome, Tier, TierKind};
+use crate::tier::{BlockMeta, PutOutcome, ShortRead, Tier, TierKind};
 
 impl Engine {
-    /// Loads the blocks of `refs` in order, stopping at the first block no longer held.
-    /// Each block is read from the fastest tier holding it: RAM first (a block may have
-    /// been promoted since the lookup), then each tier below in order. A tier that reads
-    /// runs (the remote tier) is asked for the whole run of following blocks no faster
-    /// tier holds, in one request. A block read below RAM is promoted as its tier's policy
-    /// says.
+    /// Loads the matched blocks of `lookup` in order, stopping at the first block no longer
+    /// held. Each block is read from the fastest tier holding it: RAM first (a block may
+    /// have been promoted since the lookup), then each tier below in order. A tier that
+    /// reads runs (the remote tier) is asked for the whole run of following blocks no
+    /// faster tier holds, in one request. A block read below RAM is promoted as its tier's
+    /// policy says.
     ///
-    /// Every load is counted in the hit accounting (`engine::hits`): blocks delivered by
-    /// the tier that served them, and the rest by why they were not.
-    pub fn load(&self, refs: &[BlockRef]) -> Result<Loaded> {
-        self.poison.check()?;
+    /// Every load is counted in the hit accounting (`engine::hits`), in tokens of the
+    /// lookup's layout: those delivered by the tier that served them, and the rest by why
+    /// they were not.
+    pub fn load(&self, lookup: &Lookup) -> Result<Loaded> {
+        let refs = &lookup.blocks;
         let mut blocks = Vec::with_capacity(refs.len());
         let mut served = [0u64; TierKind::ALL.len()];
-        let outcome = self.load_into(refs, &mut blocks, &mut served);
+        // A closed engine refuses the load; the refusal is counted like any other end.
+        let outcome = self
+            .poison
+            .check()
+            .and_then(|()| self.load_into(refs, &mut blocks, &mut served));
+        let ended = match &outcome {
+            Ok(short) => Ended::Short(*short),
+            Err(e) => Ended::Error(e.kind()),
+        };
         self.movement
             .hits
-            .load(refs.len(), &served, outcome.as_ref().err().map(Error::kind));
+            .load(self.tokens_per_block(lookup), refs.len(), &served, ended);
         outcome?;
         let complete = blocks.len() == refs.len();
         Ok(Loaded { blocks, complete })
     }
 
+    /// Tokens per block of the layout `lookup` was made under (0 when it is not registered:
+    /// no tier can then hold its blocks, and the load counts no tokens).
+    fn tokens_per_block(&self, lookup: &Lookup) -> u64 {
+        // Read under the lock, not cloned out: a load stays a few atomic operations.
+        self.layouts
+            .read()
+            .get(&lookup.layout)
+            .map_or(0, |l| l.tokens_per_block() as u64)
+    }
+
     /// The body of [`Engine::load`]: pushes each block read onto `blocks`, counting it in
-    /// `served` under the tier that served it.
+    /// `served` under the tier that served it. When it stops short, says why the first
+    /// block it could not deliver was not (the greatest reason any tier gave for it).
     fn load_into(
         &self,
         refs: &[BlockRef],
         blocks: &mut Vec<Bytes>,
         served: &mut [u64; TierKind::ALL.len()],
-    ) -> Result<()> {
+    ) -> Result<Option<ShortRead>> {
         let slots = self.stack.slots();
         let mut i = 0;
+        // Why block `.0` fell short so far: a tier that dropped a corrupt block and a
+        // later tier that never held it are counted as corrupt.
+        let mut why: Option<(usize, ShortRead)> = None;
+        let mut note = |at: usize, short: Option<ShortRead>| {
+            if let Some(short) = short {
+                why = match why {
+                    Some((j, w)) if j == at => Some((at, w.max(short))),
+                    _ => Some((at, short)),
+                };
+            }
+        };
         'blocks: while i < refs.len() {
             let hash = refs[i].hash;
             if let Some(b) = self.ram.get(&hash)? {
@@ -58,32 +90,28 @@ impl Engine {
                 continue;
             }
             for (at, slot) in slots.iter().enumerate() {
-                if !slot.policy.runs {
-                    let Some(b) = slot.get(&hash)? else {
-                        continue;
+                // A tier that reads runs is asked for the run of blocks from here that no
+                // faster tier holds; any other for this block.
+                let end = if slot.policy.runs {
+                    let faster = &slots[..at];
+                    let held_faster = |h: &BlockHash| {
+                        self.ram.contains(h) || faster.iter().any(|s| s.tier.contains(h))
                     };
-                    self.promote(&slots, at, &hash, &b);
-                    served[slot.kind() as usize] += 1;
-                    blocks.push(b);
-                    i += 1;
-                    continue 'blocks;
-                }
-                // The run of blocks from here that no faster tier holds.
-                let faster = &slots[..at];
-                let held_faster = |h: &BlockHash| {
-                    self.ram.contains(h) || faster.iter().any(|s| s.tier.contains(h))
+                    (i + 1..refs.len())
+                        .find(|&j| held_faster(&refs[j].hash))
+                        .unwrap_or(refs.len())
+                } else {
+                    i + 1
                 };
-                let end = (i + 1..refs.len())
-                    .find(|&j| held_faster(&refs[j].hash))
-                    .unwrap_or(refs.len());
                 let hashes: Vec<BlockHash> = refs[i..end].iter().map(|r| r.hash).collect();
-                let got = slot.get_run(&hashes)?;
-                if got.is_empty() {
+                let read = slot.read_run(&hashes)?;
+                let n = read.blocks.len();
+                note(i + n, read.short);
+                if n == 0 {
                     continue;
                 }
-                let n = got.len();
                 served[slot.kind() as usize] += n as u64;
-                for (k, b) in got.into_iter().enumerate() {
+                for (k, b) in read.blocks.into_iter().enumerate() {
                     self.promote(&slots, at, &hashes[k], &b);
                     blocks.push(b);
                 }
@@ -92,9 +120,14 @@ impl Engine {
                 i += n;
                 continue 'blocks;
             }
-            break;
+            // No tier delivered block `i`: it was evicted since the lookup unless a tier
+            // said otherwise.
+            return Ok(Some(match why {
+                Some((j, w)) if j == i => w,
+                _ => ShortRead::NotHeld,
+            }));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Promotes `bytes`, read from `slots[at]`, as that tier's policy says: into RAM
@@ -166,36 +199,47 @@ impl Engine {
             })?;
         let mut blocks = Vec::with_capacity(lookup.blocks.len());
         let mut served = [0u64; TierKind::ALL.len()];
-        let outcome = (|| -> Result<bool> {
+        let outcome = (|| -> Result<Option<ShortRead>> {
             for r in &lookup.blocks {
-                match self.get_range(r, range.clone())? {
-                    Some(b) => {
+                match self.read_range(r, range.clone())? {
+                    Ok(b) => {
                         served[r.tier as usize] += 1;
                         blocks.push(b);
                     }
-                    None => return Ok(false),
+                    Err(short) => return Ok(Some(short)),
                 }
             }
-            Ok(true)
+            Ok(None)
         })();
         // A hit loaded layer by layer is counted once, by the range that starts at layer 0
         // (every layered load of a hit reads it): delivered means its first layers came.
         if layers.start == 0 {
-            self.movement.hits.load(
-                lookup.blocks.len(),
-                &served,
-                outcome.as_ref().err().map(Error::kind),
-            );
+            let ended = match &outcome {
+                Ok(short) => Ended::Short(*short),
+                Err(e) => Ended::Error(e.kind()),
+            };
+            let tokens_per_block = layout.tokens_per_block() as u64;
+            self.movement
+                .hits
+                .load(tokens_per_block, lookup.blocks.len(), &served, ended);
         }
-        let complete = outcome?;
+        let complete = outcome?.is_none();
         Ok(Loaded { blocks, complete })
     }
 
     /// Bytes `range` of the block `r` names, from the tier the lookup found it in (or, not
-    /// written there yet, a slice of the queued bytes).
-    fn get_range(&self, r: &BlockRef, range: Range<u64>) -> Result<Option<Bytes>> {
+    /// written there yet, a slice of the queued bytes); or why the tier could not deliver
+    /// them.
+    fn read_range(
+        &self,
+        r: &BlockRef,
+        range: Range<u64>,
+    ) -> Result<std::result::Result<Bytes, ShortRead>> {
         if r.tier == TierKind::Ram {
-            return self.ram.get_range(&r.hash, range);
+            return Ok(self
+                .ram
+                .get_range(&r.hash, range)?
+                .ok_or(ShortRead::NotHeld));
         }
         let slot = self.stack.find(r.tier).ok_or_else(|| {
             Error::new(
@@ -203,13 +247,15 @@ impl Engine {
                 format!("the {} tier is not attached", r.tier.name()),
             )
         })?;
-        if let Some(bytes) = slot.tier.get_range(&r.hash, range.clone())? {
-            return Ok(Some(bytes));
-        }
+        let short = match slot.tier.read_range(&r.hash, range.clone())? {
+            Ok(bytes) => return Ok(Ok(bytes)),
+            Err(short) => short,
+        };
         Ok(slot
             .writer
             .pending_payload(&r.hash)
             .filter(|b| b.len() as u64 >= range.end)
-            .map(|b| b.slice(range.start as usize..range.end as usize)))
+            .map(|b| b.slice(range.start as usize..range.end as usize))
+            .ok_or(short))
     }
 }

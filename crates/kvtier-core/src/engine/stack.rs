@@ -16,7 +16,7 @@ use super::policy::{PersistMode, TierPolicy};
 use crate::error::{Error, ErrorKind, Result};
 use crate::hash::BlockHash;
 use crate::tier::writer::WriteBehind;
-use crate::tier::{Tier, TierKind};
+use crate::tier::{RunRead, ShortRead, Tier, TierKind};
 
 /// One tier below RAM.
 pub(super) struct Slot {
@@ -48,13 +48,35 @@ impl Slot {
             .or_else(|| self.writer.pending_payload(hash)))
     }
 
-    /// The leading blocks of `hashes` the tier holds, as one request when the tier reads
-    /// runs; a first block still queued is answered from the queue.
-    pub fn get_run(&self, hashes: &[BlockHash]) -> Result<Vec<Bytes>> {
-        match hashes.first().and_then(|h| self.writer.pending_payload(h)) {
-            Some(queued) => Ok(vec![queued]),
-            None => self.tier.get_run(hashes),
+    /// The leading blocks of `hashes` the tier holds, and why the run ended there (see
+    /// [`Tier::read_run`]): as one request when the tier reads runs, the first block only
+    /// otherwise. A block still queued for the tier (not written yet) is answered from the
+    /// queue: a block on its way down is never invisible.
+    pub fn read_run(&self, hashes: &[BlockHash]) -> Result<RunRead> {
+        let Some(first) = hashes.first() else {
+            return Ok(RunRead::default());
+        };
+        let queued = |short| {
+            let payload = self.writer.pending_payload(first)?;
+            let more = hashes.len() > 1;
+            Some(RunRead {
+                blocks: vec![payload],
+                short: if more { short } else { None },
+            })
+        };
+        if self.policy.runs {
+            if let Some(read) = queued(Some(ShortRead::NotHeld)) {
+                return Ok(read);
+            }
+            return self.tier.read_run(hashes);
         }
+        let read = self.tier.read_run(std::slice::from_ref(first))?;
+        if read.blocks.is_empty()
+            && let Some(from_queue) = queued(read.short)
+        {
+            return Ok(from_queue);
+        }
+        Ok(read)
     }
 
     /// Whether the tier holds the block or has it queued.

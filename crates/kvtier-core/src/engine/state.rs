@@ -252,7 +252,7 @@ impl Engine {
             if layout.has_state() {
                 return Ok(Restored::default());
             }
-            let loaded = self.load(&lookup.blocks)?;
+            let loaded = self.load(lookup)?;
             return Ok(Restored {
                 tokens: loaded.blocks.len() * layout.tokens_per_block(),
                 blocks: loaded.blocks,
@@ -276,7 +276,7 @@ impl Engine {
                 return Ok(Restored::default());
             }
         };
-        let loaded = self.load(&lookup.blocks)?;
+        let loaded = self.load(lookup)?;
         if !loaded.complete || loaded.blocks.len() != wanted {
             bump(&self.state_counters.restore_misses);
             return Ok(Restored::default());

@@ -173,6 +173,30 @@ pub enum PutOutcome {
     Rejected(RejectReason),
 }
 
+/// Why a tier's read delivered less than it was asked for. Ordered by how much it tells an
+/// operator: when several tiers fall short on one block, the hit accounting counts the
+/// greatest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ShortRead {
+    /// The tier does not hold the block (any more).
+    NotHeld,
+    /// The read failed (the store refused or was unreachable); the tier answered a miss.
+    Failed,
+    /// The read did not finish within the tier's deadline; the tier answered a miss.
+    Deadline,
+    /// The bytes failed verification; the tier dropped them and answered a miss.
+    Corrupt,
+}
+
+/// What a read of a run of blocks delivered ([`Tier::read_run`]).
+#[derive(Debug, Clone, Default)]
+pub struct RunRead {
+    /// The payloads of the leading blocks asked for, in order.
+    pub blocks: Vec<Bytes>,
+    /// Why the run ended before the last block asked for; `None` when it did not.
+    pub short: Option<ShortRead>,
+}
+
 /// Why a block left a tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -275,10 +299,30 @@ pub trait Tier: Send + Sync + Debug + 'static {
         Ok(out)
     }
 
+    /// [`Tier::get_run`], saying why the run ended where it did: what the engine's hit
+    /// accounting counts a promised block that was not delivered under. A tier that turns
+    /// a failed read into a miss (a block that fails its checksum, a read past its
+    /// deadline) overrides it; the default counts every short run as [`ShortRead::NotHeld`].
+    fn read_run(&self, hashes: &[BlockHash]) -> Result<RunRead> {
+        let blocks = self.get_run(hashes)?;
+        let short = (blocks.len() < hashes.len()).then_some(ShortRead::NotHeld);
+        Ok(RunRead { blocks, short })
+    }
+
     /// Bytes `range` of `hash`'s payload — one layer's page, say — without reading the rest.
     /// `None` when the block is not held; an [`crate::ErrorKind::Invalid`] error when the
     /// range is empty or reaches past the payload.
     fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>>;
+
+    /// [`Tier::get_range`], saying why no bytes came (see [`Tier::read_run`]). Default:
+    /// [`Tier::get_range`], a miss counted as [`ShortRead::NotHeld`].
+    fn read_range(
+        &self,
+        hash: &BlockHash,
+        range: Range<u64>,
+    ) -> Result<std::result::Result<Bytes, ShortRead>> {
+        Ok(self.get_range(hash, range)?.ok_or(ShortRead::NotHeld))
+    }
 
     /// Whether the tier holds `hash`, without touching its recency.
     fn contains(&self, hash: &BlockHash) -> bool;

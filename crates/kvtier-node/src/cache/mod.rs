@@ -182,7 +182,7 @@ impl Cache {
         hit.bytes_per_block(layers)?;
         match (&self.backend, &hit.found) {
             (Backend::Embedded { engine, .. }, Found::Local(lookup)) => Ok(match layers {
-                None => engine.load(&lookup.blocks)?,
+                None => engine.load(lookup)?,
                 Some((start, end)) => engine.load_layers(lookup, start..end)?,
             }
             .blocks),
@@ -220,7 +220,7 @@ impl Cache {
         match (&self.backend, &hit.found) {
             (Backend::Embedded { engine, .. }, Found::Local(lookup)) => {
                 let loaded = match layers {
-                    None => engine.load(&lookup.blocks)?,
+                    None => engine.load(lookup)?,
                     Some((start, end)) => engine.load_layers(lookup, start..end)?,
                 };
                 for (dst, block) in out.chunks_exact_mut(per_block).zip(&loaded.blocks) {

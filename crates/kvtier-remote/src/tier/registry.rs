@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
 use kvtier_core::hash::BlockHash;
-use kvtier_core::tier::{BlockMeta, RemovalCause, TierKind};
+use kvtier_core::tier::{BlockMeta, RemovalCause, ShortRead, TierKind};
 use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -285,22 +285,25 @@ impl RemoteTier {
         let Some(object) = self.objects.read().get(&data_name).cloned() else {
             return false;
         };
-        self.checked(&object).is_some()
+        self.checked(&object).is_ok()
     }
     /// `object` itself when its manifest was checked, else the checked object that now
     /// stands for it (its blocks re-indexed with their tokens), or `None`.
-    pub(super) fn checked(&self, object: &Arc<RunObject>) -> Option<Arc<RunObject>> {
+    pub(super) fn checked(
+        &self,
+        object: &Arc<RunObject>,
+    ) -> std::result::Result<Arc<RunObject>, ShortRead> {
         let Some(digest) = object.pending else {
-            return Some(object.clone());
+            return Ok(object.clone());
         };
         // Another caller may have checked it meanwhile.
         if let Some(now) = self.objects.read().get(&object.data_name)
             && now.pending.is_none()
         {
-            return Some(now.clone());
+            return Ok(now.clone());
         }
         let store = self.stores[object.target].clone();
-        let manifest_name = manifest_of(&object.data_name)?;
+        let manifest_name = manifest_of(&object.data_name).ok_or(ShortRead::Corrupt)?;
         let path = Path::from(manifest_name.as_str());
         self.counters
             .manifest_checks
@@ -310,12 +313,12 @@ impl RemoteTier {
             Fetch::Gone => {
                 tracing::info!(object = %object.data_name, "an advertised object's manifest is gone; forgetting it");
                 self.forget_object(object, RemovalCause::Explicit);
-                return None;
+                return Err(ShortRead::NotHeld);
             }
             Fetch::Failed(e) => {
                 self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(object = %object.data_name, error = %e, "cannot read an advertised object's manifest; a miss");
-                return None;
+                return Err(e.short_read());
             }
         };
         let name = ObjectName {
@@ -341,7 +344,7 @@ impl RemoteTier {
             })
         };
         match verdict {
-            Ok(full) => Some(self.replace_object(object, &full)),
+            Ok(full) => Ok(self.replace_object(object, &full)),
             Err(why) => {
                 self.counters
                     .record_mismatches
@@ -355,7 +358,7 @@ impl RemoteTier {
                 {
                     objects.remove(&object.data_name);
                 }
-                None
+                Err(ShortRead::Corrupt)
             }
         }
     }

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::stats::TierStats;
-use kvtier_core::tier::{BlockMeta, PutOutcome, RemovalCause, SnapshotStore, Tier, TierKind};
+use kvtier_core::tier::{
+    BlockMeta, PutOutcome, RemovalCause, RunRead, ShortRead, SnapshotStore, Tier, TierKind,
+};
 use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore};
@@ -21,8 +23,13 @@ use super::RemoteTier;
 use super::write::runs;
 
 impl RemoteTier {
-    /// One ranged GET of slots `range` of `object`, each block verified.
-    pub(super) fn fetch(&self, object: &Arc<RunObject>, range: Range<usize>) -> Option<Vec<Bytes>> {
+    /// One ranged GET of slots `range` of `object`, each block verified; or why it
+    /// delivered nothing (a failed read is a miss: the tier never fails a load).
+    pub(super) fn fetch(
+        &self,
+        object: &Arc<RunObject>,
+        range: Range<usize>,
+    ) -> std::result::Result<Vec<Bytes>, ShortRead> {
         // An object known from a record is served only once its manifest checked out.
         let object = &self.checked(object)?;
         let b = object.block_bytes;
@@ -55,7 +62,7 @@ impl RemoteTier {
                 if bytes.len() as u64 != (range.end - range.start) as u64 * b {
                     tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");
                     self.forget_object(object, RemovalCause::Corrupt);
-                    return None;
+                    return Err(ShortRead::Corrupt);
                 }
                 let mut out = Vec::with_capacity(range.len());
                 for (k, slot) in range.enumerate() {
@@ -63,21 +70,21 @@ impl RemoteTier {
                     if crc(&block) != object.crcs[slot] {
                         tracing::error!(object = %object.data_name, slot, "remote block failed its checksum; dropping the object");
                         self.forget_object(object, RemovalCause::Corrupt);
-                        return None;
+                        return Err(ShortRead::Corrupt);
                     }
                     out.push(block);
                 }
-                Some(out)
+                Ok(out)
             }
             Fetch::Gone => {
                 tracing::info!(object = %object.data_name, "remote object is gone; forgetting its blocks");
                 self.forget_object(object, RemovalCause::Explicit);
-                None
+                Err(ShortRead::NotHeld)
             }
             Fetch::Failed(e) => {
                 self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(object = %object.data_name, error = %e, "remote read failed; a miss");
-                None
+                Err(e.short_read())
             }
         }
     }
@@ -141,10 +148,18 @@ impl Tier for RemoteTier {
     }
 
     fn get_run(&self, hashes: &[BlockHash]) -> Result<Vec<Bytes>> {
-        let mut out: Vec<Bytes> = Vec::with_capacity(hashes.len());
-        while out.len() < hashes.len() {
-            let rest = &hashes[out.len()..];
+        Ok(self.read_run(hashes)?.blocks)
+    }
+
+    fn read_run(&self, hashes: &[BlockHash]) -> Result<RunRead> {
+        let mut out = RunRead {
+            blocks: Vec::with_capacity(hashes.len()),
+            short: None,
+        };
+        while out.blocks.len() < hashes.len() {
+            let rest = &hashes[out.blocks.len()..];
             let Some(slot) = self.blocks.read().get(&rest[0]).cloned() else {
+                out.short = Some(ShortRead::NotHeld);
                 break;
             };
             // How far the asked-for run continues in this object.
@@ -154,23 +169,34 @@ impl Tier for RemoteTier {
                 .take_while(|(h, m)| **h == m.hash)
                 .count();
             match self.fetch(&slot.object, slot.index..slot.index + n) {
-                Some(blocks) => out.extend(blocks),
-                None => break,
+                Ok(blocks) => out.blocks.extend(blocks),
+                Err(short) => {
+                    out.short = Some(short);
+                    break;
+                }
             }
         }
         self.counters
             .hits
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
-        if out.len() < hashes.len() {
+            .fetch_add(out.blocks.len() as u64, Ordering::Relaxed);
+        if out.short.is_some() {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
         }
         Ok(out)
     }
 
     fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>> {
+        Ok(self.read_range(hash, range)?.ok())
+    }
+
+    fn read_range(
+        &self,
+        hash: &BlockHash,
+        range: Range<u64>,
+    ) -> Result<std::result::Result<Bytes, ShortRead>> {
         let Some(slot) = self.blocks.read().get(hash).cloned() else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(Err(ShortRead::NotHeld));
         };
         if range.start >= range.end || range.end > slot.object.block_bytes {
             return Err(Error::invalid(format!(
@@ -179,9 +205,11 @@ impl Tier for RemoteTier {
             )));
         }
         // The whole block is read so its checksum can be verified.
-        Ok(self
-            .get(hash)?
-            .map(|b| b.slice(range.start as usize..range.end as usize)))
+        let read = self.read_run(std::slice::from_ref(hash))?;
+        Ok(match read.blocks.into_iter().next() {
+            Some(b) => Ok(b.slice(range.start as usize..range.end as usize)),
+            None => Err(read.short.unwrap_or(ShortRead::NotHeld)),
+        })
     }
 
     fn contains(&self, hash: &BlockHash) -> bool {

@@ -42,7 +42,7 @@ impl RemoteTier {
         if slot.object.metas.first()?.position != 0 {
             return None;
         }
-        let blocks = self.fetch(&slot.object, 0..slot.index + 1)?;
+        let blocks = self.fetch(&slot.object, 0..slot.index + 1).ok()?;
         Some((
             slot.object.metas[..=slot.index].to_vec(),
             slot.object.crcs[..=slot.index].to_vec(),

@@ -89,7 +89,7 @@ async fn step(mut st: State) -> Option<(Vec<Bytes>, State)> {
     let layers = st.layers.clone();
     let loaded = kvtier_listen::http::spawn_blocking(move || match layers {
         Some(r) => engine.load_layers(&batch, r),
-        None => engine.load(&batch.blocks),
+        None => engine.load(&batch),
     })
     .await;
     let loaded = match loaded {

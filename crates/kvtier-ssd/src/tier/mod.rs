@@ -33,7 +33,8 @@ use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::stats::{Evictions, TierStats};
 use kvtier_core::tier::{
-    BlockMeta, PutOutcome, RejectReason, RemovalCause, ResidencySink, Tier, TierKind,
+    BlockMeta, PutOutcome, RejectReason, RemovalCause, ResidencySink, RunRead, ShortRead, Tier,
+    TierKind,
 };
 use kvtier_core::{Error, PassThroughHasher, Result};
 use parking_lot::{Mutex, RwLock};
@@ -460,16 +461,22 @@ impl SsdTier {
         }
     }
 
-    fn read(&self, hash: &BlockHash, range: Option<Range<u64>>) -> Result<Option<Bytes>> {
+    /// The block's bytes (`range` of them, or all), or why there are none: not held, or
+    /// held but failing verification (dropped and quarantined here).
+    fn read(
+        &self,
+        hash: &BlockHash,
+        range: Option<Range<u64>>,
+    ) -> Result<std::result::Result<Bytes, ShortRead>> {
         let Some(held) = self.blocks.read().get(hash).cloned() else {
             self.misses.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(Err(ShortRead::NotHeld));
         };
         match self.store.read(&held.loc, &key_of(hash), range.clone()) {
             Ok(bytes) => {
                 held.last_access.store(self.now(), Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(bytes))
+                Ok(Ok(bytes))
             }
             Err(ReadFault::Corrupt(why)) => {
                 if self
@@ -485,7 +492,7 @@ impl SsdTier {
                 self.misses.fetch_add(1, Ordering::Relaxed);
                 self.quarantine(*hash);
                 self.drop_if(hash, Some(&held), RemovalCause::Corrupt)?;
-                Ok(None)
+                Ok(Err(ShortRead::Corrupt))
             }
             Err(ReadFault::Io(e)) => {
                 if e.kind() != kvtier_core::ErrorKind::Invalid {
@@ -514,13 +521,35 @@ impl Tier for SsdTier {
         self.put_as(meta, payload, true)
     }
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
-        self.read(hash, None)
+        Ok(self.read(hash, None)?.ok())
+    }
+
+    fn read_run(&self, hashes: &[BlockHash]) -> Result<RunRead> {
+        let mut out = RunRead::default();
+        for hash in hashes {
+            match self.read(hash, None)? {
+                Ok(bytes) => out.blocks.push(bytes),
+                Err(short) => {
+                    out.short = Some(short);
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> Result<Option<Bytes>> {
+        Ok(self.read_range(hash, range)?.ok())
+    }
+
+    fn read_range(
+        &self,
+        hash: &BlockHash,
+        range: Range<u64>,
+    ) -> Result<std::result::Result<Bytes, ShortRead>> {
         let Some(len) = self.blocks.read().get(hash).map(|h| h.loc.payload_len) else {
             self.misses.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(Err(ShortRead::NotHeld));
         };
         if range.start >= range.end || range.end > len {
             return Err(Error::invalid(format!(

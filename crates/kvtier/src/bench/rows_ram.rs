@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use kvtier_core::tier::RamConfig;
-use kvtier_core::{BlockRef, Engine, ExtraKeys, KvDtype, Layout, LayoutKey, Prompt};
+use kvtier_core::{Engine, ExtraKeys, KvDtype, Layout, LayoutKey, Lookup, Prompt};
 
 use super::measure::{median_of, memcpy_gbps, pattern, seconds};
 use super::{Effort, Row};
@@ -133,7 +133,7 @@ fn load_rows(
     let layout = engine.register_layout(layout_key(layers))?;
     let size = layout.block_bytes() as usize;
     let src = pattern(size, 9);
-    let mut refs: Vec<Vec<BlockRef>> = Vec::new();
+    let mut refs: Vec<Vec<Lookup>> = Vec::new();
     for t in 0..threads {
         let ps = prompts(&engine, &layout, blocks_per_thread, 100 + t as u32)?;
         let mut mine = Vec::new();
@@ -141,7 +141,7 @@ fn load_rows(
             engine.store(p, &[src.as_slice()])?;
             let hit = engine.lookup(p);
             anyhow::ensure!(hit.blocks.len() == 1, "setup block not resident");
-            mine.extend(hit.blocks);
+            mine.push(hit);
         }
         refs.push(mine);
     }
@@ -154,8 +154,7 @@ fn load_rows(
                     let engine = &engine;
                     s.spawn(move || {
                         for i in 0..loads {
-                            let r = &mine[i % mine.len()];
-                            let got = engine.load(std::slice::from_ref(r));
+                            let got = engine.load(&mine[i % mine.len()]);
                             black_box(got.ok());
                         }
                     });

@@ -426,7 +426,7 @@ fn restart_row(root: &Path) -> anyhow::Result<Row> {
     let e = open(dir.clone())?;
     let l = e.register_layout(key)?;
     let hit = e.lookup(&e.prompt(l.digest(), &tokens, &ExtraKeys::none())?);
-    let loaded = e.load(&hit.blocks)?;
+    let loaded = e.load(&hit)?;
     drop(e);
     let _ = std::fs::remove_dir_all(&dir);
     let ratio = if loaded.complete {
