@@ -223,6 +223,10 @@ fn a_node_with_every_subsystem_names_the_same_samples_in_stats_and_metrics() {
     assert!(stats["cluster_published"] >= 1, "{stats:?}");
     assert!(stats["remote_stores"] >= 4, "{stats:?}");
     assert!(stats["refused_bad_json"] >= 1, "{stats:?}");
+    // The served load is counted in the lookup's tokens: all 64 promised, all delivered.
+    assert_eq!(stats["engine_lookup_tokens_promised"], 64, "{stats:?}");
+    assert_eq!(stats["engine_load_tokens_asked"], 64, "{stats:?}");
+    assert_eq!(stats["engine_load_tokens_delivered_ram"], 64, "{stats:?}");
     // Each subsystem's whole table, typed as declared: the counts are counters, the
     // levels (what recovery kept, the epoch, the leader flag) gauges.
     table_is_wired(

@@ -42,20 +42,20 @@ impl Engine {
         };
         self.movement
             .hits
-            .load(self.tokens_per_block(lookup), refs.len(), &served, ended);
+            .load(Self::tokens_per_block(lookup), refs.len(), &served, ended);
         outcome?;
         let complete = blocks.len() == refs.len();
         Ok(Loaded { blocks, complete })
     }
 
-    /// Tokens per block of the layout `lookup` was made under (0 when it is not registered:
-    /// no tier can then hold its blocks, and the load counts no tokens).
-    fn tokens_per_block(&self, lookup: &Lookup) -> u64 {
-        // Read under the lock, not cloned out: a load stays a few atomic operations.
-        self.layouts
-            .read()
-            .get(&lookup.layout)
-            .map_or(0, |l| l.tokens_per_block() as u64)
+    /// Tokens per block of the layout `lookup` was made under, from the lookup itself (its
+    /// matched tokens over its blocks): a load stays a few atomic operations, with no lock
+    /// taken to find the layout.
+    fn tokens_per_block(lookup: &Lookup) -> u64 {
+        match lookup.blocks.len() {
+            0 => 0,
+            n => (lookup.matched_tokens / n) as u64,
+        }
     }
 
     /// The body of [`Engine::load`]: pushes each block read onto `blocks`, counting it in

@@ -51,7 +51,8 @@ pub struct Lookup {
     pub layout: LayoutDigest,
     /// The matched leading blocks, in order.
     pub blocks: Vec<BlockRef>,
-    /// Tokens covered by the matched blocks.
+    /// Tokens covered by the matched blocks (the hit accounting counts a load of them in
+    /// these tokens: a lookup made by hand from part of another carries its share).
     pub matched_tokens: usize,
     /// For a layout with state groups: the recurrent state at the end of `blocks` (for a
     /// recurrent-only layout `blocks` is empty and this alone is the hit). `None` for an

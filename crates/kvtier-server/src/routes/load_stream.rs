@@ -79,10 +79,12 @@ async fn step(mut st: State) -> Option<(Vec<Bytes>, State)> {
         return Some((vec![Bytes::copy_from_slice(&end)], st));
     }
     let upto = (st.next + st.per_batch).min(held);
+    // The batch's share of the resolved tokens (the hit accounting counts in them).
+    let tokens_per_block = st.resolved.matched_tokens / held.max(1);
     let batch = Lookup {
         layout: st.resolved.layout,
         blocks: st.resolved.blocks[st.next..upto].to_vec(),
-        matched_tokens: 0,
+        matched_tokens: (upto - st.next) * tokens_per_block,
         state: None,
     };
     let engine = st.engine.clone();
