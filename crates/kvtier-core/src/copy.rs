@@ -16,12 +16,6 @@ use bytes::BytesMut;
 /// Copies shorter than this use the plain copy.
 const NON_TEMPORAL_MIN: usize = 64 << 10;
 
-/// Replaces `buf`'s contents with `src`, reusing its allocation when it is large enough.
-pub fn copy_into(buf: &mut BytesMut, src: &[u8]) {
-    buf.clear();
-    append_into(buf, src);
-}
-
 /// Appends `src` to `buf` (growing it if needed): how a block is filled piece by piece as
 /// its bytes arrive from the network.
 pub fn append_into(buf: &mut BytesMut, src: &[u8]) {
@@ -42,6 +36,21 @@ pub fn append_into(buf: &mut BytesMut, src: &[u8]) {
         return;
     }
     buf.extend_from_slice(src);
+}
+
+/// Copies `src` into `dst` (of the same length) with the same streaming stores as
+/// [`append_into`]: how a block is filled in memory the caller already owns (an arena slot).
+pub fn copy_to_slice(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_to_slice: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= NON_TEMPORAL_MIN && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: `dst` is valid for `src.len()` bytes of writes (same length, checked
+        // above), `src` for as many reads; a `&mut` and a `&` cannot overlap; AVX2 was
+        // detected above.
+        unsafe { x86::stream_copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+        return;
+    }
+    dst.copy_from_slice(src);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -100,7 +109,7 @@ mod tests {
             for offset in [0usize, 1, 7, 31] {
                 let src: Vec<u8> = (0..len + offset).map(|i| (i * 7 + 3) as u8).collect();
                 let mut buf = BytesMut::new();
-                copy_into(&mut buf, &src[offset..]);
+                append_into(&mut buf, &src[offset..]);
                 assert_eq!(&buf[..], &src[offset..], "len {len} offset {offset}");
                 // Appending in two pieces gives the same bytes.
                 let (a, b) = src[offset..].split_at(len / 3);
@@ -108,8 +117,13 @@ mod tests {
                 append_into(&mut appended, a);
                 append_into(&mut appended, b);
                 assert_eq!(&appended[..], &src[offset..], "appended, len {len}");
+                // Into memory the caller owns, the same bytes.
+                let mut owned = vec![0u8; len];
+                copy_to_slice(&mut owned, &src[offset..]);
+                assert_eq!(&owned[..], &src[offset..], "to a slice, len {len}");
                 // Reuse the same allocation for a shorter copy.
-                copy_into(&mut buf, &src[offset..offset + len / 2]);
+                buf.clear();
+                append_into(&mut buf, &src[offset..offset + len / 2]);
                 assert_eq!(&buf[..], &src[offset..offset + len / 2]);
             }
         }

@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod arena;
 pub mod budget;
 pub mod clock;
 mod copy;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvtier_core::arena::ArenaConfig;
 use kvtier_core::clock::Clock;
 use kvtier_core::poison::Poison;
 use kvtier_core::tier::writer::WriterConfig;
@@ -192,6 +193,11 @@ impl Node {
             .poison(poison.clone())
             .ram(RamConfig {
                 capacity_bytes: settings.ram.0,
+            })
+            .arena(ArenaConfig {
+                enabled: true,
+                prefault: settings.ram_prefault,
+                lock: settings.ram_lock,
             })
             .max_tokens(settings.max_tokens)
             .clock(components.clock.clone());

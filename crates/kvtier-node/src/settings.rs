@@ -287,6 +287,15 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// RAM tier capacity (blocks and snapshots share it).
     pub ram: ByteSize,
+    /// Touch all of the RAM tier's arena at start, so that no store ever waits for the
+    /// kernel to fill fresh memory (it costs the whole `ram` in resident memory at once,
+    /// and about a second per 4 GiB to start). Off, each page is filled by the first block
+    /// that lands on it and reused from then on (docs/adr/0018-arena.md).
+    pub ram_prefault: bool,
+    /// Lock the RAM tier's arena in memory (`mlock`): never swapped out, as DMA to a GPU
+    /// wants. Needs a locked-memory limit (`ulimit -l`) as large as `ram`; the start
+    /// fails if it is lower.
+    pub ram_lock: bool,
     /// Longest prompt accepted, in tokens.
     pub max_tokens: usize,
     /// Largest request body accepted.
@@ -330,6 +339,8 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             data_dir: PathBuf::from("kvtier-data"),
             ram: ByteSize(4 << 30),
+            ram_prefault: false,
+            ram_lock: false,
             max_tokens: kvtier_core::DEFAULT_MAX_TOKENS,
             max_body: ByteSize(1 << 30),
             workers: 0,

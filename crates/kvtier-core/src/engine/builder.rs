@@ -10,6 +10,7 @@ use super::movement::Movement;
 use super::policy::{PersistConfig, RemoteAttach, TierOpener, TierPolicy};
 use super::sink::EngineSink;
 use super::stack::{Slot, Stack};
+use crate::arena::{Arena, ArenaConfig};
 use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -27,6 +28,8 @@ pub const DEFAULT_MAX_TOKENS: usize = 1 << 20;
 pub struct EngineConfig {
     /// The RAM tier (its capacity also bounds snapshot bytes).
     pub ram: RamConfig,
+    /// The memory the RAM tier's blocks are copied into (see [`crate::arena`]).
+    pub arena: ArenaConfig,
     /// The snapshot bucket.
     pub snapshot: SnapshotConfig,
     /// The checkpoint bucket and the default distance between checkpoints.
@@ -39,6 +42,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             ram: RamConfig::default(),
+            arena: ArenaConfig::default(),
             snapshot: SnapshotConfig::default(),
             checkpoint: CheckpointConfig::default(),
             max_tokens: DEFAULT_MAX_TOKENS,
@@ -82,6 +86,12 @@ impl EngineBuilder {
     /// RAM tier settings (default: 1 GiB).
     pub fn ram(mut self, ram: RamConfig) -> Self {
         self.config.ram = ram;
+        self
+    }
+
+    /// The RAM tier's arena (default: on, not prefaulted, not locked).
+    pub fn arena(mut self, arena: ArenaConfig) -> Self {
+        self.config.arena = arena;
         self
     }
 
@@ -196,6 +206,7 @@ impl EngineBuilder {
         config.checkpoint.validate()?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let budget = Arc::new(MemoryBudget::new(config.ram.capacity_bytes));
+        let arena = Arena::new(config.ram.capacity_bytes, config.arena)?;
         let index = Arc::new(PrefixIndex::new());
         let movement = Arc::new(Movement::default());
         let observers = Arc::new(crate::events::Observers::default());
@@ -243,6 +254,7 @@ impl EngineBuilder {
             checkpoint_every: RwLock::new(HashMap::new()),
             state_counters: Default::default(),
             budget,
+            arena,
             stack,
             admission: RwLock::new(()),
             sink,

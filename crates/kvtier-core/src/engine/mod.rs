@@ -44,6 +44,7 @@ pub use policy::{Ack, PersistConfig, PersistMode, RemoteAttach, TierOpener, Tier
 pub use state::Restored;
 pub use store::{StoreOptions, StoreReport};
 
+use crate::arena::{Arena, BlockBuf};
 use crate::budget::MemoryBudget;
 use crate::error::{Error, Result};
 use crate::hash::ExtraKeys;
@@ -77,6 +78,8 @@ pub struct Engine {
     checkpoint_every: RwLock<HashMap<LayoutDigest, usize>>,
     state_counters: state::StateCounters,
     budget: Arc<MemoryBudget>,
+    /// The memory stored blocks and snapshots are copied into.
+    arena: Arena,
     /// The tiers below RAM, fastest first; the persistent one is swapped by
     /// [`Engine::reattach_persistent`].
     stack: Arc<stack::Stack>,
@@ -279,8 +282,9 @@ impl Engine {
         let key = SnapshotKey::new(layout, tokens, session);
         let _admitted = self.admission.read();
         let ram = &self.ram;
-        // One copy into memory the bucket will own, with the same streaming copy as blocks.
-        let owned = crate::tier::copy_payload(blob);
+        // One copy into memory the bucket will own (the arena), with the same streaming
+        // copy as blocks.
+        let owned = self.arena.copy(blob);
         let outcome = self
             .snapshots
             .put(key, owned.clone(), tokens.len() as u64, &|n| {
@@ -325,6 +329,19 @@ impl Engine {
             }
         }
         Ok(None)
+    }
+
+    /// A buffer for one block of `len` bytes, in the RAM tier's arena when it has a free
+    /// slot: a caller that fills a block piece by piece (a server reading an upload) writes
+    /// it there and hands the frozen bytes to [`Engine::store_owned`], which keeps them
+    /// without a copy.
+    pub fn block_buffer(&self, len: usize) -> BlockBuf {
+        self.arena.buffer(len)
+    }
+
+    /// The RAM tier's arena, for inspection and tests.
+    pub fn arena(&self) -> &Arena {
+        &self.arena
     }
 
     /// The RAM tier, for inspection and tests.

@@ -164,7 +164,7 @@ impl Engine {
         let key = SnapshotKey::checkpoint(digest, prompt.hashes()[blocks - 1], blocks);
         let tokens = (blocks * layout.tokens_per_block()) as u64;
         let _admitted = self.admission.read();
-        let owned = crate::tier::copy_payload(blob);
+        let owned = self.arena.copy(blob);
         let ram = &self.ram;
         let outcome = self
             .checkpoints

@@ -18,10 +18,11 @@ use bytes::Bytes;
 
 use super::Ack;
 use super::Engine;
+use crate::arena::Arena;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::Prompt;
 use crate::tier::writer::Enqueued;
-use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier, copy_payload};
+use crate::tier::{BlockMeta, PutOutcome, RejectReason, Tier};
 
 /// What a store did, block by block from the start of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -159,7 +160,7 @@ impl Engine {
                 let lacking_durable =
                     durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
                 if lacking != 0 || lacking_durable {
-                    let bytes = payloads.bytes(i);
+                    let bytes = payloads.bytes(i, &self.arena);
                     for at in (0..slots.len()).filter(|&at| lacks(at)) {
                         runs[at].push((meta.clone(), bytes.clone()));
                     }
@@ -171,7 +172,7 @@ impl Engine {
                 continue;
             }
             let meta = block_meta(prompt, i);
-            let bytes = payloads.bytes(i);
+            let bytes = payloads.bytes(i, &self.arena);
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // Every write-through tier gets a block it lacks, and in either mode a tier
             // gets a block RAM refused (a chain longer than RAM, or a parent RAM no longer
@@ -252,11 +253,11 @@ impl Payloads<'_> {
         }
     }
 
-    /// Block `i`'s bytes as a buffer a tier may keep: a copy of a borrowed payload, the
-    /// caller's own buffer otherwise.
-    fn bytes(&self, i: usize) -> Bytes {
+    /// Block `i`'s bytes as a buffer a tier may keep: a copy of a borrowed payload into
+    /// the arena, the caller's own buffer otherwise.
+    fn bytes(&self, i: usize, arena: &Arena) -> Bytes {
         match self {
-            Payloads::Borrowed(p) => copy_payload(p[i]),
+            Payloads::Borrowed(p) => arena.copy(p[i]),
             Payloads::Owned(p) => p[i].clone(),
         }
     }

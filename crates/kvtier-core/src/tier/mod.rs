@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use ram::{RamConfig, RamTier, append_payload, copy_payload};
+pub use ram::{RamConfig, RamTier};
 pub use reject::RejectReason;
 
 use crate::error::Result;

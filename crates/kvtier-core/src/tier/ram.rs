@@ -9,14 +9,15 @@
 //!   are copied by the engine before it is taken).
 //! - Chain-aware LRU eviction (see `ram_book`): leaves only, least recently used first. The
 //!   tier holds a block only if it holds the block's parent, so every held chain is whole.
-//! - Payloads are copied in once, by the caller of `put` and outside every lock, with
-//!   [`copy_payload`]'s streaming stores (see `docs/adr/0004-ram-tier.md`).
+//! - Payloads are copied in once, by the caller of `put` and outside every lock, into a
+//!   slot of the engine's arena ([`crate::arena`]) with streaming stores (see
+//!   `docs/adr/0004-ram-tier.md` and `docs/adr/0018-arena.md`).
 
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::ram_book::{Book, Node, Slot};
@@ -53,21 +54,6 @@ struct Ledger {
     rejected_parent_missing: u64,
     evictions: Evictions,
     resident_bytes: u64,
-}
-
-/// Copies `src` into a new buffer for [`Tier::put`], with non-temporal stores for large
-/// payloads: the destination is memory the cache keeps and nobody reads soon.
-pub fn copy_payload(src: &[u8]) -> Bytes {
-    let mut buf = BytesMut::new();
-    crate::copy::copy_into(&mut buf, src);
-    buf.freeze()
-}
-
-/// Appends `src` to a block being filled (e.g. as an upload arrives), with the same
-/// streaming stores as [`copy_payload`]: the block lands in memory without passing
-/// through the CPU cache.
-pub fn append_payload(block: &mut BytesMut, src: &[u8]) {
-    crate::copy::append_into(block, src);
 }
 
 /// Blocks in host memory. See the module docs.

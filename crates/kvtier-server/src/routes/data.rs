@@ -272,7 +272,15 @@ pub(super) async fn store_payload(
         Err(e) => return Err(chunks.refuse(e).await),
     };
     let block = prompt.layout().block_bytes() as usize;
-    let read = match upload::read_blocks(&mut chunks, first, block, prompt.num_blocks()).await {
+    let read = match upload::read_blocks(
+        &mut chunks,
+        first,
+        &app.engine,
+        block,
+        prompt.num_blocks(),
+    )
+    .await
+    {
         Ok(read) => read,
         Err(e) => return Err(chunks.refuse(e).await),
     };

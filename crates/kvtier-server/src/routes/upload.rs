@@ -9,9 +9,11 @@
 
 use axum::body::{Body, BodyDataStream};
 use axum::http::StatusCode;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use kvtier_client::wire::frame;
+use kvtier_core::Engine;
+use kvtier_core::arena::BlockBuf;
 use serde::de::DeserializeOwned;
 
 use super::input;
@@ -169,14 +171,15 @@ pub struct Blocks {
     pub payload_len: u64,
 }
 
-/// Reads the payload — `first`, then the rest of the body — into buffers of `block` bytes,
-/// allocated as their first byte arrives (memory follows the bytes received, not the
-/// length announced). At most `most` blocks are kept; bytes past them, and a trailing
-/// partial block, are read and counted but not kept, so the caller can say what was wrong
-/// with the whole payload.
+/// Reads the payload — `first`, then the rest of the body — into buffers of `block` bytes
+/// from `engine`'s arena, each taken as its first byte arrives (memory follows the bytes
+/// received, not the length announced). At most `most` blocks are kept; bytes past them,
+/// and a trailing partial block, are read and counted but not kept, so the caller can say
+/// what was wrong with the whole payload.
 pub async fn read_blocks(
     chunks: &mut BodyChunks,
     first: Bytes,
+    engine: &Engine,
     block: usize,
     most: usize,
 ) -> Result<Blocks, ApiError> {
@@ -193,7 +196,7 @@ pub async fn read_blocks(
                 .map_or(0, |n| (n / block as u64) as usize + 1),
         ),
     );
-    let mut filling = BytesMut::new();
+    let mut filling: Option<BlockBuf> = None;
     let mut payload_len = 0u64;
     let mut since_yield = 0usize;
     let mut piece = first;
@@ -201,14 +204,13 @@ pub async fn read_blocks(
         payload_len += piece.len() as u64;
         let mut rest = &piece[..];
         while !rest.is_empty() && blocks.len() < most {
-            if filling.capacity() == 0 {
-                filling = BytesMut::with_capacity(block);
-            }
-            let take = (block - filling.len()).min(rest.len());
-            kvtier_core::tier::append_payload(&mut filling, &rest[..take]);
-            rest = &rest[take..];
-            if filling.len() == block {
-                blocks.push(std::mem::take(&mut filling).freeze());
+            let buf = filling.get_or_insert_with(|| engine.block_buffer(block));
+            let took = buf.append(rest);
+            rest = &rest[took..];
+            if buf.remaining() == 0
+                && let Some(full) = filling.take()
+            {
+                blocks.push(full.freeze());
             }
         }
         // Let other requests run between pieces: a large store's chunks are always ready,

@@ -1,0 +1,217 @@
+//! The RAM tier's memory: one region mapped at start, carved into slots.
+//!
+//! A block stored into the cache is copied into a slot of the arena, not into memory
+//! freshly allocated from the system: the kernel zeroes every fresh page on first touch,
+//! which cost more than the copy itself (issue 37: a 2 MiB store through `kvtier serve`
+//! took 5.3 ms, about 5 of them the kernel filling fresh memory). The arena's pages are
+//! touched once — at start with `prefault`, or by the first block that uses them — and
+//! reused from then on: an evicted block's slot takes the next block of its size.
+//!
+//! - The region is as large as the RAM budget plus two segments of slack (slot sizes are
+//!   whole pages and segments hold one size each); the budget, not the arena, decides what
+//!   the RAM tier keeps.
+//! - A payload larger than a segment, or one that finds no free slot of its size (every
+//!   segment taken by other sizes), gets a buffer of its own on the heap, as before the
+//!   arena; `fallbacks` counts them.
+//! - A frozen block keeps its slot until its last reader drops it (see [`BlockBuf`]), so a
+//!   slot is never reused under a reader, however the block left the tier.
+//!
+//! Why slots and not a general allocator: see `docs/adr/0018-arena.md`.
+
+mod buf;
+mod region;
+mod slab;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+pub use buf::BlockBuf;
+
+use crate::error::Result;
+use region::Region;
+use slab::Slab;
+
+/// Segment size: the largest payload a slot holds. Blocks of real layouts are 64 KiB to a
+/// few MiB; 32 MiB leaves room for very wide ones.
+pub const SEGMENT_BYTES: usize = 32 << 20;
+
+/// Settings of the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Keep blocks in the arena at all (default true). Off, every block gets a heap buffer
+    /// of its own, as before the arena.
+    pub enabled: bool,
+    /// Touch every page at start (`MAP_POPULATE`), so no store ever waits for the kernel to
+    /// fill fresh memory (default false for an embedded engine, whose RAM budget may be
+    /// far larger than what it uses; `kvtier serve` turns it on: `ram.prefault`).
+    pub prefault: bool,
+    /// Lock the arena in RAM (`mlock`): never swapped out, as DMA to a GPU wants (default
+    /// false; needs `ulimit -l` as large as the arena).
+    pub lock: bool,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            prefault: false,
+            lock: false,
+        }
+    }
+}
+
+/// What the arena holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes mapped (0 without an arena).
+    pub mapped_bytes: u64,
+    /// Bytes of slots handed out (blocks held, and buffers being filled).
+    pub used_bytes: u64,
+    /// Buffers given from the heap instead (a payload larger than a segment, or no free
+    /// slot of its size).
+    pub fallbacks: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    region: Region,
+    slab: Mutex<Slab>,
+    fallbacks: AtomicU64,
+}
+
+impl Shared {
+    fn free(&self, offset: usize) {
+        self.slab.lock().free(offset);
+    }
+}
+
+/// The RAM tier's memory (see the module docs). Cheap to clone: clones share the region.
+#[derive(Debug, Clone)]
+pub struct Arena {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Arena {
+    /// An arena for a RAM budget of `capacity_bytes`, as `config` says.
+    pub fn new(capacity_bytes: u64, config: ArenaConfig) -> Result<Self> {
+        if !config.enabled || capacity_bytes == 0 {
+            return Ok(Self::none());
+        }
+        let segments = usize::try_from(capacity_bytes)
+            .unwrap_or(usize::MAX)
+            .div_ceil(SEGMENT_BYTES)
+            .saturating_add(2);
+        let bytes = segments.saturating_mul(SEGMENT_BYTES);
+        let region = Region::map(bytes, config.prefault, config.lock)?;
+        Ok(Self {
+            shared: Some(Arc::new(Shared {
+                region,
+                slab: Mutex::new(Slab::new(SEGMENT_BYTES, segments)),
+                fallbacks: AtomicU64::new(0),
+            })),
+        })
+    }
+
+    /// No arena: every buffer on the heap.
+    pub fn none() -> Self {
+        Self { shared: None }
+    }
+
+    /// A buffer for a payload of `len` bytes: a slot when one is free, the heap otherwise.
+    pub fn buffer(&self, len: usize) -> BlockBuf {
+        let Some(shared) = &self.shared else {
+            return BlockBuf::heap(len);
+        };
+        let offset = {
+            let mut slab = shared.slab.lock();
+            slab.stride_of(len).and_then(|stride| slab.alloc(stride))
+        };
+        match offset {
+            Some(offset) => BlockBuf::slot(shared.clone(), offset, len),
+            None => {
+                shared.fallbacks.fetch_add(1, Ordering::Relaxed);
+                BlockBuf::heap(len)
+            }
+        }
+    }
+
+    /// `src` copied into a buffer of its own (see [`Arena::buffer`]), frozen.
+    pub fn copy(&self, src: &[u8]) -> bytes::Bytes {
+        let mut buf = self.buffer(src.len());
+        buf.append(src);
+        buf.freeze()
+    }
+
+    /// Whether the pages are locked in RAM.
+    pub fn locked(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.region.locked())
+    }
+
+    /// What the arena holds now.
+    pub fn stats(&self) -> ArenaStats {
+        let Some(s) = &self.shared else {
+            return ArenaStats::default();
+        };
+        ArenaStats {
+            mapped_bytes: s.region.len() as u64,
+            used_bytes: s.slab.lock().used_bytes() as u64,
+            fallbacks: s.fallbacks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frozen_block_keeps_its_slot_until_its_last_reader_drops_it() {
+        let arena = Arena::new(1 << 20, ArenaConfig::default()).unwrap();
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let a = arena.copy(&payload);
+        assert_eq!(&a[..], &payload[..]);
+        let used = arena.stats().used_bytes;
+        assert_eq!(used, 300_000u64.next_multiple_of(4096));
+        let reader = a.slice(1000..2000);
+        drop(a);
+        assert_eq!(
+            arena.stats().used_bytes,
+            used,
+            "a reader still holds the slot"
+        );
+        // Another block of the same size gets another slot: the reader's bytes stay.
+        let b = arena.copy(&vec![0xee; 300_000]);
+        assert_eq!(&reader[..], &payload[1000..2000]);
+        drop(reader);
+        drop(b);
+        assert_eq!(arena.stats().used_bytes, 0);
+        assert_eq!(arena.stats().fallbacks, 0);
+    }
+
+    #[test]
+    fn an_unfrozen_buffer_gives_its_slot_back_and_large_payloads_use_the_heap() {
+        let arena = Arena::new(1 << 20, ArenaConfig::default()).unwrap();
+        let mut buf = arena.buffer(10_000);
+        assert!(buf.in_arena());
+        assert_eq!(buf.append(&[1; 6000]), 6000);
+        assert_eq!(buf.append(&[2; 6000]), 4000, "only what fits");
+        assert_eq!(buf.remaining(), 0);
+        drop(buf);
+        assert_eq!(arena.stats().used_bytes, 0);
+        let big = arena.buffer(SEGMENT_BYTES + 1);
+        assert!(!big.in_arena());
+        assert_eq!(arena.stats().fallbacks, 1);
+        let off = Arena::new(
+            1 << 20,
+            ArenaConfig {
+                enabled: false,
+                ..ArenaConfig::default()
+            },
+        )
+        .unwrap();
+        assert!(!off.buffer(10).in_arena());
+        assert_eq!(off.stats(), ArenaStats::default());
+    }
+}
