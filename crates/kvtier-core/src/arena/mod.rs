@@ -45,7 +45,7 @@ pub struct ArenaConfig {
     pub enabled: bool,
     /// Touch every page at start (`MAP_POPULATE`), so no store ever waits for the kernel to
     /// fill fresh memory (default false for an embedded engine, whose RAM budget may be
-    /// far larger than what it uses; `kvtier serve` turns it on: `ram.prefault`).
+    /// far larger than what it uses; `kvtier serve`: `ram_prefault`).
     pub prefault: bool,
     /// Lock the arena in RAM (`mlock`): never swapped out, as DMA to a GPU wants (default
     /// false; needs `ulimit -l` as large as the arena).

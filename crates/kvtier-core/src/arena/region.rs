@@ -12,6 +12,9 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// The huge-page size the mapping is aligned to (x86-64 and arm64 with 4 KiB pages).
+pub(super) const HUGE_PAGE: usize = 2 << 20;
+
 /// A private anonymous mapping, unmapped on drop.
 #[derive(Debug)]
 pub(super) struct Region {
@@ -27,52 +30,36 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Maps `len` bytes. `prefault` touches every page now (`MAP_POPULATE`), so no later
-    /// write faults; `lock` keeps the pages in RAM (`mlock`), never swapped out.
+    /// Maps `len` bytes (a multiple of [`HUGE_PAGE`]) at a huge-page boundary. `prefault`
+    /// touches every page now, so no later write faults; `lock` keeps the pages in RAM
+    /// (`mlock`), never swapped out.
     pub fn map(len: usize, prefault: bool, lock: bool) -> Result<Self> {
-        if len == 0 {
-            return Err(Error::invalid("an arena of 0 bytes"));
+        if len == 0 || len % HUGE_PAGE != 0 {
+            return Err(Error::invalid(format!(
+                "an arena of {len} bytes (a positive multiple of 2 MiB is needed)"
+            )));
         }
-        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let mut region = Self::map_aligned(len)?;
+        // Huge pages where the kernel offers them (`transparent_hugepage` = madvise or
+        // always): a first touch fills 2 MiB at once instead of 512 faults of 4 KiB, and a
+        // GPU's DMA walks fewer page-table entries. Best effort: without them the arena
+        // works the same, with more faults on first use.
+        // SAFETY: advice on exactly our mapping; it changes no byte.
+        unsafe {
+            libc::madvise(region.ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
+        }
         if prefault {
-            flags |= libc::MAP_POPULATE;
+            region.populate();
         }
-        // SAFETY: an anonymous mapping at an address of the kernel's choosing touches no
-        // existing memory; the result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::new(
-                ErrorKind::NoSpace,
-                format!("cannot map a {len}-byte arena for the RAM tier"),
-            )
-            .with_source(e));
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| Error::new(ErrorKind::Internal, "mmap returned a null pointer"))?;
-        let mut region = Region {
-            ptr,
-            len,
-            locked: false,
-        };
         if lock {
-            // SAFETY: the range is exactly the mapping just made.
+            // SAFETY: the range is exactly our mapping.
             if unsafe { libc::mlock(region.ptr.as_ptr().cast(), len) } != 0 {
                 let e = std::io::Error::last_os_error();
                 return Err(Error::new(
                     ErrorKind::NoSpace,
                     format!(
                         "cannot lock the {len}-byte arena in RAM (raise `ulimit -l` or turn \
-                         `ram.lock` off)"
+                         `ram_lock` off)"
                     ),
                 )
                 .with_source(e));
@@ -80,6 +67,75 @@ impl Region {
             region.locked = true;
         }
         Ok(region)
+    }
+
+    /// An anonymous mapping of `len` bytes starting at a multiple of [`HUGE_PAGE`]: one
+    /// huge page more is mapped, and the unaligned head and tail given back.
+    fn map_aligned(len: usize) -> Result<Self> {
+        let over = len
+            .checked_add(HUGE_PAGE)
+            .ok_or_else(|| Error::invalid(format!("an arena of {len} bytes")))?;
+        // SAFETY: an anonymous mapping at an address of the kernel's choosing touches no
+        // existing memory; the result is checked before use.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                over,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!("cannot map a {len}-byte arena for the RAM tier"),
+            )
+            .with_source(e));
+        }
+        let base = raw as usize;
+        let head = base.next_multiple_of(HUGE_PAGE) - base;
+        let tail = over - head - len;
+        // SAFETY: both ranges lie inside the mapping just made and hold nothing yet.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((base + head + len) as *mut libc::c_void, tail);
+            }
+        }
+        let ptr = NonNull::new((base + head) as *mut u8)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "mmap returned a null pointer"))?;
+        Ok(Region {
+            ptr,
+            len,
+            locked: false,
+        })
+    }
+
+    /// Touches every page, so that no later write faults: one call where the kernel can
+    /// (`MADV_POPULATE_WRITE`, Linux 5.14), a write per page otherwise.
+    fn populate(&mut self) {
+        // SAFETY: advice on exactly our mapping; populating changes no byte (the pages
+        // are zero either way).
+        let done = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        } == 0;
+        if done {
+            return;
+        }
+        for page in (0..self.len).step_by(4096) {
+            // SAFETY: inside our mapping, and no slot has been handed out yet (`&mut
+            // self`); writing the zero a fresh page already holds changes nothing.
+            unsafe { self.ptr.as_ptr().add(page).write_volatile(0) };
+        }
     }
 
     /// The mapping's length.
