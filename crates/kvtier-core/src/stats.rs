@@ -320,6 +320,8 @@ pub struct EngineCounters {
     pub memory_used_bytes: u64,
     /// The shared memory budget.
     pub memory_capacity_bytes: u64,
+    /// What the RAM tier's arena holds (see [`crate::arena`]).
+    pub arena: crate::arena::ArenaStats,
     /// What lookups promised and loads delivered (see [`HitStats`]).
     pub hits: HitStats,
 }
@@ -370,6 +372,9 @@ impl EngineCounters {
         Counter { name: "shutdown_unsaved_blocks", family: "shutdown_blocks", label: Some(("outcome", "unsaved")), help: "Evict-only mode: RAM-only blocks a clean shutdown wrote to a lower tier, and those it could not", kind: C, read: |s| s.shutdown_unsaved },
         Counter { name: "memory_used_bytes", family: "memory_used_bytes", label: None, help: "Shared RAM budget in use", kind: G, read: |s| s.memory_used_bytes },
         Counter { name: "memory_capacity_bytes", family: "memory_capacity_bytes", label: None, help: "Shared RAM budget", kind: G, read: |s| s.memory_capacity_bytes },
+        Counter { name: "arena_mapped_bytes", family: "arena_mapped_bytes", label: None, help: "Bytes of the RAM tier's arena, mapped at start", kind: G, read: |s| s.arena.mapped_bytes },
+        Counter { name: "arena_used_bytes", family: "arena_used_bytes", label: None, help: "Bytes of arena slots in use (blocks held by the RAM tier, a queue or a reader, and buffers being filled)", kind: G, read: |s| s.arena.used_bytes },
+        Counter { name: "arena_fallbacks", family: "arena_fallbacks", label: None, help: "Block buffers given from the heap instead of the arena (larger than a segment, or no free slot of their size)", kind: C, read: |s| s.arena.fallbacks },
         Counter { name: "lookup_tokens_asked", family: "lookup_tokens", label: Some(("outcome", "asked")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_asked },
         Counter { name: "lookup_tokens_promised", family: "lookup_tokens", label: Some(("outcome", "promised")), help: "Prompt tokens lookups were asked about, and those they matched (promised)", kind: C, read: |s| s.hits.lookup_tokens_promised },
         Counter { name: "lookup_blocks_promised", family: "lookup_blocks_promised", label: None, help: "Blocks lookups matched (promised to a later load)", kind: C, read: |s| s.hits.lookup_blocks_promised },

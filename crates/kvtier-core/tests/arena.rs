@@ -65,6 +65,10 @@ fn a_store_into_a_warm_arena_takes_no_page_faults() {
     }
     assert_eq!(e.arena().stats().used_bytes, 256 << 20);
     assert_eq!(e.arena().stats().fallbacks, 0);
+    let flat: std::collections::HashMap<String, u64> = e.stats().counters().into_iter().collect();
+    assert_eq!(flat["engine_arena_used_bytes"], 256 << 20);
+    assert!(flat["engine_arena_mapped_bytes"] >= 512 << 20);
+    assert_eq!(flat["engine_arena_fallbacks"], 0);
     for p in &first {
         assert!(e.ram().remove(&p.hashes()[0]).unwrap());
     }

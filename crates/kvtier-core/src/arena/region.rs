@@ -34,7 +34,7 @@ impl Region {
     /// touches every page now, so no later write faults; `lock` keeps the pages in RAM
     /// (`mlock`), never swapped out.
     pub fn map(len: usize, prefault: bool, lock: bool) -> Result<Self> {
-        if len == 0 || len % HUGE_PAGE != 0 {
+        if len == 0 || !len.is_multiple_of(HUGE_PAGE) {
             return Err(Error::invalid(format!(
                 "an arena of {len} bytes (a positive multiple of 2 MiB is needed)"
             )));

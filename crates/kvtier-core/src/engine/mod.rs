@@ -389,6 +389,7 @@ impl Engine {
                 shutdown_unsaved: get(&self.movement.shutdown_unsaved),
                 memory_used_bytes: self.budget.used(),
                 memory_capacity_bytes: self.budget.capacity(),
+                arena: self.arena.stats(),
                 hits: self.movement.hits.read(),
             },
             snapshot: self.snapshots.stats(),
