@@ -18,7 +18,7 @@ const NON_TEMPORAL_MIN: usize = 64 << 10;
 
 /// Appends `src` to `buf` (growing it if needed): how a block is filled piece by piece as
 /// its bytes arrive from the network.
-pub fn append_into(buf: &mut BytesMut, src: &[u8]) {
+pub(crate) fn append_into(buf: &mut BytesMut, src: &[u8]) {
     buf.reserve(src.len());
     #[cfg(target_arch = "x86_64")]
     if src.len() >= NON_TEMPORAL_MIN && std::arch::is_x86_feature_detected!("avx2") {

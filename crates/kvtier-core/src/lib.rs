@@ -30,7 +30,7 @@
 pub mod arena;
 pub mod budget;
 pub mod clock;
-mod copy;
+pub mod copy;
 pub mod engine;
 pub mod error;
 pub mod events;
