@@ -320,3 +320,20 @@ def test_load_into_one_layer_range_fills_only_those_pages(kv, layout):
             kv.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8), layers=bad)
     with pytest.raises(kvtier.InvalidError, match="out holds"):
         kv.load_into(hit, np.zeros(3 * page - 1, dtype=np.uint8), layers=(1, 2))
+
+
+def test_stream_copy_copies_exactly_and_refuses_what_it_cannot_write():
+    from kvtier._kvtier import stream_copy
+
+    # Large enough for the streaming stores (64 KiB and up), at an unaligned start.
+    src = (np.arange(300_001, dtype=np.uint64) * 2_654_435_761).astype(np.uint8)
+    dst = np.zeros(300_000, dtype=np.uint8)
+    assert stream_copy(dst, src[1:]) == 300_000
+    assert np.array_equal(dst, src[1:])
+    small = bytearray(10)
+    assert stream_copy(small, b"0123456789") == 10
+    assert small == b"0123456789"
+    with pytest.raises(ValueError, match="same length"):
+        stream_copy(dst, src)
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        stream_copy(b"read-only!", b"0123456789")

@@ -16,6 +16,10 @@ __version__: str
 #: The core's names of its error kinds (``kvtier.errors`` has one class for each).
 ERROR_KINDS: list[str]
 
+def stream_copy(dst: _BufferLike, src: _BufferLike) -> int:
+    """Copies ``src`` into ``dst`` (same length) with kvtier's streaming stores; the
+    number of bytes. For benchmarks: the best copy into memory out of the CPU cache."""
+
 @final
 class Layout:
     """A layout registered with an engine: what every block under it is computed for."""
