@@ -296,6 +296,16 @@ impl Cache {
         Ok(Restored::from(restored))
     }
 
+    /// Where an engine's RAM tier keeps its blocks in this process: `(address, nbytes)` of
+    /// its arena, one region mapped at start (every block stored into it lies inside, so
+    /// a GPU can register it once and read blocks by DMA). `None` for a server's client
+    /// (the server's memory is not mapped here) and for an engine without an arena.
+    #[getter]
+    fn arena(&self) -> PyResult<Option<(usize, usize)>> {
+        let cache = self.inner()?;
+        Ok(cache.engine().and_then(|e| e.arena().region()))
+    }
+
     /// Every counter, by the names `/v1/stats` uses.
     fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<String, u64>> {
         let cache = self.inner()?;

@@ -28,6 +28,7 @@ def payload(layout, seed, blocks):
 
 def test_store_lookup_load_through_the_server(server):
     c = kvtier.Client(server.url)
+    assert c.arena is None, "a server's arena is not mapped in its client"
     layout = c.register_layout("py-client", "f16", TPB, 2, 2, 64)
     assert layout.block_bytes == 16 << 10
     data = payload(layout, 1, 4)

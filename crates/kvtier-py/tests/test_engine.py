@@ -118,6 +118,17 @@ def test_loaded_blocks_are_read_only_views_of_kvtiers_own_bytes(kv, layout):
     assert first[0].tobytes() == bytes(view)
 
 
+def test_stored_blocks_lie_in_the_engines_arena(kv, layout):
+    # One region, mapped at start: a GPU registers it once and reads blocks by DMA.
+    address, nbytes = kv.arena
+    assert nbytes >= 256 << 20  # the RAM budget (and a little slack)
+    kv.store(layout, tokens(5, 3), payload(layout, 5, 3))
+    for block in kv.load(kv.lookup(layout, tokens(5, 3))):
+        assert address <= block.address
+        assert block.address + len(block) <= address + nbytes
+    assert kv.stats()["engine_arena_used_bytes"] >= 3 * layout.block_bytes
+
+
 def test_load_into_fills_a_caller_buffer(kv, layout):
     data = payload(layout, 5, 3)
     kv.store(layout, tokens(5, 3), data)

@@ -144,6 +144,16 @@ impl Arena {
         buf.freeze()
     }
 
+    /// Where the arena lies in this process's memory: `(address, bytes)`, or `None`
+    /// without one. Every block copied into a slot lies inside it, so a GPU can register
+    /// it once (`cudaHostRegister`) and read blocks by DMA; a block that fell back to the
+    /// heap (see [`ArenaStats::fallbacks`]) does not.
+    pub fn region(&self) -> Option<(usize, usize)> {
+        self.shared
+            .as_ref()
+            .map(|s| (s.region.address(), s.region.len()))
+    }
+
     /// Whether the pages are locked in RAM.
     pub fn locked(&self) -> bool {
         self.shared.as_ref().is_some_and(|s| s.region.locked())

@@ -138,6 +138,12 @@ impl Region {
         }
     }
 
+    /// The address of the mapping's first byte (for a caller that registers the region
+    /// with a device, once: every block in the arena lies inside it).
+    pub fn address(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
     /// The mapping's length.
     pub fn len(&self) -> usize {
         self.len
