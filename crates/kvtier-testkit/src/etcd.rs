@@ -39,7 +39,28 @@ impl EtcdCluster {
 
     /// [`EtcdCluster::start`] with every member also taking clients at `also` (the same
     /// port as on 127.0.0.1): for a [`crate::Host`] that reaches them over a link.
+    ///
+    /// Ports are picked free and then given to etcd, so another process may take one in
+    /// between; a member that reports its port taken is not a failure of the test: the
+    /// cluster is started again on fresh ports, in a fresh directory (three tries).
     pub fn start_also_on(dir: &Path, n: usize, also: &[Ipv4Addr]) -> Result<Self> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // The first try keeps `dir` itself; a retry may not reuse a half-made member.
+            let at = if attempt == 1 {
+                dir.to_path_buf()
+            } else {
+                dir.join(format!("retry{attempt}"))
+            };
+            match Self::try_start(&at, n, also) {
+                Err(Error::NotReady { output, .. }) if attempt < 3 && port_taken(&output) => {}
+                other => return other,
+            }
+        }
+    }
+
+    fn try_start(dir: &Path, n: usize, also: &[Ipv4Addr]) -> Result<Self> {
         let mut specs = Vec::new();
         for i in 0..n {
             specs.push(Spec {
@@ -106,22 +127,41 @@ impl EtcdCluster {
         cmd
     }
 
+    /// Waits until member `i` accepts clients; fails at once when any member reports one
+    /// of its ports taken (the cluster would never form).
     fn await_member(&self, i: usize) -> Result<()> {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.specs[i].client));
-        if crate::wait_for_port(addr, WITHIN) {
-            Ok(())
-        } else {
-            Err(Error::NotReady {
-                name: format!("etcd {}", self.specs[i].name),
-                waited_for: format!("{addr} accepting connections"),
-                within: WITHIN,
-                ended: "still running".into(),
-                output: self.members[i]
-                    .as_ref()
-                    .map(|p| format!("\n{}", p.stderr()))
-                    .unwrap_or_default(),
-            })
-        }
+        let output = |m: &Option<Process>| m.as_ref().map(|p| format!("\n{}", p.stderr()));
+        let taken = || {
+            self.members
+                .iter()
+                .filter_map(output)
+                .find(|out| port_taken(out))
+        };
+        let deadline = std::time::Instant::now() + WITHIN;
+        let (ended, output) = loop {
+            let up = crate::wait_for_port(addr, Duration::from_millis(200));
+            // Checked even when the port answers: another process may be what answers.
+            if let Some(out) = taken() {
+                break ("a port was taken", out);
+            }
+            if up {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                break (
+                    "still running",
+                    output(&self.members[i]).unwrap_or_default(),
+                );
+            }
+        };
+        Err(Error::NotReady {
+            name: format!("etcd {}", self.specs[i].name),
+            waited_for: format!("{addr} accepting connections"),
+            within: WITHIN,
+            ended: ended.into(),
+            output,
+        })
     }
 
     /// `etcd://127.0.0.1:A,127.0.0.1:B,…`, as `kvtier serve --cluster` takes it.
@@ -208,4 +248,10 @@ fn json_string(body: &str, key: &str) -> Option<String> {
     let at = body.find(&format!("\"{key}\":\""))? + key.len() + 4;
     let rest = body.get(at..)?;
     rest.find('"').map(|end| rest[..end].to_owned())
+}
+
+/// Whether etcd's output says one of its ports was taken (by another process between the
+/// test picking it free and etcd binding it).
+fn port_taken(output: &str) -> bool {
+    output.contains("address already in use")
 }
