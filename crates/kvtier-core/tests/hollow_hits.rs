@@ -11,11 +11,12 @@
 
 mod stand_in;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::stats::HitStats;
 use kvtier_core::tier::{ShortRead, Tier, TierKind};
-use kvtier_core::{Engine, ErrorKind, ExtraKeys, Layout};
+use kvtier_core::{Engine, ErrorKind, ExtraKeys, Layout, Lookup};
 
 /// Stores four whole blocks and a partial one; returns the prompt's tokens.
 fn store_four_blocks(e: &Engine, layout: &Layout) -> kvtier_core::Result<Vec<u32>> {
@@ -27,18 +28,47 @@ fn store_four_blocks(e: &Engine, layout: &Layout) -> kvtier_core::Result<Vec<u32
     Ok(tokens)
 }
 
+/// An engine over a stand-in lower tier holding four whole blocks, and their lookup.
+struct FourBlocks {
+    e: Engine,
+    layout: Arc<Layout>,
+    lower: Arc<stand_in::StandIn>,
+    tokens: Vec<u32>,
+    /// Tokens per block.
+    tpb: u64,
+    lookup: Lookup,
+}
+
+fn four_blocks_looked_up() -> kvtier_core::Result<FourBlocks> {
+    let (e, layout, lower) = stand_in::engine();
+    let tokens = store_four_blocks(&e, &layout)?;
+    let tpb = layout.tokens_per_block() as u64;
+    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
+    assert_eq!(lookup.blocks.len(), 4);
+    Ok(FourBlocks {
+        e,
+        layout,
+        lower,
+        tokens,
+        tpb,
+        lookup,
+    })
+}
+
 fn hits(e: &Engine) -> HitStats {
     e.stats().engine.hits
 }
 
 #[test]
 fn a_load_after_evicting_part_of_a_hit_counts_the_gap_as_evicted() -> kvtier_core::Result<()> {
-    let (e, layout, lower) = stand_in::engine();
-    let tokens = store_four_blocks(&e, &layout)?;
-    let tpb = layout.tokens_per_block() as u64;
-
-    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
-    assert_eq!(lookup.blocks.len(), 4);
+    let FourBlocks {
+        e,
+        lower,
+        tokens,
+        tpb,
+        lookup,
+        ..
+    } = four_blocks_looked_up()?;
     let h = hits(&e);
     assert_eq!(h.lookup_tokens_asked, tokens.len() as u64);
     assert_eq!(h.lookup_tokens_promised, 4 * tpb);
@@ -88,11 +118,13 @@ fn undelivered_other_than_evicted(h: &HitStats) -> u64 {
 
 #[test]
 fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
-    let (e, layout, lower) = stand_in::engine();
-    let tokens = store_four_blocks(&e, &layout)?;
-    let tpb = layout.tokens_per_block() as u64;
-    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
-    assert_eq!(lookup.blocks.len(), 4);
+    let FourBlocks {
+        e,
+        lower,
+        tpb,
+        lookup,
+        ..
+    } = four_blocks_looked_up()?;
     let b = |i: usize| lookup.blocks[i].hash;
 
     // Block 1 is read from the lower tier, and that read fails verification.
@@ -118,11 +150,13 @@ fn a_read_that_fails_counts_the_gap_by_its_error() -> kvtier_core::Result<()> {
 #[test]
 fn a_tier_that_answers_a_miss_for_a_reason_is_counted_under_that_reason() -> kvtier_core::Result<()>
 {
-    let (e, layout, lower) = stand_in::engine();
-    let tokens = store_four_blocks(&e, &layout)?;
-    let tpb = layout.tokens_per_block() as u64;
-    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
-    assert_eq!(lookup.blocks.len(), 4);
+    let FourBlocks {
+        e,
+        lower,
+        tpb,
+        lookup,
+        ..
+    } = four_blocks_looked_up()?;
     let b = |i: usize| lookup.blocks[i].hash;
     // Block 2 is read from the lower tier (and so are its descendants).
     assert!(e.ram().remove(&b(2))?);
@@ -178,11 +212,7 @@ fn a_tier_that_answers_a_miss_for_a_reason_is_counted_under_that_reason() -> kvt
 
 #[test]
 fn a_load_a_closed_engine_refuses_is_counted_as_refused() -> kvtier_core::Result<()> {
-    let (e, layout, _lower) = stand_in::engine();
-    let tokens = store_four_blocks(&e, &layout)?;
-    let tpb = layout.tokens_per_block() as u64;
-    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
-    assert_eq!(lookup.blocks.len(), 4);
+    let FourBlocks { e, tpb, lookup, .. } = four_blocks_looked_up()?;
 
     e.inject_background_panic();
     let started = std::time::Instant::now();
@@ -202,16 +232,28 @@ fn a_load_a_closed_engine_refuses_is_counted_as_refused() -> kvtier_core::Result
     let h = hits(&e);
     assert_eq!(h.load_tokens_undelivered_refused, 4 * tpb, "{h:?}");
     assert_eq!(h.load_tokens_undelivered_evicted, 0, "{h:?}");
+
+    // Layer by layer, the same: counted once, by the range from layer 0.
+    let asked = h.load_tokens_asked;
+    for layers in [0..1, 1..2] {
+        let err = e.load_layers(&lookup, layers).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Closed);
+    }
+    let h = hits(&e);
+    assert_eq!(h.load_tokens_undelivered_refused, 8 * tpb, "{h:?}");
+    assert_eq!(h.load_tokens_asked, asked + 4 * tpb, "{h:?}");
     Ok(())
 }
 
 #[test]
 fn a_hit_loaded_layer_by_layer_is_counted_once() -> kvtier_core::Result<()> {
-    let (e, layout, _lower) = stand_in::engine();
-    let tokens = store_four_blocks(&e, &layout)?;
-    let tpb = layout.tokens_per_block() as u64;
-    let lookup = e.lookup(&e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?);
-    assert_eq!(lookup.blocks.len(), 4);
+    let FourBlocks {
+        e,
+        layout,
+        tpb,
+        lookup,
+        ..
+    } = four_blocks_looked_up()?;
     let layers = layout.key().num_layers;
     assert!(layers >= 2, "the test layout has {layers} layers");
     for l in 0..layers {

@@ -6,7 +6,7 @@
 //! lookup (`evicted`), a tier's read failed verification (`corrupt`), a tier's read ran out
 //! of its deadline (`deadline`), a tier's read failed otherwise (`failed`: the tier was
 //! unreachable or its store refused), or the engine refused the load itself (`refused`: a
-//! layout no longer registered, a closed engine). These are the counters a wrong or hollow
+//! closed engine, a layer range or layout it does not know). These are the counters a wrong or hollow
 //! hit shows up in; the other counters only see tiers.
 
 use std::sync::atomic::{AtomicU64, Ordering};

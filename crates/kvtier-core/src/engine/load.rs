@@ -36,26 +36,33 @@ impl Engine {
             .poison
             .check()
             .and_then(|()| self.load_into(refs, &mut blocks, &mut served));
-        let ended = match &outcome {
-            Ok(short) => Ended::Short(*short),
-            Err(e) => Ended::Error(e.kind()),
-        };
-        self.movement
-            .hits
-            .load(Self::tokens_per_block(lookup), refs.len(), &served, ended);
+        self.count_load(lookup, &served, &outcome);
         outcome?;
         let complete = blocks.len() == refs.len();
         Ok(Loaded { blocks, complete })
     }
 
-    /// Tokens per block of the layout `lookup` was made under, from the lookup itself (its
-    /// matched tokens over its blocks): a load stays a few atomic operations, with no lock
-    /// taken to find the layout.
-    fn tokens_per_block(lookup: &Lookup) -> u64 {
-        match lookup.blocks.len() {
+    /// Counts a load of `lookup`'s blocks in the hit accounting: `served[kind]` blocks
+    /// delivered by each tier, ended as `outcome` says. Tokens per block come from the
+    /// lookup itself (its matched tokens over its blocks): a load stays a few atomic
+    /// operations, with no lock taken to find the layout.
+    fn count_load(
+        &self,
+        lookup: &Lookup,
+        served: &[u64; TierKind::ALL.len()],
+        outcome: &Result<Option<ShortRead>>,
+    ) {
+        let tokens_per_block = match lookup.blocks.len() {
             0 => 0,
             n => (lookup.matched_tokens / n) as u64,
-        }
+        };
+        let ended = match outcome {
+            Ok(short) => Ended::Short(*short),
+            Err(e) => Ended::Error(e.kind()),
+        };
+        self.movement
+            .hits
+            .load(tokens_per_block, lookup.blocks.len(), served, ended);
     }
 
     /// The body of [`Engine::load`]: pushes each block read onto `blocks`, counting it in
@@ -182,9 +189,30 @@ impl Engine {
     /// from the layout the lookup was made under, never from the caller.
     ///
     /// A hit loaded layer by layer is counted in the hit accounting once, by the range
-    /// that starts at layer 0.
+    /// that starts at layer 0 (every layered load of a hit reads it: delivered means its
+    /// first layers came), refusals included.
     pub fn load_layers(&self, lookup: &Lookup, layers: Range<u32>) -> Result<Loaded> {
-        self.poison.check()?;
+        let mut blocks = Vec::with_capacity(lookup.blocks.len());
+        let mut served = [0u64; TierKind::ALL.len()];
+        let outcome = self
+            .poison
+            .check()
+            .and_then(|()| self.load_layers_into(lookup, layers.clone(), &mut blocks, &mut served));
+        if layers.start == 0 {
+            self.count_load(lookup, &served, &outcome);
+        }
+        let complete = outcome?.is_none();
+        Ok(Loaded { blocks, complete })
+    }
+
+    /// The body of [`Engine::load_layers`], as [`Engine::load_into`] is of a whole load.
+    fn load_layers_into(
+        &self,
+        lookup: &Lookup,
+        layers: Range<u32>,
+        blocks: &mut Vec<Bytes>,
+        served: &mut [u64; TierKind::ALL.len()],
+    ) -> Result<Option<ShortRead>> {
         let layout = self.layout(lookup.layout)?;
         let range = layout
             .geometry()
@@ -197,34 +225,16 @@ impl Engine {
                     layout.geometry().num_layers
                 ))
             })?;
-        let mut blocks = Vec::with_capacity(lookup.blocks.len());
-        let mut served = [0u64; TierKind::ALL.len()];
-        let outcome = (|| -> Result<Option<ShortRead>> {
-            for r in &lookup.blocks {
-                match self.read_range(r, range.clone())? {
-                    Ok(b) => {
-                        served[r.tier as usize] += 1;
-                        blocks.push(b);
-                    }
-                    Err(short) => return Ok(Some(short)),
+        for r in &lookup.blocks {
+            match self.read_range(r, range.clone())? {
+                Ok(b) => {
+                    served[r.tier as usize] += 1;
+                    blocks.push(b);
                 }
+                Err(short) => return Ok(Some(short)),
             }
-            Ok(None)
-        })();
-        // A hit loaded layer by layer is counted once, by the range that starts at layer 0
-        // (every layered load of a hit reads it): delivered means its first layers came.
-        if layers.start == 0 {
-            let ended = match &outcome {
-                Ok(short) => Ended::Short(*short),
-                Err(e) => Ended::Error(e.kind()),
-            };
-            let tokens_per_block = layout.tokens_per_block() as u64;
-            self.movement
-                .hits
-                .load(tokens_per_block, lookup.blocks.len(), &served, ended);
         }
-        let complete = outcome?.is_none();
-        Ok(Loaded { blocks, complete })
+        Ok(None)
     }
 
     /// Bytes `range` of the block `r` names, from the tier the lookup found it in (or, not

@@ -288,7 +288,8 @@ impl RemoteTier {
         self.checked(&object).is_ok()
     }
     /// `object` itself when its manifest was checked, else the checked object that now
-    /// stands for it (its blocks re-indexed with their tokens), or `None`.
+    /// stands for it (its blocks re-indexed with their tokens), or why it cannot be served
+    /// (its manifest gone, unreadable, or not the one its record names).
     pub(super) fn checked(
         &self,
         object: &Arc<RunObject>,
