@@ -8,6 +8,7 @@
 //!   [`wire::LayoutSpec`], store report → answer, [`ClientError`] → the engine's error
 //!   kinds).
 
+pub mod shm;
 pub mod wire;
 
 mod client;

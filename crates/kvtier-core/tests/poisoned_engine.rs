@@ -26,7 +26,14 @@ fn store(e: &Engine, layout: &Layout, first: u32, ack: Option<Ack>) -> kvtier_co
         .collect();
     let prompt = e.prompt(layout.digest(), &tokens, &ExtraKeys::none())?;
     let payload = vec![7u8; layout.block_bytes() as usize];
-    e.store_with(&prompt, &[&payload], StoreOptions { ack })?;
+    e.store_with(
+        &prompt,
+        &[&payload],
+        StoreOptions {
+            ack,
+            ..Default::default()
+        },
+    )?;
     Ok(())
 }
 

@@ -198,6 +198,7 @@ impl Node {
                 enabled: true,
                 prefault: settings.ram_prefault,
                 lock: settings.ram_lock,
+                shared: settings.shm.enabled,
             })
             .max_tokens(settings.max_tokens)
             .clock(components.clock.clone());

@@ -265,6 +265,44 @@ impl KvEventsSettings {
     }
 }
 
+/// The shared arena: the RAM tier in shared memory that local clients map, and the Unix
+/// socket they reach it through (docs/adr/0019-shared-arena.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShmSettings {
+    /// Back the RAM tier with shared memory and listen on `socket` (default false).
+    pub enabled: bool,
+    /// The Unix socket local clients connect to (default: `kvtier.sock` in `data_dir`).
+    pub socket: Option<PathBuf>,
+    /// Who may connect: the socket file's permission bits (default `0o600`, the server's
+    /// user only). Whoever connects can read every block in the arena.
+    pub socket_mode: u32,
+    /// Staging memory per client, where its stores are written before the server copies
+    /// them into the arena (whole 2 MiB units; default 256 MiB).
+    pub staging: ByteSize,
+    /// How long a reserved store waits for its commit before its room is freed.
+    pub reserve_ttl: HumanDuration,
+    /// Clients connected at once; one more is refused.
+    pub max_clients: usize,
+    /// Bytes of blocks one client may hold leased at once (0: half of `ram`). A leased
+    /// block's slot stays taken while the lease lasts, even once the block is evicted.
+    pub max_leased: ByteSize,
+}
+
+impl Default for ShmSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            socket: None,
+            socket_mode: 0o600,
+            staging: ByteSize(256 << 20),
+            reserve_ttl: HumanDuration(Duration::from_secs(30)),
+            max_clients: 32,
+            max_leased: ByteSize(0),
+        }
+    }
+}
+
 /// Bearer tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -329,6 +367,8 @@ pub struct Settings {
     pub cluster: ClusterSettings,
     /// KV events for routers.
     pub kv_events: KvEventsSettings,
+    /// The shared arena for local clients.
+    pub shm: ShmSettings,
     /// Tokens.
     pub auth: AuthSettings,
 }
@@ -354,6 +394,7 @@ impl Default for Settings {
             remote: RemoteSettings::default(),
             cluster: ClusterSettings::default(),
             kv_events: KvEventsSettings::default(),
+            shm: ShmSettings::default(),
             auth: AuthSettings::default(),
         }
     }
@@ -384,6 +425,22 @@ impl Settings {
     /// The SSD store directory.
     pub fn ssd_dir(&self) -> PathBuf {
         self.ssd.dir_under(&self.data_dir)
+    }
+
+    /// The shared arena's socket: `shm.socket`, or `kvtier.sock` in `data_dir`.
+    pub fn shm_socket(&self) -> PathBuf {
+        self.shm
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("kvtier.sock"))
+    }
+
+    /// Bytes one shared-arena client may hold leased: `shm.max_leased`, or half of `ram`.
+    pub fn shm_max_leased(&self) -> u64 {
+        match self.shm.max_leased.0 {
+            0 => self.ram.0 / 2,
+            n => n,
+        }
     }
 
     /// Request threads to run: `workers`, or half the cores (at least one) when 0. Half,
@@ -459,6 +516,26 @@ impl Settings {
         }
         if self.max_connections == 0 {
             return Err(Error::invalid("max_connections must be at least 1"));
+        }
+        if self.shm.enabled {
+            if self.shm.staging.0 == 0 || !self.shm.staging.0.is_multiple_of(2 << 20) {
+                return Err(Error::invalid(format!(
+                    "shm.staging is {} bytes; it must be a positive multiple of 2 MiB",
+                    self.shm.staging.0
+                )));
+            }
+            if self.shm.max_clients == 0 {
+                return Err(Error::invalid("shm.max_clients must be at least 1"));
+            }
+            if self.shm.socket_mode > 0o777 {
+                return Err(Error::invalid(format!(
+                    "shm.socket_mode {:o} is not a permission mode (0o000 to 0o777)",
+                    self.shm.socket_mode
+                )));
+            }
+            if self.shm.reserve_ttl.0.is_zero() {
+                return Err(Error::invalid("shm.reserve_ttl must be longer than zero"));
+            }
         }
         if self.kv_events.enabled() {
             if self.kv_events.buffer_steps == 0 {

@@ -43,6 +43,7 @@ fn ssd_records_carry_the_injected_wall_time() {
     let kv = vec![3u8; layout.block_bytes() as usize];
     let options = StoreOptions {
         ack: Some(Ack::Written),
+        ..StoreOptions::default()
     };
     engine.store_with(&prompt, &[&kv, &kv], options).unwrap();
     engine.shutdown(Duration::from_secs(10));

@@ -16,6 +16,7 @@ pub mod local;
 pub mod metrics;
 mod routes;
 pub mod serve;
+pub mod shm;
 pub mod state;
 
 pub use kvtier_node::settings as config;

@@ -33,6 +33,8 @@ pub struct Running {
     listener: TcpListener,
     /// The connection cap: `max_connections`, clamped to the open-file limit.
     max_connections: usize,
+    /// The shared arena's socket, when `shm.enabled`.
+    shm: Option<crate::shm::ShmService>,
 }
 
 impl Running {
@@ -54,17 +56,24 @@ impl Running {
         // After the engine opened its files, so that they are counted.
         let configured = app.node.settings.read().max_connections;
         let max_connections = kvtier_listen::fds::connection_budget(configured).connections;
+        let shm = crate::shm::ShmService::start(app.clone())?;
         Ok(Self {
             addr,
             app,
             listener,
             max_connections,
+            shm,
         })
     }
 
     /// The shared state (for in-process use such as the bench).
     pub fn state(&self) -> Arc<AppState> {
         self.app.clone()
+    }
+
+    /// The shared arena's socket, when `shm.enabled`.
+    pub fn shm_socket(&self) -> Option<&std::path::Path> {
+        self.shm.as_ref().map(|s| s.path())
     }
 
     /// Serves until `stop` resolves, then shuts down in order.
@@ -106,6 +115,10 @@ impl Running {
         tracing::info!("stopping: no new connections; finishing requests in flight");
         let _ = stopping_tx.send(true);
         let requests_finished = matches!(tokio::time::timeout(deadline, server).await, Ok(Ok(())));
+        // Local clients go before the engine stops: their leases and reservations end.
+        if let Some(shm) = self.shm {
+            let _ = tokio::task::spawn_blocking(move || shm.stop()).await;
+        }
         if !requests_finished {
             tracing::warn!(
                 ?deadline,
@@ -141,6 +154,9 @@ pub async fn run(settings: Settings) -> Result<Stopped, Error> {
             ),
             None => println!("kvtier serve: KV events on {}", k.endpoint()),
         }
+    }
+    if let Some(path) = running.shm_socket() {
+        println!("kvtier serve: shared arena on {}", path.display());
     }
     println!("kvtier serve: listening on http://{}", running.addr);
     let _ = std::io::stdout().flush();

@@ -119,6 +119,32 @@ impl BlockBuf {
         take
     }
 
+    /// Fills an empty buffer with `src`, exactly its capacity, and freezes it: the block and
+    /// the CRC32C of the bytes that landed in it (see [`super::copy_checked`]), which a
+    /// shared arena remembers with the slot. `None`, and nothing kept, when `src` is not
+    /// exactly the buffer's capacity or something was written already.
+    pub fn fill_checked(mut self, src: &[u8]) -> Option<(Bytes, u32)> {
+        if !self.is_empty() || src.len() != self.capacity() {
+            return None;
+        }
+        match &mut self.inner {
+            Inner::Slot(s) => {
+                // SAFETY: the slot's bytes are this value's alone (see `Slot`), and
+                // `src.len() == cap` lies inside them.
+                let dst = unsafe { s.arena.region.bytes_mut(s.offset, src.len()) };
+                let crc = super::copy_checked(dst, src);
+                s.len = src.len();
+                s.arena.checks.set(s.offset, s.len, crc);
+                Some((self.freeze(), crc))
+            }
+            Inner::Heap { buf, .. } => {
+                buf.extend_from_slice(src);
+                let crc = super::crc32c(buf);
+                Some((self.freeze(), crc))
+            }
+        }
+    }
+
     /// The bytes written, as a buffer the cache keeps without a copy. An arena slot stays
     /// taken until the last clone of the result is dropped: it is never reused under a
     /// reader.

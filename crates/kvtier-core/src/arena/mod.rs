@@ -19,6 +19,7 @@
 //! Why slots and not a general allocator: see `docs/adr/0018-arena.md`.
 
 mod buf;
+mod check;
 mod region;
 mod slab;
 
@@ -28,6 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 pub use buf::BlockBuf;
+pub use check::{copy_checked, crc32c};
+pub use region::{memory_file, seal};
 
 use crate::error::Result;
 use region::Region;
@@ -50,6 +53,10 @@ pub struct ArenaConfig {
     /// Lock the arena in RAM (`mlock`): never swapped out, as DMA to a GPU wants (default
     /// false; needs `ulimit -l` as large as the arena).
     pub lock: bool,
+    /// Back the arena with a sealed memory file that local processes can map read-only
+    /// ([`Arena::file`]; `kvtier serve`'s shared arena, docs/adr/0019-shared-arena.md).
+    /// Default false: private anonymous memory.
+    pub shared: bool,
 }
 
 impl Default for ArenaConfig {
@@ -58,6 +65,7 @@ impl Default for ArenaConfig {
             enabled: true,
             prefault: false,
             lock: false,
+            shared: false,
         }
     }
 }
@@ -79,6 +87,8 @@ pub(crate) struct Shared {
     region: Region,
     slab: Mutex<Slab>,
     fallbacks: AtomicU64,
+    /// Checksums of the blocks in slots, for a shared arena's clients (see `check`).
+    checks: check::Checks,
 }
 
 impl Shared {
@@ -104,12 +114,13 @@ impl Arena {
             .div_ceil(SEGMENT_BYTES)
             .saturating_add(2);
         let bytes = segments.saturating_mul(SEGMENT_BYTES);
-        let region = Region::map(bytes, config.prefault, config.lock)?;
+        let region = Region::map(bytes, config.prefault, config.lock, config.shared)?;
         Ok(Self {
             shared: Some(Arc::new(Shared {
                 region,
                 slab: Mutex::new(Slab::new(SEGMENT_BYTES, segments)),
                 fallbacks: AtomicU64::new(0),
+                checks: check::Checks::new(if config.shared { bytes } else { 0 }),
             })),
         })
     }
@@ -129,7 +140,10 @@ impl Arena {
             slab.stride_of(len).and_then(|stride| slab.alloc(stride))
         };
         match offset {
-            Some(offset) => BlockBuf::slot(shared.clone(), offset, len),
+            Some(offset) => {
+                shared.checks.forget(offset);
+                BlockBuf::slot(shared.clone(), offset, len)
+            }
             None => {
                 shared.fallbacks.fetch_add(1, Ordering::Relaxed);
                 BlockBuf::heap(len)
@@ -152,6 +166,42 @@ impl Arena {
         self.shared
             .as_ref()
             .map(|s| (s.region.address(), s.region.len()))
+    }
+
+    /// The memory file of a shared arena (see [`ArenaConfig::shared`]), to hand to a local
+    /// client, which maps it read-only: offset `o` of the file is [`Arena::region`]'s
+    /// address plus `o`.
+    pub fn file(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.shared.as_ref()?.region.file().map(|f| f.as_fd())
+    }
+
+    /// Where `bytes` lie in the arena: the offset of their first byte, or `None` when they
+    /// are not (wholly) inside it.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        let s = self.shared.as_ref()?;
+        let start = (bytes.as_ptr() as usize).checked_sub(s.region.address())?;
+        (start.checked_add(bytes.len())? <= s.region.len()).then_some(start)
+    }
+
+    /// The CRC32C of `block`, a whole block the caller holds (a frozen buffer of this
+    /// arena or any other bytes): remembered per slot in a shared arena, so that a block
+    /// is checksummed once however often it is loaded (see `check`).
+    pub fn checksum(&self, block: &[u8]) -> u32 {
+        let slot = self.offset_of(block).and_then(|offset| {
+            let s = self.shared.as_ref()?;
+            (s.slab.lock().slot_start(offset) == Some(offset)).then_some((s, offset))
+        });
+        if let Some((s, offset)) = slot
+            && let Some(crc) = s.checks.get(offset, block.len())
+        {
+            return crc;
+        }
+        let crc = check::crc32c(block);
+        if let Some((s, offset)) = slot {
+            s.checks.set(offset, block.len(), crc);
+        }
+        crc
     }
 
     /// Whether the pages are locked in RAM.

@@ -1,4 +1,5 @@
-//! One anonymous memory mapping: the arena's memory, mapped once at start.
+//! One memory mapping: the arena's memory, mapped once at start — anonymous, or (a shared
+//! arena) a sealed memory file that local clients map read-only.
 //!
 //! The only unsafe code of the arena: mapping and unmapping, locking, and handing out the
 //! bytes of one slot. The slab (`slab.rs`) decides which bytes belong to whom; this file
@@ -8,6 +9,7 @@
     reason = "mmap/munmap/mlock and slices of the mapping need raw pointers"
 )]
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -15,12 +17,14 @@ use crate::error::{Error, ErrorKind, Result};
 /// The huge-page size the mapping is aligned to (x86-64 and arm64 with 4 KiB pages).
 pub(super) const HUGE_PAGE: usize = 2 << 20;
 
-/// A private anonymous mapping, unmapped on drop.
+/// A mapping, unmapped on drop: private and anonymous, or shared over a memory file.
 #[derive(Debug)]
 pub(super) struct Region {
     ptr: NonNull<u8>,
     len: usize,
     locked: bool,
+    /// The memory file of a shared region (see [`Region::map`]).
+    file: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; which thread touches which
@@ -33,13 +37,22 @@ impl Region {
     /// Maps `len` bytes (a multiple of [`HUGE_PAGE`]) at a huge-page boundary. `prefault`
     /// touches every page now, so no later write faults; `lock` keeps the pages in RAM
     /// (`mlock`), never swapped out.
-    pub fn map(len: usize, prefault: bool, lock: bool) -> Result<Self> {
+    ///
+    /// `shared` backs the region with a memory file ([`Region::file`]) that other processes
+    /// can map. The file is sealed once this mapping exists: it can neither shrink nor
+    /// grow (a client cannot make the server's reads fault) and no new mapping of it can
+    /// be writable (`F_SEAL_FUTURE_WRITE`: only this one writes; a client's `mmap` with
+    /// `PROT_WRITE` fails, and so does `mprotect` of a read-only one).
+    pub fn map(len: usize, prefault: bool, lock: bool, shared: bool) -> Result<Self> {
         if len == 0 || !len.is_multiple_of(HUGE_PAGE) {
             return Err(Error::invalid(format!(
                 "an arena of {len} bytes (a positive multiple of 2 MiB is needed)"
             )));
         }
         let mut region = Self::map_aligned(len)?;
+        if shared {
+            region.back_with_file()?;
+        }
         // Huge pages where the kernel offers them (`transparent_hugepage` = madvise or
         // always): a first touch fills 2 MiB at once instead of 512 faults of 4 KiB, and a
         // GPU's DMA walks fewer page-table entries. Best effort: without them the arena
@@ -113,7 +126,55 @@ impl Region {
             ptr,
             len,
             locked: false,
+            file: None,
         })
+    }
+
+    /// Replaces the anonymous pages (none touched yet) by a shared mapping of a new memory
+    /// file at the same address, then seals the file (see [`Region::map`]).
+    fn back_with_file(&mut self) -> Result<()> {
+        let failed = |what: &str| {
+            let e = std::io::Error::last_os_error();
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot {what} for a shared arena of {} bytes", self.len),
+            )
+            .with_source(e)
+        };
+        let file = memory_file(c"kvtier-arena", self.len).map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "cannot create the memory file of a {}-byte shared arena",
+                    self.len
+                ),
+            )
+            .with_source(e)
+        })?;
+        // SAFETY: MAP_FIXED over exactly our own anonymous mapping, which nobody has been
+        // handed a byte of yet (`&mut self`, before any slot exists).
+        let raw_map = unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if raw_map == libc::MAP_FAILED || raw_map != self.ptr.as_ptr().cast() {
+            return Err(failed("map the memory file"));
+        }
+        seal(&file, libc::F_SEAL_FUTURE_WRITE)
+            .map_err(|_| failed("seal the memory file (Linux 5.1 or later is needed)"))?;
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// The memory file of a shared region, to pass to a local client (`None`: private).
+    pub fn file(&self) -> Option<&OwnedFd> {
+        self.file.as_ref()
     }
 
     /// Touches every page, so that no later write faults: one call where the kernel can
@@ -180,6 +241,38 @@ impl Region {
         // SAFETY: the caller's contract: inside the mapping and written by nobody.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
     }
+}
+
+/// A new memory file (`memfd`) of `len` bytes, which can neither shrink nor grow: a
+/// process that maps it can never have its reads fault because another cut it short.
+/// Further seals are added with [`seal`]. Shared by the arena and by `kvtier serve`'s
+/// per-client staging memory.
+pub fn memory_file(name: &std::ffi::CStr, len: usize) -> std::io::Result<OwnedFd> {
+    // SAFETY: the name is NUL-terminated; the result is checked.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor just opened, and ours alone.
+    let file = unsafe { OwnedFd::from_raw_fd(raw) };
+    let size = libc::off_t::try_from(len)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a plain call on our own descriptor.
+    if unsafe { libc::ftruncate(file.as_raw_fd(), size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    seal(&file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
+    Ok(file)
+}
+
+/// Adds `seals` (`F_SEAL_*`) to a memory file made by [`memory_file`].
+pub fn seal(file: &OwnedFd, seals: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: a plain call on a descriptor the caller owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for Region {

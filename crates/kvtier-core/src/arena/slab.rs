@@ -120,6 +120,14 @@ impl Slab {
         }
     }
 
+    /// The offset of the slot that holds `offset`, or `None` in a free segment.
+    pub fn slot_start(&self, offset: usize) -> Option<usize> {
+        let seg = offset / self.segment_bytes;
+        let stride = self.segments.get(seg)?.stride;
+        (stride > 0)
+            .then(|| seg * self.segment_bytes + (offset % self.segment_bytes) / stride * stride)
+    }
+
     /// Bytes of slots handed out.
     pub fn used_bytes(&self) -> usize {
         self.used_bytes

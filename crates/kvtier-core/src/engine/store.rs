@@ -47,6 +47,11 @@ pub struct StoreOptions {
     /// (the persistent tier's [`crate::PersistConfig::ack`]) applies when it is stronger.
     /// Default: `None`, the engine's default.
     pub ack: Option<Ack>,
+    /// The prompt's block the first payload is (default 0). Blocks before it are not
+    /// stored by this call: block `first_block - 1` must be held already (by any tier), or
+    /// the store keeps nothing and stops at once (`parent_missing`). A long prompt is stored in pieces this way
+    /// (`kvtier serve`'s shared arena: as much as a client's staging memory holds at once).
+    pub first_block: usize,
 }
 
 impl Engine {
@@ -94,9 +99,11 @@ impl Engine {
     ) -> Result<StoreReport> {
         let layout = prompt.layout();
         self.layout(layout.digest())?;
-        if payloads.len() > prompt.num_blocks() {
+        let first = options.first_block;
+        if first.saturating_add(payloads.len()) > prompt.num_blocks() {
             return Err(Error::invalid(format!(
-                "{} payloads for a prompt of {} whole blocks ({} tokens, {} per block)",
+                "{} payloads from block {first} on, for a prompt of {} whole blocks ({} tokens, \
+                 {} per block)",
                 payloads.len(),
                 prompt.num_blocks(),
                 prompt.tokens().len(),
@@ -112,7 +119,7 @@ impl Engine {
         }
         let want = layout.block_bytes();
         if let Some((i, p)) = (0..payloads.len())
-            .map(|i| (i, payloads.get(i)))
+            .map(|i| (first + i, payloads.get(i)))
             .find(|(_, p)| p.len() as u64 != want)
         {
             return Err(Error::invalid(format!(
@@ -122,6 +129,10 @@ impl Engine {
             )));
         }
         let mut report = StoreReport::default();
+        if first > 0 && self.index.meta_of(&prompt.hashes()[first - 1]).is_none() {
+            report.stopped = Some(RejectReason::ParentMissing);
+            return Ok(report);
+        }
         // Not across a reattach (see `Engine::admission`).
         let _admitted = self.admission.read();
         let slots = self.stack.slots();
@@ -145,7 +156,7 @@ impl Engine {
         // One run per tier that stores runs (see `TierPolicy::runs`).
         let mut runs: Vec<Vec<(BlockMeta, Bytes)>> = vec![Vec::new(); slots.len()];
         let is_persistent = |at: usize| persistent.is_some_and(|p| Arc::ptr_eq(p, &slots[at]));
-        for i in 0..payloads.len() {
+        for (p, i) in (first..first + payloads.len()).enumerate() {
             let hash = prompt.hashes()[i];
             // The write-through tiers that lack the block (neither held nor queued), as a bit
             // per slot: no allocation per block on the store path.
@@ -160,7 +171,7 @@ impl Engine {
                 let lacking_durable =
                     durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
                 if lacking != 0 || lacking_durable {
-                    let bytes = payloads.bytes(i, &self.arena);
+                    let bytes = payloads.bytes(p, &self.arena);
                     for at in (0..slots.len()).filter(|&at| lacks(at)) {
                         runs[at].push((meta.clone(), bytes.clone()));
                     }
@@ -172,7 +183,7 @@ impl Engine {
                 continue;
             }
             let meta = block_meta(prompt, i);
-            let bytes = payloads.bytes(i, &self.arena);
+            let bytes = payloads.bytes(p, &self.arena);
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // Every write-through tier gets a block it lacks, and in either mode a tier
             // gets a block RAM refused (a chain longer than RAM, or a parent RAM no longer

@@ -60,7 +60,7 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
 }
 
 /// The prompt a request names: its layout, tokens (either form) and extra keys.
-pub(super) fn prompt_of(
+pub(crate) fn prompt_of(
     app: &AppState,
     spec: &PromptSpec,
 ) -> Result<kvtier_core::Prompt, ApiError> {
@@ -306,7 +306,10 @@ pub(super) async fn store_payload(
     }
     let engine = app.engine.clone();
     let report = blocking(move || {
-        let options = kvtier_core::StoreOptions { ack };
+        let options = kvtier_core::StoreOptions {
+            ack,
+            ..Default::default()
+        };
         Ok(engine.store_owned(&prompt, read.blocks, options)?)
     })
     .await?;

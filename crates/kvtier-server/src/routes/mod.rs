@@ -24,6 +24,11 @@ use axum::routing::{delete, get, post, put};
 use crate::error::ApiError;
 use crate::state::AppState;
 
+// Shared with the shared arena's socket (`crate::shm`): a prompt and a layout are read the
+// same way from either.
+pub(crate) use data::prompt_of;
+pub(crate) use input::known_layout;
+
 /// What a group of routes requires: the data routes a token if one is configured; the
 /// admin routes the admin token, and are disabled without one. Tokens are fixed for the
 /// server's life, so they are read once, when the router is built.

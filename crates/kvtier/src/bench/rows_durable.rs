@@ -42,6 +42,7 @@ fn prompts(engine: &Engine, key: &LayoutKey, n: usize, salt: u32) -> anyhow::Res
 fn durable() -> StoreOptions {
     StoreOptions {
         ack: Some(Ack::Synced),
+        ..StoreOptions::default()
     }
 }
 

@@ -98,6 +98,11 @@ impl Server {
         self.process.stderr()
     }
 
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// A client without tokens.
     pub fn client(&self) -> Client {
         Client::new(&self.url).unwrap()
