@@ -201,3 +201,48 @@ fn a_locked_arena_is_locked_or_its_start_fails_clearly() {
         }
     }
 }
+
+#[test]
+fn a_shared_arena_is_a_sealed_file_that_holds_the_blocks_and_remembers_their_checksums() {
+    use std::os::unix::fs::FileExt;
+    let arena = Arena::new(
+        64 << 20,
+        ArenaConfig {
+            shared: true,
+            ..ArenaConfig::default()
+        },
+    )
+    .unwrap();
+    let payload: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 + 3) as u8).collect();
+    let (block, crc) = arena.buffer(payload.len()).fill_checked(&payload).unwrap();
+    assert_eq!(&block[..], &payload[..]);
+    assert_eq!(crc, kvtier_core::arena::crc32c(&payload));
+    assert_eq!(arena.checksum(&block), crc);
+    // The file holds the block at its offset; another process mapping it sees the same.
+    let offset = arena.offset_of(&block).unwrap();
+    let file = std::fs::File::from(arena.file().unwrap().try_clone_to_owned().unwrap());
+    let mut read = vec![0; payload.len()];
+    file.read_exact_at(&mut read, offset as u64).unwrap();
+    assert_eq!(read, payload);
+    // Sealed: no write through the file, no resize.
+    assert!(file.write_at(b"x", offset as u64).is_err());
+    assert!(file.set_len(0).is_err());
+    assert_eq!(&block[..4], &payload[..4]);
+
+    // A block copied in without a checksum gets one on first ask; a slot handed out again
+    // forgets its old block's.
+    let other: Vec<u8> = payload.iter().map(|b| b ^ 0x5a).collect();
+    let second = arena.copy(&other);
+    let at = arena.offset_of(&second).unwrap();
+    assert_eq!(arena.checksum(&second), kvtier_core::arena::crc32c(&other));
+    drop(second);
+    let third_bytes = vec![9u8; payload.len()];
+    let third = arena.copy(&third_bytes);
+    assert_eq!(arena.offset_of(&third), Some(at), "the freed slot is reused");
+    assert_eq!(arena.checksum(&third), kvtier_core::arena::crc32c(&third_bytes));
+    // Bytes outside the arena have no offset and are checksummed as they are.
+    assert_eq!(arena.offset_of(&payload), None);
+    assert_eq!(arena.checksum(&payload), crc);
+    // A private arena has no file.
+    assert!(Arena::new(1 << 20, ArenaConfig::default()).unwrap().file().is_none());
+}

@@ -95,3 +95,51 @@ fn owned_buffers_of_the_wrong_size_store_nothing() {
     assert_eq!(err.kind(), ErrorKind::Invalid);
     assert_eq!(e.lookup(&prompt).blocks.len(), 0, "nothing may be kept");
 }
+
+#[test]
+fn a_prompt_stored_in_pieces_needs_each_piece_s_parent_held() {
+    let e = engine();
+    let layout = e.register_layout(small_key()).unwrap();
+    let tokens: Vec<u32> = (0..64).collect();
+    let prompt = e
+        .prompt(layout.digest(), &tokens, &ExtraKeys::none())
+        .unwrap();
+    let payloads: Vec<Bytes> = prompt
+        .hashes()
+        .iter()
+        .map(|h| Bytes::from(payload_for(&layout, h)))
+        .collect();
+    let from = |first_block| StoreOptions {
+        first_block,
+        ..StoreOptions::default()
+    };
+    // Block 3 on, with block 2 never stored: nothing kept.
+    let orphan = e
+        .store_owned(&prompt, payloads[3..].to_vec(), from(3))
+        .unwrap();
+    assert_eq!(orphan.stored, 0);
+    assert_eq!(
+        orphan.stopped,
+        Some(kvtier_core::tier::RejectReason::ParentMissing)
+    );
+    assert_eq!(e.lookup(&prompt).blocks.len(), 0);
+    // Blocks 0..2, then 2.. : the whole prompt, each block under its own position.
+    assert_eq!(
+        e.store_owned(&prompt, payloads[..2].to_vec(), from(0))
+            .unwrap()
+            .stored,
+        2
+    );
+    let rest = e
+        .store_owned(&prompt, payloads[2..].to_vec(), from(2))
+        .unwrap();
+    assert_eq!((rest.stored, rest.stopped), (payloads.len() - 2, None));
+    let found = e.lookup(&prompt);
+    assert_eq!(found.blocks.len(), payloads.len());
+    assert_eq!(e.load(&found).unwrap().blocks, payloads);
+    // Past the prompt's end: refused whole.
+    let err = e
+        .store_owned(&prompt, payloads[2..].to_vec(), from(3))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid);
+}
