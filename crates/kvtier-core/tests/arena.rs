@@ -238,11 +238,23 @@ fn a_shared_arena_is_a_sealed_file_that_holds_the_blocks_and_remembers_their_che
     drop(second);
     let third_bytes = vec![9u8; payload.len()];
     let third = arena.copy(&third_bytes);
-    assert_eq!(arena.offset_of(&third), Some(at), "the freed slot is reused");
-    assert_eq!(arena.checksum(&third), kvtier_core::arena::crc32c(&third_bytes));
+    assert_eq!(
+        arena.offset_of(&third),
+        Some(at),
+        "the freed slot is reused"
+    );
+    assert_eq!(
+        arena.checksum(&third),
+        kvtier_core::arena::crc32c(&third_bytes)
+    );
     // Bytes outside the arena have no offset and are checksummed as they are.
     assert_eq!(arena.offset_of(&payload), None);
     assert_eq!(arena.checksum(&payload), crc);
     // A private arena has no file.
-    assert!(Arena::new(1 << 20, ArenaConfig::default()).unwrap().file().is_none());
+    assert!(
+        Arena::new(1 << 20, ArenaConfig::default())
+            .unwrap()
+            .file()
+            .is_none()
+    );
 }

@@ -339,6 +339,20 @@ impl Engine {
         self.arena.buffer(len)
     }
 
+    /// Makes `bytes` of the RAM budget free now, evicting the least recently used blocks
+    /// as a store would, and returns the bytes evicted. For a caller about to fill that
+    /// many bytes of [`Engine::block_buffer`]s before storing them (a shared arena's
+    /// reservation): the arena is the budget plus a little slack, so without room made
+    /// first the buffers of a large store would find no free slot while the blocks it
+    /// replaces still hold theirs.
+    pub fn make_room(&self, bytes: u64) -> u64 {
+        let free = self.budget.capacity().saturating_sub(self.budget.used());
+        if free >= bytes {
+            return 0;
+        }
+        self.ram.evict_bytes(bytes - free)
+    }
+
     /// The RAM tier's arena, for inspection and tests.
     pub fn arena(&self) -> &Arena {
         &self.arena

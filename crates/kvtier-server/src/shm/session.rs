@@ -329,7 +329,10 @@ impl Session {
                 ),
             )
         })?;
-        // The arena room now, so that a commit never fails for want of it.
+        // The arena room now, so that a commit never fails for want of it (room made in
+        // the RAM budget first: the blocks this store will replace let go of their slots).
+        self.engine
+            .make_room(count as u64 * block_bytes.next_multiple_of(4096));
         let bufs: Vec<BlockBuf> = (0..count)
             .map(|_| self.engine.block_buffer(block_bytes as usize))
             .collect();

@@ -14,6 +14,7 @@ mod rows_model;
 mod rows_ram;
 mod rows_server;
 mod rows_server_mixed;
+mod rows_shm;
 mod rows_snapshot;
 mod rows_snapshot_remote;
 mod rows_ssd;
@@ -158,13 +159,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 8] = [
+    let groups: [(&str, RowGroup); 9] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
         ("snapshot.remote", rows_snapshot_remote::rows),
         ("server", rows_server::rows),
+        ("shm", rows_shm::rows),
         ("s3", s3::rows),
         ("cluster", rows_cluster::rows),
     ];
