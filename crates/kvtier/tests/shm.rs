@@ -398,6 +398,7 @@ fn bad_commits_are_refused_and_their_room_freed() {
     };
     let head = |id| CommitHead {
         reservation: id,
+        first: 0,
         durability: None,
     };
 

@@ -289,6 +289,7 @@ impl ShmClient {
         }
         let head = CommitHead {
             reservation: reservation.id,
+            first: 0,
             durability: durability.map(str::to_string),
         };
         self.commit_raw(&head, &tail)
@@ -309,8 +310,9 @@ impl ShmClient {
 
     /// Stores `payloads` as the first blocks of `prompt`: reserve, copy into staging
     /// memory, commit — in pieces as large as staging memory holds, each piece's blocks
-    /// after the last one's. The answer adds up the pieces; a piece that stops early
-    /// (`stopped`) ends the store there.
+    /// after the last one's, and each piece committed in parts of 32 MiB sent as they are
+    /// written (the server copies one part while this thread writes the next). The answer
+    /// adds up the parts; one that stops early (`stopped`) ends the store there.
     pub fn store(
         &self,
         prompt: &PromptSpec,
@@ -333,16 +335,7 @@ impl ShmClient {
         for (k, piece) in payloads.chunks(per_piece).enumerate() {
             let got = self.store_piece(prompt, k * per_piece, piece, durability)?;
             let stopped = got.stopped.is_some();
-            total = Some(match total {
-                None => got,
-                Some(t) => StoreAnswer {
-                    stored: t.stored + got.stored,
-                    duplicates: t.duplicates + got.duplicates,
-                    stored_lower_only: t.stored_lower_only + got.stored_lower_only,
-                    stopped: got.stopped,
-                    durability: got.durability,
-                },
-            });
+            total = Some(add(total, got));
             if stopped {
                 break;
             }
@@ -357,7 +350,7 @@ impl ShmClient {
         payloads: &[&[u8]],
         durability: Option<&str>,
     ) -> Result<StoreAnswer, ShmError> {
-        let mut r = self.reserve(prompt, first_block, payloads.len())?;
+        let r = self.reserve(prompt, first_block, payloads.len())?;
         if let Some((i, p)) = payloads
             .iter()
             .enumerate()
@@ -374,14 +367,83 @@ impl ShmClient {
                 message,
             });
         }
-        let mut crcs = Vec::with_capacity(payloads.len());
-        for (i, p) in payloads.iter().enumerate() {
-            crcs.push(kvtier_core::arena::copy_checked(
-                self.staging_mut(&mut r, i),
-                p,
-            ));
+        // Committed in parts, each sent as soon as it is written and answered later: the
+        // server copies part k into the arena while this thread writes part k + 1.
+        let per_part = (PART_BYTES / r.block_bytes.max(1)).max(1);
+        let mut socket = self.inner.socket.lock();
+        let mut sent = 0;
+        let mut failed = None;
+        for (k, part) in payloads.chunks(per_part).enumerate() {
+            let first = k * per_part;
+            let mut tail = Vec::with_capacity(part.len() * Slot::BYTES);
+            for (j, p) in part.iter().enumerate() {
+                let (offset, len) = (r.offsets[first + j], r.block_bytes);
+                // SAFETY: as in `staging_mut`: this reservation's range, inside the mapping
+                // (checked when reserved), written by this thread alone until committed.
+                #[expect(unsafe_code, reason = "a reserved staging range is written in place")]
+                let dst = unsafe { self.inner.staging.bytes_mut(offset as usize, len) };
+                let crc = kvtier_core::arena::copy_checked_cached(dst, p);
+                Slot {
+                    offset,
+                    len: len as u64,
+                    crc,
+                }
+                .put(&mut tail);
+            }
+            let head = CommitHead {
+                reservation: r.id,
+                first: first as u32,
+                durability: durability.map(str::to_string),
+            };
+            if let Err(e) = proto::write(&mut *socket, Op::Commit as u8, &head, &tail) {
+                failed = Some(ShmError::Io(e));
+                break;
+            }
+            sent += 1;
         }
-        self.commit(r, Some(&crcs), durability)
+        // Every answer is read, in order, so the connection stays in step; the first error
+        // is the store's (the parts after a refused one are refused too).
+        let mut total: Option<StoreAnswer> = None;
+        for _ in 0..sent {
+            let got = proto::read(&mut *socket)
+                .map_err(ShmError::Io)
+                .and_then(|f| {
+                    f.ok_or_else(|| ShmError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                })
+                .and_then(answer)
+                .and_then(|f| {
+                    f.head::<StoreAnswer>()
+                        .map_err(|e| ShmError::Protocol(e.message))
+                });
+            match got {
+                Ok(got) => total = Some(add(total, got)),
+                Err(e @ ShmError::Io(_)) => return Err(failed.unwrap_or(e)),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        match (failed, total) {
+            (Some(e), _) => Err(e),
+            (None, Some(t)) => Ok(t),
+            (None, None) => Err(ShmError::Protocol("no part stored".into())),
+        }
+    }
+}
+
+/// Bytes of one committed part of a store (see [`ShmClient::store`]).
+const PART_BYTES: usize = 8 << 20;
+
+/// Two answers of one store's parts or pieces, added up (the first `stopped`, the later
+/// durability).
+fn add(total: Option<StoreAnswer>, got: StoreAnswer) -> StoreAnswer {
+    match total {
+        None => got,
+        Some(t) => StoreAnswer {
+            stored: t.stored + got.stored,
+            duplicates: t.duplicates + got.duplicates,
+            stored_lower_only: t.stored_lower_only + got.stored_lower_only,
+            stopped: t.stopped.or(got.stopped),
+            durability: got.durability,
+        },
     }
 }
 

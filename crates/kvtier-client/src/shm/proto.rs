@@ -122,11 +122,17 @@ pub struct Reserved {
 }
 
 /// `Commit`'s head; its tail is one [`Slot`] per block (staging offset, length, CRC32C of
-/// the payload written there), in reservation order.
+/// the payload written there), in reservation order. A reservation may be committed in
+/// parts, in order: each part's blocks are stored when it is committed, so a client can
+/// write the next part while the server copies this one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitHead {
     /// The reservation.
     pub reservation: u64,
+    /// The reservation's block this part starts at (default 0: the whole reservation, or
+    /// its first part); it must be the first block not committed yet.
+    #[serde(default)]
+    pub first: u32,
     /// `queued`, `written` or `synced` (default: the server's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,

@@ -41,10 +41,13 @@ pub struct Limits {
 struct Reservation {
     prompt: Prompt,
     first_block: usize,
+    /// The arena buffers of the blocks not committed yet (the first is block `committed`).
     bufs: Vec<BlockBuf>,
     offsets: Vec<u64>,
     block_bytes: u64,
     deadline: Instant,
+    /// Blocks committed so far: a reservation is committed in parts, in order.
+    committed: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,7 +178,8 @@ impl Session {
             Op::Commit => self.commit(frame.head()?, &frame.tail),
             Op::Cancel => {
                 let Id { id } = frame.head()?;
-                self.take(id)?;
+                let r = self.take(id)?;
+                self.free(&r);
                 self.end(id, Ended::Cancelled);
                 Ok((b"{}".to_vec(), Vec::new()))
             }
@@ -346,6 +350,7 @@ impl Session {
                 offsets: offsets.clone(),
                 block_bytes,
                 deadline: Instant::now() + self.limits.reserve_ttl,
+                committed: 0,
             },
         );
         let answer = Reserved {
@@ -357,7 +362,8 @@ impl Session {
         Ok((json(&answer), tail))
     }
 
-    /// Takes reservation `id` out of the table, or says why it is not there.
+    /// Takes reservation `id` out of the table (its staging room still taken: see
+    /// [`Session::free`]), or says why it is not there.
     fn take(&mut self, id: u64) -> Result<Reservation, ErrorDetail> {
         if id >> 32 != u64::from(self.id) {
             return Err(refuse(
@@ -366,9 +372,6 @@ impl Session {
             ));
         }
         if let Some(r) = self.reservations.remove(&id) {
-            if let Some(s) = self.staging.as_mut() {
-                s.release(&r.offsets, r.block_bytes);
-            }
             return Ok(r);
         }
         let why = self
@@ -392,6 +395,14 @@ impl Session {
         })
     }
 
+    /// Gives back the staging room of a reservation's blocks not committed yet (its arena
+    /// buffers go back when it is dropped).
+    fn free(&mut self, r: &Reservation) {
+        if let Some(s) = self.staging.as_mut() {
+            s.release(&r.offsets[r.committed..], r.block_bytes);
+        }
+    }
+
     fn end(&mut self, id: u64, why: Ended) {
         if self.ended.len() == ENDED_KEPT {
             self.ended.pop_front();
@@ -399,33 +410,63 @@ impl Session {
         self.ended.push_back((id, why));
     }
 
+    /// Commits the next part of a reservation (`head.first` must be the first block not
+    /// committed yet; a whole reservation is one part): its blocks are checked, copied into
+    /// the arena and stored, and their staging room is free again. The last part ends the
+    /// reservation; a bad part ends it, freeing the rest.
     fn commit(&mut self, head: CommitHead, tail: &[u8]) -> Answer {
         let id = head.reservation;
         // A reservation past its deadline is expired, even if the tick has not come yet.
         self.expire(Instant::now());
-        let Reservation {
-            prompt,
-            first_block,
-            bufs,
-            offsets,
-            block_bytes,
-            ..
-        } = self.take(id)?;
-        let checked = self.check_and_copy(bufs, &offsets, block_bytes, &head, tail);
-        let (blocks, ack) = match checked {
-            Ok(ok) => ok,
-            Err(e) => {
-                self.end(id, Ended::Refused);
-                return Err(e);
+        let mut r = self.take(id)?;
+        let part = self.commit_part(&mut r, &head, tail);
+        match &part {
+            Ok(_) if r.committed < r.offsets.len() => {
+                self.reservations.insert(id, r);
             }
-        };
-        self.end(id, Ended::Committed);
-        let options = StoreOptions { ack, first_block };
-        let report = self
-            .engine
-            .store_owned(&prompt, blocks, options)
-            .map_err(|e| from_api(e.into()))?;
+            Ok(_) => self.end(id, Ended::Committed),
+            Err(_) => {
+                self.free(&r);
+                self.end(id, Ended::Refused);
+            }
+        }
+        let report = part?;
         Ok((json(&StoreAnswer::from(&report)), Vec::new()))
+    }
+
+    fn commit_part(
+        &mut self,
+        r: &mut Reservation,
+        head: &CommitHead,
+        tail: &[u8],
+    ) -> Result<kvtier_core::StoreReport, ErrorDetail> {
+        let first = head.first as usize;
+        let count = tail.len() / Slot::BYTES;
+        if first != r.committed || count == 0 || first + count > r.offsets.len() {
+            return Err(refuse(
+                "not_reserved",
+                format!(
+                    "a part of {count} blocks from block {first}; the reservation's next \
+                     uncommitted block is {} of {}",
+                    r.committed,
+                    r.offsets.len()
+                ),
+            ));
+        }
+        let offsets = &r.offsets[first..first + count];
+        let bufs: Vec<BlockBuf> = r.bufs.drain(..count).collect();
+        let (blocks, ack) = self.check_and_copy(bufs, offsets, r.block_bytes, head, tail)?;
+        if let Some(s) = self.staging.as_mut() {
+            s.release(offsets, r.block_bytes);
+        }
+        r.committed += count;
+        let options = StoreOptions {
+            ack,
+            first_block: r.first_block + first,
+        };
+        self.engine
+            .store_owned(&r.prompt, blocks, options)
+            .map_err(|e| from_api(e.into()))
     }
 
     /// Checks a commit against its reservation and copies each block from staging memory
@@ -520,7 +561,8 @@ impl Session {
             .map(|(&id, _)| id)
             .collect();
         for id in late {
-            if self.take(id).is_ok() {
+            if let Ok(r) = self.take(id) {
+                self.free(&r);
                 self.end(id, Ended::Expired);
             }
         }
