@@ -162,6 +162,66 @@ fn loads_and_stores_through_the_mapping_are_byte_exact() {
 }
 
 #[test]
+fn a_large_store_goes_in_pieces_and_parts_and_lands_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // 32 KiB blocks: 12 MiB of staging holds 384 of them (a piece), committed in parts of
+    // 8 MiB (256 blocks): 600 blocks are a piece of two parts and a piece of one.
+    let server = start(dir.path(), &["--set", "shm.staging=12MiB"]);
+    let layout = register(&server, 4);
+    let shm = ShmClient::connect(&socket(dir.path())).unwrap();
+    let p = prompt(&layout, 40, 600);
+    let sent = payloads(&layout, 40, 600);
+    let refs: Vec<&[u8]> = sent.iter().map(|b| &b[..]).collect();
+    let answer = shm.store(&p, &refs, Some("written")).unwrap();
+    assert_eq!((answer.stored, answer.stopped.as_deref()), (600, None));
+    assert_eq!(answer.durability, "written");
+    assert_eq!(http_load(&server, &layout, &p), sent);
+
+    // Parts by hand: in order they land, out of order the reservation is refused whole.
+    let q = prompt(&layout, 41, 3);
+    let mut r = shm.reserve(&q, 0, 3).unwrap();
+    let mut slots = Vec::new();
+    for i in 0..3 {
+        let crc =
+            kvtier_core::arena::copy_checked(shm.staging_mut(&mut r, i), &payload(&layout, 41, i));
+        slots.push(Slot {
+            offset: r.offsets[i],
+            len: layout.block_bytes,
+            crc,
+        });
+    }
+    let part = |first: u32, s: &[Slot]| {
+        let mut tail = Vec::new();
+        s.iter().for_each(|s| s.put(&mut tail));
+        shm.commit_raw(
+            &CommitHead {
+                reservation: r.id,
+                first,
+                durability: None,
+            },
+            &tail,
+        )
+    };
+    assert_eq!(part(0, &slots[..1]).unwrap().stored, 1);
+    assert_eq!(
+        lookup(&server, &q).matched_tokens,
+        16,
+        "the first part is stored at once"
+    );
+    assert_eq!(
+        part(2, &slots[2..]).unwrap_err().code(),
+        Some("not_reserved")
+    );
+    assert_eq!(
+        part(1, &slots[1..]).unwrap_err().code(),
+        Some("not_reserved"),
+        "refused whole"
+    );
+    assert_eq!(lookup(&server, &q).matched_tokens, 16);
+    assert!(server.stop().success());
+}
+
+#[test]
 fn a_client_cannot_write_the_arena_or_change_what_it_committed() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &[]);
