@@ -75,13 +75,14 @@ fn settings_of(
 #[pymethods]
 impl Cache {
     #[new]
-    #[pyo3(signature = (url=None, settings=None, *, config_file=None, token=None))]
+    #[pyo3(signature = (url=None, settings=None, *, config_file=None, token=None, shm=None))]
     fn new(
         py: Python<'_>,
         url: Option<&str>,
         settings: Option<&Bound<'_, PyDict>>,
         config_file: Option<PathBuf>,
         token: Option<String>,
+        shm: Option<PathBuf>,
     ) -> PyResult<Self> {
         let inner = match url {
             Some(url) => {
@@ -90,11 +91,19 @@ impl Cache {
                         "give a server's url or an engine's settings, not both",
                     ));
                 }
-                Inner::served(url, token).map_err(from_core)?
+                match shm {
+                    Some(socket) => py
+                        .detach(|| Inner::served_shared(url, token, &socket))
+                        .map_err(from_core)?,
+                    None => Inner::served(url, token).map_err(from_core)?,
+                }
             }
             None => {
                 if token.is_some() {
                     return Err(invalid("a token is for a server's url"));
+                }
+                if shm.is_some() {
+                    return Err(invalid("a shared arena's socket is for a server's url"));
                 }
                 let settings = settings_of(py, settings, config_file)?;
                 py.detach(|| Inner::open(settings)).map_err(from_core)?
@@ -296,14 +305,14 @@ impl Cache {
         Ok(Restored::from(restored))
     }
 
-    /// Where an engine's RAM tier keeps its blocks in this process: `(address, nbytes)` of
-    /// its arena, one region mapped at start (every block stored into it lies inside, so
-    /// a GPU can register it once and read blocks by DMA). `None` for a server's client
-    /// (the server's memory is not mapped here) and for an engine without an arena.
+    /// Where the cache's blocks lie in this process: `(address, nbytes)` of an engine's
+    /// arena, one region mapped at start (every block stored into it lies inside, so a GPU
+    /// can register it once and read blocks by DMA), or of the read-only mapping of a
+    /// server's shared arena (a client opened with `shm`). `None` for a server's client
+    /// over HTTP only and for an engine without an arena.
     #[getter]
     fn arena(&self) -> PyResult<Option<(usize, usize)>> {
-        let cache = self.inner()?;
-        Ok(cache.engine().and_then(|e| e.arena().region()))
+        Ok(self.inner()?.arena())
     }
 
     /// Every counter, by the names `/v1/stats` uses.

@@ -121,3 +121,32 @@ def test_load_into_one_layer_range_through_the_server(server):
         assert np.array_equal(out.reshape(3, 1, page), blocks[:, start:end])
     with pytest.raises(kvtier.InvalidError, match="layers"):
         c.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8), layers=(0, 3))
+
+
+def test_a_client_on_the_same_host_goes_through_the_shared_arena(tmp_path):
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
+    try:
+        socket = tmp_path / "data" / "kvtier.sock"
+        local = kvtier.Client(s.url, shm=socket)
+        remote = kvtier.Client(s.url)
+        assert remote.arena is None
+        address, nbytes = local.arena
+        assert address > 0 and nbytes >= 256 << 20
+        layout = local.register_layout("py-shm", "f16", TPB, 2, 2, 64)
+        data = payload(layout, 51, 4)
+        answer = local.store(layout, tokens(51, 4), data)
+        assert answer["stored"] == 4
+        hit = local.lookup(layout, tokens(51, 4))
+        out = np.zeros(hit.nbytes, dtype=np.uint8)
+        assert local.load_into(hit, out) == 4
+        assert np.array_equal(out, data)
+        # The same bytes over HTTP, for a client without the socket.
+        over_http = np.zeros(hit.nbytes, dtype=np.uint8)
+        assert remote.load_into(remote.lookup(layout, tokens(51, 4)), over_http) == 4
+        assert np.array_equal(over_http, data)
+        with pytest.raises(kvtier.InvalidError, match="socket"):
+            kvtier.Cache(settings={}, shm=socket)
+        with pytest.raises(kvtier.UnavailableError):
+            kvtier.Client(s.url, shm=tmp_path / "nothing.sock")
+    finally:
+        s.stop()

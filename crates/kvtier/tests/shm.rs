@@ -601,3 +601,57 @@ fn write_role(shm: &ShmClient, layout: &str, handles: &str, socket: &Path) {
     unsafe { target.write_volatile(0x42) };
     println!("the write went through");
 }
+
+/// Requests the server answered on `route` so far (from `/metrics`).
+fn answered(server: &Server, route: &str) -> u64 {
+    let text = runtime().block_on(server.client().metrics()).unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("kvtier_request_duration_seconds_count")
+                && l.contains(&format!("endpoint=\"{route}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn the_cache_api_goes_through_the_shared_arena_when_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let url = server.url().to_string();
+    let cache = kvtier_node::Cache::served_shared(&url, None, &socket(dir.path())).unwrap();
+    let http_only = kvtier_node::Cache::served(&url, None).unwrap();
+    assert!(http_only.arena().is_none());
+    let (address, len) = cache.arena().unwrap();
+    assert!(address > 0 && len >= 256 << 20);
+    let key = kvtier_core::LayoutKey::new("shm-cache", kvtier_core::KvDtype::F16, 16, 4, 2, 64);
+    let layout = cache.register_layout(key, None).unwrap();
+    let block = layout.block_bytes() as usize;
+    let tokens: Vec<u32> = (0..64).collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8 * 17 + 1; block]).collect();
+    let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+    let (loads, stores) = (
+        answered(&server, "/v1/load"),
+        answered(&server, "/v1/store"),
+    );
+    assert_eq!(cache.store(&layout, &tokens, &refs).unwrap().stored, 4);
+    let hit = cache.lookup(&layout, &tokens).unwrap();
+    let mut out = vec![0u8; hit.nbytes(None).unwrap()];
+    assert_eq!(cache.load_into(&hit, None, &mut out).unwrap(), 4);
+    assert_eq!(out, data.concat());
+    assert_eq!(
+        (
+            answered(&server, "/v1/load"),
+            answered(&server, "/v1/store")
+        ),
+        (loads, stores),
+        "a load or store went over HTTP"
+    );
+    // A layer range goes over HTTP, and agrees.
+    let mut half = vec![0u8; hit.nbytes(Some((0, 2))).unwrap()];
+    assert_eq!(cache.load_into(&hit, Some((0, 2)), &mut half).unwrap(), 4);
+    assert_eq!(answered(&server, "/v1/load"), loads + 1);
+    assert_eq!(&half[..block / 2], &data[0][..block / 2]);
+    drop((cache, http_only));
+    assert!(server.stop().success());
+}

@@ -83,8 +83,29 @@ impl Cache {
     /// token) when the server requires one.
     pub fn served(url: &str, token: Option<String>) -> Result<Self> {
         Ok(Self {
-            backend: Backend::Served(Served::connect(url, token)?),
+            backend: Backend::Served(Served::connect(url, token, None)?),
         })
+    }
+
+    /// [`Cache::served`], on the same host as the server, also connected to its shared
+    /// arena through the Unix socket `shm` (the server's `shm.socket`; ADR 0019): whole
+    /// blocks are loaded by reading them in place from the arena and stores go through
+    /// staging memory, never over TCP; everything else goes over HTTP as before.
+    pub fn served_shared(url: &str, token: Option<String>, shm: &std::path::Path) -> Result<Self> {
+        Ok(Self {
+            backend: Backend::Served(Served::connect(url, token, Some(shm))?),
+        })
+    }
+
+    /// Where this cache's blocks lie in this process's memory, `(address, bytes)`, for a
+    /// GPU to register once: an engine's arena, or the read-only mapping of a server's
+    /// shared arena. `None` for a server reached over HTTP only (its memory is not mapped
+    /// here) and for an engine without an arena.
+    pub fn arena(&self) -> Option<(usize, usize)> {
+        match &self.backend {
+            Backend::Embedded { engine, .. } => engine.arena().region(),
+            Backend::Served(s) => s.shm.as_ref().map(|c| c.arena_region()),
+        }
     }
 
     /// Whether the cache is an engine in this process.
@@ -201,7 +222,8 @@ impl Cache {
     /// Copies the matched blocks of `hit` (or layers `start..end` of each) back to back
     /// into `out`, which must hold [`Hit::nbytes`] of them; the number of blocks written
     /// (fewer when a block was lost since the lookup). A server's blocks are read from
-    /// the socket straight into `out`.
+    /// the socket straight into `out`, or, with its shared arena connected and whole blocks
+    /// asked for, copied out of the arena in place.
     pub fn load_into(
         &self,
         hit: &Hit,
@@ -229,6 +251,21 @@ impl Cache {
                 Ok(loaded.blocks.len())
             }
             (Backend::Served(s), Found::Served { handles, .. }) => {
+                if let (Some(shm), None) = (&s.shm, layers) {
+                    // In place from the shared arena: one lease, one copy per block.
+                    let lease = shm.load_handles(&hit.layout, handles)?;
+                    let n = lease.slots().len();
+                    if lease.slots().iter().any(|s| s.len != per_block as u64) {
+                        return Err(Error::new(
+                            kvtier_core::ErrorKind::Internal,
+                            "the shared arena leased blocks of another size than the layout's",
+                        ));
+                    }
+                    for (i, dst) in out.chunks_exact_mut(per_block).take(n).enumerate() {
+                        kvtier_core::copy::copy_to_slice(dst, lease.block(i));
+                    }
+                    return Ok(n);
+                }
                 let request = LoadRequest {
                     layout: hit.layout.clone(),
                     handles: handles.clone(),
@@ -241,7 +278,8 @@ impl Cache {
     }
 
     /// Stores `payloads[i]` as block `i` of `tokens` under `layout` (each exactly one
-    /// block), read in place: a server's are written to the socket as they are.
+    /// block), read in place: a server's are written to the socket as they are, or into
+    /// staging memory with its shared arena connected.
     pub fn store(
         &self,
         layout: &CacheLayout,
@@ -255,7 +293,10 @@ impl Cache {
             }
             Backend::Served(s) => {
                 let spec = PromptSpec::new(layout.digest.clone(), tokens.to_vec());
-                s.call(s.client.store_from(&spec, payloads, None))
+                match &s.shm {
+                    Some(shm) => Ok(shm.store(&spec, payloads, None)?),
+                    None => s.call(s.client.store_from(&spec, payloads, None)),
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use kvtier_client::shm::ShmClient;
 use kvtier_client::{Client, ClientError};
 use kvtier_core::{Error, ErrorKind, Result};
 
@@ -11,11 +12,18 @@ use kvtier_core::{Error, ErrorKind, Result};
 pub(super) struct Served {
     pub(super) client: Client,
     runtime: tokio::runtime::Runtime,
+    /// The server's shared arena, when the caller connected to it (loads of whole blocks
+    /// and stores go through it; everything else over HTTP).
+    pub(super) shm: Option<ShmClient>,
 }
 
 impl Served {
     /// A client of the server at `url` (`http://HOST:PORT`), sending `token` when given.
-    pub(super) fn connect(url: &str, token: Option<String>) -> Result<Self> {
+    pub(super) fn connect(
+        url: &str,
+        token: Option<String>,
+        shm: Option<&std::path::Path>,
+    ) -> Result<Self> {
         let mut client = Client::new(url).map_err(Error::from)?;
         if let Some(token) = token {
             client = client.with_token(token);
@@ -30,7 +38,15 @@ impl Served {
             .map_err(|e| {
                 Error::new(ErrorKind::Internal, "start the client's runtime").with_source(e)
             })?;
-        Ok(Self { client, runtime })
+        let shm = shm
+            .map(ShmClient::connect)
+            .transpose()
+            .map_err(Error::from)?;
+        Ok(Self {
+            client,
+            runtime,
+            shm,
+        })
     }
 
     /// Runs `call` to completion on this thread.

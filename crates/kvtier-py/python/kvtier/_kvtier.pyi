@@ -82,8 +82,9 @@ _StateGroup: TypeAlias = tuple[str, int, int]
 class Cache:
     """A kvtier cache: an engine in this process (``settings`` or ``config_file``, with
     the settings and defaults of ``kvtier serve``) or a client of the ``kvtier serve`` at
-    ``url`` (``token``: its data token). The package's ``Engine`` and ``Client`` subclass
-    it; ``kvtier.open`` chooses and shares one engine per process and settings."""
+    ``url`` (``token``: its data token; ``shm``: its shared-arena socket on this host).
+    The package's ``Engine`` and ``Client`` subclass it; ``kvtier.open`` chooses and shares
+    one engine per process and settings."""
 
     def __new__(
         cls,
@@ -92,6 +93,7 @@ class Cache:
         *,
         config_file: str | PathLike[str] | None = None,
         token: str | None = None,
+        shm: str | PathLike[str] | None = None,
     ) -> Self: ...
     def register_layout(
         self,
@@ -138,8 +140,9 @@ class Cache:
     def restore(self, layout: Layout, tokens: Sequence[int]) -> Restored: ...
     @property
     def arena(self) -> tuple[int, int] | None:
-        """``(address, nbytes)`` of an engine's RAM-tier arena in this process; ``None``
-        for a server's client."""
+        """``(address, nbytes)`` of an engine's RAM-tier arena in this process, or of the
+        read-only mapping of a server's shared arena (a client opened with ``shm``);
+        ``None`` for a server's client over HTTP only."""
     def stats(self) -> dict[str, int]: ...
     def kv_events(self) -> dict[str, Any] | None: ...
     def flush(self, timeout: float = 30.0) -> bool: ...

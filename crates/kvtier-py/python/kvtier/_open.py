@@ -31,10 +31,14 @@ class Engine(Cache):
 
 class Client(Cache):
     """A client of the ``kvtier serve`` at ``url`` (``http://HOST:PORT``), with the
-    engine's calls; ``token``: the data token, when the server requires one."""
+    engine's calls; ``token``: the data token, when the server requires one; ``shm``: the
+    server's shared-arena socket (``shm.socket``, on the same host), through which whole
+    blocks are loaded in place and stores go, never over TCP."""
 
-    def __new__(cls, url: str, token: str | None = None) -> Client:
-        return super().__new__(cls, url=url, token=token)
+    def __new__(
+        cls, url: str, token: str | None = None, *, shm: str | PathLike[str] | None = None
+    ) -> Client:
+        return super().__new__(cls, url=url, token=token, shm=shm)
 
 
 _SHARED: dict[str, Engine] = {}
@@ -47,9 +51,11 @@ def open(  # noqa: A001 - the package's verb, as in `kvtier.open(...)`
     *,
     config_file: str | PathLike[str] | None = None,
     token: str | None = None,
+    shm: str | PathLike[str] | None = None,
 ) -> Cache:
-    """kvtier for a connector: the ``kvtier serve`` at ``url`` (a ``Client``), or this
-    process's engine for ``settings`` or ``config_file`` (an ``Engine``).
+    """kvtier for a connector: the ``kvtier serve`` at ``url`` (a ``Client``; ``shm``: its
+    shared-arena socket), or this process's engine for ``settings`` or ``config_file``
+    (an ``Engine``).
 
     Every caller in a process that asks for the same settings gets the same engine (the
     scheduler and the workers of one vLLM process, several SGLang backends): two engines
@@ -60,9 +66,11 @@ def open(  # noqa: A001 - the package's verb, as in `kvtier.open(...)`
     if url is not None:
         if settings is not None or config_file is not None:
             raise InvalidError("kvtier.open: give a server's url or an engine's settings, not both")
-        return Client(url, token)
+        return Client(url, token, shm=shm)
     if token is not None:
         raise InvalidError("kvtier.open: a token is for a server's url")
+    if shm is not None:
+        raise InvalidError("kvtier.open: a shared arena's socket is for a server's url")
     if settings is not None and config_file is not None:
         raise InvalidError("kvtier.open: give settings or a config file, not both")
     key = json.dumps(
