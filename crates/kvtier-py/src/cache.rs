@@ -315,6 +315,36 @@ impl Cache {
         Ok(self.inner()?.arena())
     }
 
+    /// The matched blocks of `hit` held in place, for a caller that copies them itself (a
+    /// GPU): a `Lease` whose `places` are `(address, nbytes)` of each block, read-only,
+    /// valid until it is released. An engine's blocks lie in its arena, a server's in its
+    /// shared arena (a client opened with `shm`); refused for a client over HTTP only.
+    fn lease(&self, py: Python<'_>, hit: &Hit) -> PyResult<crate::direct::Lease> {
+        let cache = self.inner()?;
+        let lease = py.detach(|| cache.lease(&hit.inner)).map_err(from_core)?;
+        Ok(crate::direct::Lease::new(lease))
+    }
+
+    /// Room for `blocks` blocks of `tokens` from block `first_block` on, written in place
+    /// by the caller (a GPU) and then committed: a `Reservation` whose `places` are
+    /// `(address, nbytes)` to write each block at. An engine's arena slots, or staging
+    /// memory of a server's shared arena; refused for a client over HTTP only.
+    #[pyo3(signature = (layout, tokens, blocks, first_block=0))]
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        tokens: Vec<u32>,
+        blocks: usize,
+        first_block: usize,
+    ) -> PyResult<crate::direct::Reservation> {
+        let cache = self.inner()?;
+        let reservation = py
+            .detach(|| cache.reserve(&layout.inner, &tokens, first_block, blocks))
+            .map_err(from_core)?;
+        Ok(crate::direct::Reservation::new(reservation))
+    }
+
     /// Every counter, by the names `/v1/stats` uses.
     fn stats(&self, py: Python<'_>) -> PyResult<BTreeMap<String, u64>> {
         let cache = self.inner()?;

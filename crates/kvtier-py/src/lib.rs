@@ -18,6 +18,7 @@
 
 mod block;
 mod cache;
+mod direct;
 mod errors;
 mod input;
 mod layout;
@@ -53,6 +54,8 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<layout::Layout>()?;
     m.add_class::<layout::Hit>()?;
     m.add_class::<block::Block>()?;
+    m.add_class::<direct::Lease>()?;
+    m.add_class::<direct::Reservation>()?;
     m.add_class::<state::Restored>()?;
     m.add_function(wrap_pyfunction!(stream_copy, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

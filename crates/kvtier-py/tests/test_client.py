@@ -150,3 +150,42 @@ def test_a_client_on_the_same_host_goes_through_the_shared_arena(tmp_path):
             kvtier.Client(s.url, shm=tmp_path / "nothing.sock")
     finally:
         s.stop()
+
+
+def test_leases_and_reservations_give_block_memory_in_place(tmp_path):
+    """`lease` and `reserve` (what kvtier.torch copies through) on a server's shared arena
+    and on an engine: the addresses hold the blocks, written reservations store them."""
+    import ctypes
+
+    def view(address, nbytes):
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
+    engine = kvtier.Engine({"ram": "64MiB", "ssd": {"enabled": False}})
+    try:
+        client = kvtier.Client(s.url, shm=tmp_path / "data" / "kvtier.sock")
+        for cache in (client, engine):
+            layout = cache.register_layout("py-direct", "f16", TPB, 2, 2, 64)
+            data = payload(layout, 61, 3).reshape(3, -1)
+            r = cache.reserve(layout, tokens(61, 3), 3)
+            assert len(r) == 3 and all(n == layout.block_bytes for _, n in r.places)
+            for (address, nbytes), block in zip(r.places, data):
+                view(address, nbytes)[:] = block
+            assert r.commit()["stored"] == 3
+            with pytest.raises(kvtier.InvalidError, match="already"):
+                r.commit()
+            hit = cache.lookup(layout, tokens(61, 3))
+            with cache.lease(hit) as lease:
+                assert [view(a, n).tobytes() for a, n in lease.places] == [b.tobytes() for b in data]
+            # A later part of the prompt, after its first block.
+            r = cache.reserve(layout, tokens(62, 2), 1, first_block=1)
+            r.cancel()
+            assert cache.lookup(layout, tokens(62, 2)).blocks == 0
+        http_only = kvtier.Client(s.url)
+        hit = http_only.lookup(http_only.register_layout("py-direct", "f16", TPB, 2, 2, 64), tokens(61, 3))
+        assert hit.blocks == 3
+        with pytest.raises(kvtier.InvalidError, match="shared arena"):
+            http_only.lease(hit)
+    finally:
+        engine.close()
+        s.stop()

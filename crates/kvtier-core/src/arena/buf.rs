@@ -145,6 +145,30 @@ impl BlockBuf {
         }
     }
 
+    /// Where an arena slot's bytes start (`capacity()` of them), for a writer that is not
+    /// this process's CPU — a device's DMA engine, a copy kernel — to fill before
+    /// [`BlockBuf::freeze_whole`]; `None` for a buffer on the heap.
+    pub fn slot_address(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Slot(s) => Some(s.arena.region.address() + s.offset),
+            Inner::Heap { .. } => None,
+        }
+    }
+
+    /// An arena slot kept as a whole block of `capacity()` bytes, whatever was written
+    /// into it through [`BlockBuf::slot_address`] (`None`, and the slot given back, for a
+    /// heap buffer). A slot's memory is always initialized (mapped, then only ever
+    /// written), so bytes nobody wrote are zeros or an earlier block's, never undefined.
+    pub fn freeze_whole(self) -> Option<Bytes> {
+        match self.inner {
+            Inner::Slot(mut s) => {
+                s.len = s.cap;
+                Some(Bytes::from_owner(s))
+            }
+            Inner::Heap { .. } => None,
+        }
+    }
+
     /// The bytes written, as a buffer the cache keeps without a copy. An arena slot stays
     /// taken until the last clone of the result is dropped: it is never reused under a
     /// reader.

@@ -8,6 +8,7 @@
 //! - the served side (`served`): a client with a runtime of its own, so every call here
 //!   is synchronous and may be made with a language's global lock released.
 
+mod direct;
 mod hit;
 mod layout;
 mod served;
@@ -24,6 +25,7 @@ use kvtier_core::engine::Restored;
 use kvtier_core::snapshot::SnapshotPut;
 use kvtier_core::{Engine, Error, ExtraKeys, LayoutKey, Result};
 
+pub use direct::{BlockLease, BlockReservation};
 pub use hit::Hit;
 pub use layout::CacheLayout;
 
@@ -277,6 +279,58 @@ impl Cache {
         }
     }
 
+    /// The blocks of `hit` held in place, for a caller that copies them itself (a GPU):
+    /// an engine's in its arena, a server's in its shared arena mapped here. Refused for a
+    /// server reached over HTTP only.
+    pub fn lease(&self, hit: &Hit) -> Result<BlockLease> {
+        match (&self.backend, &hit.found) {
+            (Backend::Embedded { engine, .. }, Found::Local(lookup)) => {
+                Ok(BlockLease::local(engine.load(lookup)?.blocks))
+            }
+            (Backend::Served(s), Found::Served { handles, .. }) => {
+                let shm = s.shm.as_ref().ok_or_else(no_shared_arena)?;
+                Ok(BlockLease::shared(
+                    shm,
+                    shm.load_handles(&hit.layout, handles)?,
+                ))
+            }
+            (_, found) => Err(other_cache(found)),
+        }
+    }
+
+    /// Room for `blocks` blocks of `tokens` under `layout`, from block `first_block` on
+    /// (block `first_block - 1` must be held already), for a caller that writes them in
+    /// place and then commits: an engine's arena slots, or staging memory of a server's
+    /// shared arena. Refused for a server reached over HTTP only.
+    pub fn reserve(
+        &self,
+        layout: &CacheLayout,
+        tokens: &[u32],
+        first_block: usize,
+        blocks: usize,
+    ) -> Result<BlockReservation> {
+        match &self.backend {
+            Backend::Embedded { engine, .. } => {
+                let prompt = engine.prompt(layout.core()?.digest(), tokens, &ExtraKeys::none())?;
+                if blocks == 0 || first_block + blocks > prompt.num_blocks() {
+                    return Err(Error::invalid(format!(
+                        "{blocks} blocks from block {first_block} on, for a prompt of {} whole blocks",
+                        prompt.num_blocks()
+                    )));
+                }
+                BlockReservation::local(engine.clone(), prompt, first_block, blocks)
+            }
+            Backend::Served(s) => {
+                let shm = s.shm.as_ref().ok_or_else(no_shared_arena)?;
+                let spec = PromptSpec::new(layout.digest.clone(), tokens.to_vec());
+                Ok(BlockReservation::shared(
+                    shm.clone(),
+                    shm.reserve(&spec, first_block, blocks)?,
+                ))
+            }
+        }
+    }
+
     /// Stores `payloads[i]` as block `i` of `tokens` under `layout` (each exactly one
     /// block), read in place: a server's are written to the socket as they are, or into
     /// staging memory with its shared arena connected.
@@ -444,6 +498,13 @@ fn snapshot_spec(layout: &CacheLayout, tokens: &[u32], session: Option<&[u8]>) -
 }
 
 /// A hit loaded from the other kind of cache than the one that looked it up.
+fn no_shared_arena() -> Error {
+    Error::invalid(
+        "direct access to block memory needs the server's shared arena (connect with its \
+         shm socket)",
+    )
+}
+
 fn other_cache(found: &Found) -> Error {
     Error::invalid(match found {
         Found::Local(_) => "this hit came from an Engine in this process: load it with that Engine",

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from kvtier._kvtier import Block, Cache, Hit, Layout, Restored, __version__
+from kvtier._kvtier import Block, Cache, Hit, Layout, Lease, Reservation, Restored, __version__
 from kvtier._open import Client, Engine, open
 from kvtier.errors import (
     ClosedError,
@@ -35,7 +35,9 @@ __all__ = [
     "InvalidError",
     "KvtierError",
     "Layout",
+    "Lease",
     "NoSpaceError",
+    "Reservation",
     "Restored",
     "UnavailableError",
     "__version__",

@@ -76,6 +76,31 @@ class Restored:
     def state(self) -> Block | None: ...
     def __bool__(self) -> bool: ...
 
+@final
+class Lease:
+    """The blocks of a hit held in place: ``places`` is ``(address, nbytes)`` of each
+    (read-only memory), valid until ``release()`` or the end of a ``with`` block."""
+
+    @property
+    def places(self) -> list[tuple[int, int]]: ...
+    def __len__(self) -> int: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+@final
+class Reservation:
+    """Room for the blocks of a store: write each block whole at its ``places`` entry,
+    then ``commit()`` (the same answer as ``store``); ``cancel()`` gives it back."""
+
+    @property
+    def places(self) -> list[tuple[int, int]]: ...
+    def __len__(self) -> int: ...
+    def commit(
+        self, durability: Literal["queued", "written", "synced"] | None = None
+    ) -> dict[str, Any]: ...
+    def cancel(self) -> None: ...
+
 #: One group of recurrent layers: (kind, num_layers, state_bytes).
 _StateGroup: TypeAlias = tuple[str, int, int]
 
@@ -143,6 +168,14 @@ class Cache:
         """``(address, nbytes)`` of an engine's RAM-tier arena in this process, or of the
         read-only mapping of a server's shared arena (a client opened with ``shm``);
         ``None`` for a server's client over HTTP only."""
+    def lease(self, hit: Hit) -> Lease:
+        """The matched blocks of ``hit`` held in place, for a caller that copies them
+        itself (a GPU); refused for a client over HTTP only."""
+    def reserve(
+        self, layout: Layout, tokens: Sequence[int], blocks: int, first_block: int = 0
+    ) -> Reservation:
+        """Room for ``blocks`` blocks of ``tokens`` from ``first_block`` on, written in
+        place and then committed; refused for a client over HTTP only."""
     def stats(self) -> dict[str, int]: ...
     def kv_events(self) -> dict[str, Any] | None: ...
     def flush(self, timeout: float = 30.0) -> bool: ...
