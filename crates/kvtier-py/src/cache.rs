@@ -315,6 +315,14 @@ impl Cache {
         Ok(self.inner()?.arena())
     }
 
+    /// `(address, nbytes)` of a shared-arena client's staging memory in this process (its
+    /// reservations' places lie in it), for a GPU to register once; `None` for an engine
+    /// and for a client over HTTP only.
+    #[getter]
+    fn staging(&self) -> PyResult<Option<(usize, usize)>> {
+        Ok(self.inner()?.staging())
+    }
+
     /// The matched blocks of `hit` held in place, for a caller that copies them itself (a
     /// GPU): a `Lease` whose `places` are `(address, nbytes)` of each block, read-only,
     /// valid until it is released. An engine's blocks lie in its arena, a server's in its

@@ -279,6 +279,16 @@ impl Cache {
         }
     }
 
+    /// Where a client's staging memory of a server's shared arena lies in this process,
+    /// `(address, bytes)` (reservations are places in it), for a GPU to register once;
+    /// `None` for an engine (its reservations are arena slots) and a client over HTTP.
+    pub fn staging(&self) -> Option<(usize, usize)> {
+        match &self.backend {
+            Backend::Embedded { .. } => None,
+            Backend::Served(s) => s.shm.as_ref().map(|c| c.staging_region()),
+        }
+    }
+
     /// The blocks of `hit` held in place, for a caller that copies them itself (a GPU):
     /// an engine's in its arena, a server's in its shared arena mapped here. Refused for a
     /// server reached over HTTP only.

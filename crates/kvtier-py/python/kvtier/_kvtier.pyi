@@ -168,6 +168,10 @@ class Cache:
         """``(address, nbytes)`` of an engine's RAM-tier arena in this process, or of the
         read-only mapping of a server's shared arena (a client opened with ``shm``);
         ``None`` for a server's client over HTTP only."""
+    @property
+    def staging(self) -> tuple[int, int] | None:
+        """``(address, nbytes)`` of a shared-arena client's staging memory; ``None`` for an
+        engine and a client over HTTP only."""
     def lease(self, hit: Hit) -> Lease:
         """The matched blocks of ``hit`` held in place, for a caller that copies them
         itself (a GPU); refused for a client over HTTP only."""
