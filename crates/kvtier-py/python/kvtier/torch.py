@@ -177,6 +177,10 @@ class Loading:
             self._lease.release()
             self._lease = None
 
+    def __del__(self) -> None:
+        # Never let kvtier reuse memory a copy may still be reading.
+        self.synchronize()
+
 
 def load_to(
     cache: Cache,
@@ -203,10 +207,14 @@ def load_to(
     device = paged.device
     cuda = device.type == "cuda"
     side = (stream or _cuda.Stream(device=device)) if cuda else None
-    ids = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=device)
+    if side is not None:
+        # The pages are written only after whatever the caller queued before (a page's
+        # previous user may still be reading it).
+        side.wait_stream(torch.cuda.current_stream(device))
     sources = [_host(address, nbytes) for address, nbytes in places[:n]]
     events: list[Any] = [None] * len(paged.layers)
     with torch.cuda.stream(side) if cuda else _nothing():
+        ids = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=device)
         for start, end, offset in paged.chunks():
             size = sum(paged.page_bytes(i) for i in range(start, end))
             stage = torch.empty((n, size), dtype=torch.uint8, device=device)
@@ -280,12 +288,12 @@ def save_from(
     cuda = device.type == "cuda"
     side = (stream or _cuda.Stream(device=device)) if cuda else None
     try:
-        ids = torch.tensor(list(block_ids), dtype=torch.long, device=device)
         targets = [_host(address, nbytes) for address, nbytes in reservation.places]
         if side is not None:
             # The pages as they are now: the side stream starts after the caller's work.
             side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side) if cuda else _nothing():
+            ids = torch.tensor(list(block_ids), dtype=torch.long, device=device)
             for start, end, offset in paged.chunks():
                 parts = [
                     t.index_select(0, ids).view(n, -1).view(torch.uint8)
