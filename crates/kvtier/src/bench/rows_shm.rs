@@ -82,26 +82,10 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     settings.shm.staging.0 = (BLOCKS * BLOCK) as u64;
     // The whole prompt leased at once (the default, half of `ram`, is less).
     settings.shm.max_leased = settings.ram;
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("bench-shm-server")
-        .enable_all()
-        .build()?;
-    let running = server_rt
-        .block_on(kvtier_server::Running::start(settings))
-        .map_err(anyhow::Error::msg)?;
-    let url = format!("http://{}", running.addr);
-    let socket = running
-        .shm_socket()
-        .ok_or_else(|| anyhow::anyhow!("no shared arena"))?
-        .to_path_buf();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let served = server_rt.spawn(running.serve(async {
-        let _ = stop_rx.await;
-    }));
-    let result = measure(effort, wanted, &url, &socket, &server_rt);
-    let _ = stop_tx.send(());
-    let _ = server_rt.block_on(served);
+    let socket = settings.shm_socket();
+    let server = kvtier_server::LocalServer::start(settings).map_err(anyhow::Error::msg)?;
+    let result = measure(effort, wanted, &server.url(), &socket);
+    server.stop();
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -111,8 +95,9 @@ fn measure(
     wanted: &dyn Fn(&str) -> bool,
     url: &str,
     socket: &std::path::Path,
-    rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<Vec<Row>> {
+    // The client's HTTP calls (layout, lookup) on a runtime of their own.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let http = Client::new(url)?;
     let mut key = LayoutKey::new("bench-shm", KvDtype::Bf16, 16, 32, 8, 128);
     key.weights_digest = "w".into();
