@@ -22,7 +22,8 @@ use super::staging::Staging;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// How long a request may take to arrive once its first byte has.
+/// How long a request may take to arrive once its first byte has (and an answer to be
+/// taken by the client).
 const FRAME_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an idle session looks for expired reservations.
 const TICK: Duration = Duration::from_millis(250);
@@ -107,6 +108,8 @@ impl Session {
 
     /// Serves the client until it hangs up, breaks the protocol or the server stops.
     pub fn run(mut self, mut socket: UnixStream) {
+        // A client that stops reading its answers is dropped like one that stops sending.
+        let _ = socket.set_write_timeout(Some(FRAME_TIMEOUT));
         loop {
             self.expire(Instant::now());
             // Wait for a request's first byte without consuming it, waking now and then
