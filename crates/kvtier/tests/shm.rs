@@ -655,3 +655,88 @@ fn the_cache_api_goes_through_the_shared_arena_when_connected() {
     drop((cache, http_only));
     assert!(server.stop().success());
 }
+
+#[test]
+fn malformed_requests_get_a_clear_refusal_or_a_closed_connection_and_nothing_else_breaks() {
+    use kvtier_client::shm::proto::{self, Hello, LoadHead, Op};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let layout = register(&server, 4);
+    let code_of = |s: &mut UnixStream| -> String {
+        let frame = proto::read(s).unwrap().expect("an answer");
+        assert_eq!(frame.kind, proto::ERROR);
+        frame
+            .head::<kvtier_client::wire::ErrorDetail>()
+            .unwrap()
+            .code
+    };
+    // Before hello, and an op nobody knows.
+    let mut s = UnixStream::connect(socket(dir.path())).unwrap();
+    proto::write(
+        &mut s,
+        Op::Load as u8,
+        &LoadHead {
+            layout: layout.layout.clone(),
+        },
+        b"",
+    )
+    .unwrap();
+    assert_eq!(code_of(&mut s), "bad_op");
+    proto::write(&mut s, 99, &Hello { version: 1 }, b"").unwrap();
+    assert_eq!(code_of(&mut s), "bad_op");
+    proto::write(&mut s, Op::Hello as u8, &Hello { version: 99 }, b"").unwrap();
+    assert_eq!(code_of(&mut s), "bad_version");
+    // A head that is not the op's.
+    proto::write(
+        &mut s,
+        Op::Hello as u8,
+        &LoadHead { layout: "x".into() },
+        b"",
+    )
+    .unwrap();
+    assert_eq!(code_of(&mut s), "bad_head");
+
+    // After a proper hello: handles cut short, an unknown layout, a garbage commit tail.
+    let shm = ShmClient::connect(&socket(dir.path())).unwrap();
+    let cut = shm
+        .load(&layout.layout, &[[0; 16]])
+        .map(|l| l.slots().len());
+    assert_eq!(cut.unwrap(), 0, "a handle nobody holds leases nothing");
+    let e = shm.load(&"ab".repeat(16), &[[0; 16]]).unwrap_err();
+    assert_eq!(e.code(), Some("unknown_layout"), "{e}");
+    let r = shm.reserve(&prompt(&layout, 70, 1), 0, 1).unwrap();
+    let head = CommitHead {
+        reservation: r.id,
+        first: 0,
+        durability: None,
+    };
+    assert_eq!(
+        shm.commit_raw(&head, &[1, 2, 3]).unwrap_err().code(),
+        Some("not_reserved")
+    );
+    let too_many = shm.reserve(&prompt(&layout, 71, 1), 0, 2).unwrap_err();
+    assert_eq!(too_many.code(), Some("invalid"), "{too_many}");
+
+    // A frame longer than any allowed: the connection is closed, nothing is answered.
+    let mut s = UnixStream::connect(socket(dir.path())).unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(s.read_to_end(&mut rest).unwrap(), 0);
+    // A frame that stops half-way, then a hang-up: the same.
+    let mut s = UnixStream::connect(socket(dir.path())).unwrap();
+    s.write_all(&100u32.to_le_bytes()).unwrap();
+    s.write_all(&[1, 0]).unwrap();
+    drop(s);
+
+    // The server still serves, byte-exact.
+    let p = prompt(&layout, 72, 2);
+    let sent = payloads(&layout, 72, 2);
+    let refs: Vec<&[u8]> = sent.iter().map(|b| &b[..]).collect();
+    assert_eq!(shm.store(&p, &refs, None).unwrap().stored, 2);
+    assert_eq!(http_load(&server, &layout, &p), sent);
+    assert!(server.stop().success());
+}

@@ -97,7 +97,9 @@ fn measure(
     socket: &std::path::Path,
 ) -> anyhow::Result<Vec<Row>> {
     // The client's HTTP calls (layout, lookup) on a runtime of their own.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let http = Client::new(url)?;
     let mut key = LayoutKey::new("bench-shm", KvDtype::Bf16, 16, 32, 8, 128);
     key.weights_digest = "w".into();
