@@ -258,3 +258,49 @@ fn a_shared_arena_is_a_sealed_file_that_holds_the_blocks_and_remembers_their_che
             .is_none()
     );
 }
+
+/// 2 MiB pages of the kernel's huge-page pool neither in use nor reserved by a mapping.
+fn free_huge_pages() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:"))
+}
+
+#[test]
+fn a_huge_page_arena_holds_its_blocks_or_its_start_names_the_pool() {
+    let config = ArenaConfig {
+        shared: true,
+        huge_pages: true,
+        ..ArenaConfig::default()
+    };
+    // 16 MiB of budget: one segment plus two of slack, 96 MiB, 48 huge pages.
+    let needed = 48;
+    let free = free_huge_pages();
+    match Arena::new(16 << 20, config) {
+        Ok(arena) => {
+            assert!(
+                free >= needed,
+                "an arena of {needed} huge pages from a pool of {free}"
+            );
+            let payload = vec![0x3cu8; 2 << 20];
+            let block = arena.copy(&payload);
+            assert_eq!(&block[..], &payload[..]);
+            // Reserved from the pool when mapped (no later touch can find it empty).
+            assert!(
+                free_huge_pages() <= free - needed,
+                "the pages did not come from the pool"
+            );
+        }
+        Err(e) => {
+            assert!(free < needed, "{e} with {free} free huge pages");
+            assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
+            assert!(e.full_message().contains("vm.nr_hugepages"), "{e}");
+        }
+    }
+}

@@ -199,6 +199,7 @@ impl Node {
                 prefault: settings.ram_prefault,
                 lock: settings.ram_lock,
                 shared: settings.shm.enabled,
+                huge_pages: settings.shm.huge_pages,
             })
             .max_tokens(settings.max_tokens)
             .clock(components.clock.clone());

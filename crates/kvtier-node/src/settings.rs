@@ -287,6 +287,10 @@ pub struct ShmSettings {
     /// Bytes of blocks one client may hold leased at once (0: half of `ram`). A leased
     /// block's slot stays taken while the lease lasts, even once the block is evicted.
     pub max_leased: ByteSize,
+    /// Take the shared arena's pages from the kernel's huge-page pool (`vm.nr_hugepages`
+    /// must hold `ram` plus 64 MiB; the start fails, saying so, if it does not). Clients
+    /// then read blocks out of 2 MiB pages instead of 4 KiB ones (default false).
+    pub huge_pages: bool,
 }
 
 impl Default for ShmSettings {
@@ -299,6 +303,7 @@ impl Default for ShmSettings {
             reserve_ttl: HumanDuration(Duration::from_secs(30)),
             max_clients: 32,
             max_leased: ByteSize(0),
+            huge_pages: false,
         }
     }
 }

@@ -57,6 +57,12 @@ pub struct ArenaConfig {
     /// ([`Arena::file`]; `kvtier serve`'s shared arena, docs/adr/0019-shared-arena.md).
     /// Default false: private anonymous memory.
     pub shared: bool,
+    /// With `shared`: take the arena's pages from the kernel's huge-page pool (2 MiB
+    /// pages; `vm.nr_hugepages` must hold the whole arena, or the start fails saying so).
+    /// Shared memory is otherwise mapped in 4 KiB pages wherever the kernel's
+    /// `transparent_hugepage/shmem_enabled` is `never` (the common default), and a client
+    /// copying blocks out of it walks 512 times as many page-table entries. Default false.
+    pub huge_pages: bool,
 }
 
 impl Default for ArenaConfig {
@@ -66,6 +72,7 @@ impl Default for ArenaConfig {
             prefault: false,
             lock: false,
             shared: false,
+            huge_pages: false,
         }
     }
 }
@@ -114,7 +121,13 @@ impl Arena {
             .div_ceil(SEGMENT_BYTES)
             .saturating_add(2);
         let bytes = segments.saturating_mul(SEGMENT_BYTES);
-        let region = Region::map(bytes, config.prefault, config.lock, config.shared)?;
+        let region = Region::map(
+            bytes,
+            config.prefault,
+            config.lock,
+            config.shared,
+            config.huge_pages,
+        )?;
         Ok(Self {
             shared: Some(Arc::new(Shared {
                 region,

@@ -23,7 +23,7 @@ impl Staging {
     /// grow (the client cannot make the server's reads of it fault), mapped read-only.
     pub fn new(bytes: u64) -> std::io::Result<Self> {
         let len = usize::try_from(bytes).map_err(|_| std::io::ErrorKind::InvalidInput)?;
-        let file = kvtier_core::arena::memory_file(c"kvtier-staging", len)?;
+        let file = kvtier_core::arena::memory_file(c"kvtier-staging", len, false)?;
         let map = Mapping::map(file.as_fd(), len, false)?;
         Ok(Self {
             file,

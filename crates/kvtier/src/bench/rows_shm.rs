@@ -82,6 +82,8 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     settings.shm.staging.0 = (BLOCKS * BLOCK) as u64;
     // The whole prompt leased at once (the default, half of `ram`, is less).
     settings.shm.max_leased = settings.ram;
+    // KVTIER_BENCH_SHM_HUGE=1: the arena on huge pages (`vm.nr_hugepages` must hold it).
+    settings.shm.huge_pages = std::env::var_os("KVTIER_BENCH_SHM_HUGE").is_some();
     let socket = settings.shm_socket();
     let server = kvtier_server::LocalServer::start(settings).map_err(anyhow::Error::msg)?;
     let result = measure(effort, wanted, &server.url(), &socket);
