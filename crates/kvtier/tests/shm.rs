@@ -740,3 +740,25 @@ fn malformed_requests_get_a_clear_refusal_or_a_closed_connection_and_nothing_els
     assert_eq!(http_load(&server, &layout, &p), sent);
     assert!(server.stop().success());
 }
+
+#[test]
+fn a_stalled_server_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stalled.sock");
+    // Accepts, reads, never answers.
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let held = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        drop(conn);
+    });
+    let started = Instant::now();
+    let e = ShmClient::connect_with(&path, Duration::from_millis(500)).unwrap_err();
+    assert_eq!(e.kind(), kvtier_core::ErrorKind::Unavailable, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "waited {:?}",
+        started.elapsed()
+    );
+    held.join().unwrap();
+}

@@ -103,9 +103,22 @@ pub struct ShmClient {
 }
 
 impl ShmClient {
-    /// Connects to the socket at `path` and maps what it hands over.
+    /// Connects to the socket at `path` and maps what it hands over; a server that does
+    /// not answer a call within [`ShmClient::TIMEOUT`] fails it.
     pub fn connect(path: &Path) -> Result<Self, ShmError> {
+        Self::connect_with(path, Self::TIMEOUT)
+    }
+
+    /// How long a call waits for the server by default: longer than any store's commit
+    /// (a synced one waits for the disk), short enough that a stalled server is an error.
+    pub const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// [`ShmClient::connect`] with the time a call may wait for the server (sending or
+    /// receiving) before it fails with a timeout (`ShmError::Io`).
+    pub fn connect_with(path: &Path, timeout: std::time::Duration) -> Result<Self, ShmError> {
         let mut socket = UnixStream::connect(path)?;
+        socket.set_read_timeout(Some(timeout))?;
+        socket.set_write_timeout(Some(timeout))?;
         proto::write(
             &mut socket,
             Op::Hello as u8,
