@@ -100,10 +100,12 @@ struct NodeCollector {
 }
 
 /// The edge's own samples: refusals, 4xx answers by code and connections closed by a
-/// limit by kind (flat names `refused_{kind}`, `kvtier_listen::refusals`). `/v1/stats`
-/// adds them to the node's.
+/// limit by kind (flat names `refused_{kind}`, `kvtier_listen::refusals`), and the
+/// shared arena's (`shm_*`). `/v1/stats` adds them to the node's.
 pub fn edge_samples() -> Samples {
-    crate::listen::refusals::REFUSALS.samples()
+    let mut out = crate::listen::refusals::REFUSALS.samples();
+    out.extend(crate::shm::SHM.samples());
+    out
 }
 
 /// Every sample of the node and the edge: what both `/v1/stats` and `/metrics` render.

@@ -62,7 +62,11 @@ fn http_load(server: &Server, layout: &LayoutInfo, p: &PromptSpec) -> Vec<bytes:
 }
 
 fn arena_used(server: &Server) -> u64 {
-    runtime().block_on(server.client().stats()).unwrap()["engine_arena_used_bytes"]
+    stat(server, "engine_arena_used_bytes")
+}
+
+fn stat(server: &Server, name: &str) -> u64 {
+    runtime().block_on(server.client().stats()).unwrap()[name]
 }
 
 /// Waits until `cond` holds, at most `within`.
@@ -374,6 +378,16 @@ fn a_killed_client_gives_back_its_slots_and_indexes_nothing() {
         freed
     );
     assert_eq!(lookup(&server, &half_written).matched_tokens, 0);
+    // The gauges say so too.
+    assert_eq!(
+        (
+            stat(&server, "shm_clients"),
+            stat(&server, "shm_leased_bytes"),
+            stat(&server, "shm_reserved_bytes")
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(stat(&server, "shm_leases"), 1);
     assert!(server.stop().success());
 }
 
@@ -504,6 +518,24 @@ fn bad_commits_are_refused_and_their_room_freed() {
     // Every refused or expired reservation gave its arena room back: only seed 33's two
     // committed blocks are held.
     assert_eq!(arena_used(&server), baseline + 2 * block);
+    // Counted: six refused commits (checksum, size, offset, another's, doubled, expired;
+    // the retry after the bad checksum is one more), two expiries, one stored commit.
+    assert_eq!(stat(&server, "shm_refused_commits"), 7);
+    assert_eq!(stat(&server, "shm_expired"), 2);
+    assert_eq!(
+        (
+            stat(&server, "shm_commits"),
+            stat(&server, "shm_committed_bytes")
+        ),
+        (1, 2 * block)
+    );
+    assert_eq!(
+        (
+            stat(&server, "shm_clients"),
+            stat(&server, "shm_reserved_bytes")
+        ),
+        (2, 0)
+    );
     assert!(server.stop().success());
 }
 

@@ -10,6 +10,9 @@
 
 mod session;
 mod staging;
+mod stats;
+
+pub use stats::{SHM, ShmStats};
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

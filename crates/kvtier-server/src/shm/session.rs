@@ -19,6 +19,7 @@ use kvtier_core::arena::BlockBuf;
 use kvtier_core::{Ack, BlockHash, Engine, Prompt, StoreOptions};
 
 use super::staging::Staging;
+use super::stats::{SHM, ShmStats};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -175,6 +176,7 @@ impl Session {
                     )
                 })?;
                 self.leased -= bytes;
+                ShmStats::sub(&SHM.leased_bytes, bytes);
                 Ok((b"{}".to_vec(), Vec::new()))
             }
             Op::Reserve => self.reserve(frame.head()?),
@@ -227,6 +229,7 @@ impl Session {
             max_leased: self.limits.max_leased,
         };
         self.staging = Some(staging);
+        ShmStats::add(&SHM.clients, 1);
         Ok((json(&welcome), Vec::new()))
     }
 
@@ -302,6 +305,8 @@ impl Session {
         let lease = self.new_id();
         self.leases.insert(lease, (held, bytes));
         self.leased += bytes;
+        ShmStats::add(&SHM.leases, 1);
+        ShmStats::add(&SHM.leased_bytes, bytes);
         let mut out = Vec::with_capacity(slots.len() * Slot::BYTES);
         slots.iter().for_each(|s| s.put(&mut out));
         Ok((json(&Leased { lease, complete }), out))
@@ -356,6 +361,7 @@ impl Session {
                 committed: 0,
             },
         );
+        ShmStats::add(&SHM.reserved_bytes, count as u64 * block_bytes);
         let answer = Reserved {
             reservation: id,
             block_bytes,
@@ -404,6 +410,8 @@ impl Session {
         if let Some(s) = self.staging.as_mut() {
             s.release(&r.offsets[r.committed..], r.block_bytes);
         }
+        let left = (r.offsets.len() - r.committed) as u64 * r.block_bytes;
+        ShmStats::sub(&SHM.reserved_bytes, left);
     }
 
     fn end(&mut self, id: u64, why: Ended) {
@@ -418,6 +426,14 @@ impl Session {
     /// the arena and stored, and their staging room is free again. The last part ends the
     /// reservation; a bad part ends it, freeing the rest.
     fn commit(&mut self, head: CommitHead, tail: &[u8]) -> Answer {
+        let answer = self.commit_checked(head, tail);
+        if answer.is_err() {
+            ShmStats::add(&SHM.refused_commits, 1);
+        }
+        answer
+    }
+
+    fn commit_checked(&mut self, head: CommitHead, tail: &[u8]) -> Answer {
         let id = head.reservation;
         // A reservation past its deadline is expired, even if the tick has not come yet.
         self.expire(Instant::now());
@@ -463,6 +479,10 @@ impl Session {
             s.release(offsets, r.block_bytes);
         }
         r.committed += count;
+        let bytes = count as u64 * r.block_bytes;
+        ShmStats::sub(&SHM.reserved_bytes, bytes);
+        ShmStats::add(&SHM.commits, 1);
+        ShmStats::add(&SHM.committed_bytes, bytes);
         let options = StoreOptions {
             ack,
             first_block: r.first_block + first,
@@ -567,8 +587,26 @@ impl Session {
             if let Ok(r) = self.take(id) {
                 self.free(&r);
                 self.end(id, Ended::Expired);
+                ShmStats::add(&SHM.expired, 1);
             }
         }
+    }
+}
+
+impl Drop for Session {
+    /// The client is gone: what it held leaves the gauges (the blocks and the room
+    /// themselves go back as the session's fields are dropped).
+    fn drop(&mut self) {
+        if self.staging.is_some() {
+            ShmStats::sub(&SHM.clients, 1);
+        }
+        ShmStats::sub(&SHM.leased_bytes, self.leased);
+        let reserved: u64 = self
+            .reservations
+            .values()
+            .map(|r| (r.offsets.len() - r.committed) as u64 * r.block_bytes)
+            .sum();
+        ShmStats::sub(&SHM.reserved_bytes, reserved);
     }
 }
 
