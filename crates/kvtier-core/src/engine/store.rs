@@ -101,9 +101,12 @@ impl Engine {
         self.layout(layout.digest())?;
         let first = options.first_block;
         if first.saturating_add(payloads.len()) > prompt.num_blocks() {
+            let from = match first {
+                0 => String::new(),
+                n => format!(" from block {n} on,"),
+            };
             return Err(Error::invalid(format!(
-                "{} payloads from block {first} on, for a prompt of {} whole blocks ({} tokens, \
-                 {} per block)",
+                "{} payloads{from} for a prompt of {} whole blocks ({} tokens, {} per block)",
                 payloads.len(),
                 prompt.num_blocks(),
                 prompt.tokens().len(),

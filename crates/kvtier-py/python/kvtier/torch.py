@@ -179,7 +179,10 @@ class Loading:
 
     def __del__(self) -> None:
         # Never let kvtier reuse memory a copy may still be reading.
-        self.synchronize()
+        try:
+            self.synchronize()
+        except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone already
+            pass
 
 
 def load_to(
