@@ -339,18 +339,19 @@ impl Engine {
         self.arena.buffer(len)
     }
 
-    /// Makes `bytes` of the RAM budget free now, evicting the least recently used blocks
-    /// as a store would, and returns the bytes evicted. For a caller about to fill that
-    /// many bytes of [`Engine::block_buffer`]s before storing them (a shared arena's
-    /// reservation): the arena is the budget plus a little slack, so without room made
-    /// first the buffers of a large store would find no free slot while the blocks it
-    /// replaces still hold theirs.
-    pub fn make_room(&self, bytes: u64) -> u64 {
+    /// Buffers for `count` blocks of `len` bytes that the caller fills and then stores
+    /// together (a shared arena's reservation, a caller writing blocks in place). Room for
+    /// them is made in the RAM budget first, evicting the least recently used blocks as a
+    /// store would: the arena is the budget plus a little slack, so without it the buffers
+    /// of a large store would find no free slot while the blocks it replaces still hold
+    /// theirs, and would fall back to the heap.
+    pub fn block_buffers(&self, len: usize, count: usize) -> Vec<BlockBuf> {
+        let bytes = (count as u64).saturating_mul(len.next_multiple_of(4096) as u64);
         let free = self.budget.capacity().saturating_sub(self.budget.used());
-        if free >= bytes {
-            return 0;
+        if free < bytes {
+            self.ram.evict_bytes(bytes - free);
         }
-        self.ram.evict_bytes(bytes - free)
+        (0..count).map(|_| self.arena.buffer(len)).collect()
     }
 
     /// The RAM tier's arena, for inspection and tests.

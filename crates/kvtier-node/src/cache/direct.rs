@@ -92,8 +92,7 @@ impl BlockReservation {
         blocks: usize,
     ) -> Result<Self> {
         let len = prompt.layout().block_bytes() as usize;
-        engine.make_room((blocks * len.next_multiple_of(4096)) as u64);
-        let slots: Vec<BlockBuf> = (0..blocks).map(|_| engine.block_buffer(len)).collect();
+        let slots = engine.block_buffers(len, blocks);
         let places = slots
             .iter()
             .map(|s| s.slot_address().map(|a| (a, len)))

@@ -131,9 +131,10 @@ impl Session {
             let hello = frame.kind == Op::Hello as u8;
             let sent = match self.handle(&frame) {
                 Ok((head, tail)) if hello => self.welcome(&mut socket, &head, &tail),
-                Ok((head, tail)) => {
-                    std::io::Write::write_all(&mut socket, &encode(proto::OK, &head, &tail))
-                }
+                Ok((head, tail)) => std::io::Write::write_all(
+                    &mut socket,
+                    &proto::encode_raw(proto::OK, &head, &tail),
+                ),
                 Err(e) => {
                     std::io::Write::write_all(&mut socket, &proto::encode(proto::ERROR, &e, b""))
                 }
@@ -150,7 +151,7 @@ impl Session {
         };
         fds::send(
             socket,
-            &encode(proto::OK, head, tail),
+            &proto::encode_raw(proto::OK, head, tail),
             &[arena, staging.file().as_fd()],
         )
     }
@@ -343,11 +344,7 @@ impl Session {
         })?;
         // The arena room now, so that a commit never fails for want of it (room made in
         // the RAM budget first: the blocks this store will replace let go of their slots).
-        self.engine
-            .make_room(count as u64 * block_bytes.next_multiple_of(4096));
-        let bufs: Vec<BlockBuf> = (0..count)
-            .map(|_| self.engine.block_buffer(block_bytes as usize))
-            .collect();
+        let bufs = self.engine.block_buffers(block_bytes as usize, count);
         let id = self.new_id();
         self.reservations.insert(
             id,
@@ -655,8 +652,4 @@ fn copy_all(bufs: Vec<BlockBuf>, sources: &[&[u8]]) -> Vec<Option<(Bytes, u32)>>
             .flat_map(|t| t.join().unwrap_or_default())
             .collect()
     })
-}
-
-fn encode(status: u8, head: &[u8], tail: &[u8]) -> Vec<u8> {
-    proto::encode_raw(status, head, tail)
 }
