@@ -294,6 +294,80 @@ fn a_client_cannot_write_the_arena_or_change_what_it_committed() {
     assert!(server.stop().success());
 }
 
+/// A client that keeps changing its staging bytes while the server copies them gets, for
+/// each block, either a refusal (`bad_checksum`) or exactly the bytes its checksum
+/// describes: the server checksums the words it stores, read once, not the staging memory
+/// read again.
+#[test]
+fn staging_changed_during_a_commit_never_indexes_bytes_its_checksum_does_not_describe() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let layout = register(&server, 4);
+    let shm = ShmClient::connect(&socket(dir.path())).unwrap();
+    let block = layout.block_bytes as usize;
+    let (staging, _) = shm.staging_region();
+    let (mut stored, mut refused) = (0, 0);
+    for round in 0..12u32 {
+        let p = prompt(&layout, 100 + round, 16);
+        let sent = payloads(&layout, 100 + round, 16);
+        let mut r = shm.reserve(&p, 0, 16).unwrap();
+        let crcs: Vec<u32> = (0..16)
+            .map(|i| kvtier_core::arena::copy_checked(shm.staging_mut(&mut r, i), &sent[i]))
+            .collect();
+        let ranges: Vec<usize> = r.offsets.iter().map(|&o| staging + o as usize).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        // Each byte it touches is flipped and put back at once: most copies see the
+        // payload whole, some catch a flipped byte.
+        let originals = sent.clone();
+        let scribbler = std::thread::spawn({
+            let stop = Arc::clone(&stop);
+            move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for (&start, original) in ranges.iter().zip(&originals) {
+                        for at in (0..block).step_by(61) {
+                            let p = (start + at) as *mut u8;
+                            // SAFETY: inside this client's own staging mapping, in a
+                            // range the server handed to this reservation.
+                            #[allow(unsafe_code, reason = "a client racing the server's copy")]
+                            unsafe {
+                                p.write_volatile(!original[at]);
+                                p.write_volatile(original[at]);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let answer = shm.commit(r, Some(&crcs), None);
+        stop.store(true, Ordering::Relaxed);
+        scribbler.join().unwrap();
+        match answer {
+            Ok(a) => {
+                stored += a.stored;
+                let hit = lookup(&server, &p);
+                let lease = shm.load_handles(&layout.layout, &hit.handles).unwrap();
+                assert_eq!(lease.slots().len(), a.stored, "round {round}");
+                for (i, want) in sent.iter().enumerate().take(a.stored) {
+                    assert!(
+                        lease.verify(i),
+                        "round {round}: block {i} fails its checksum"
+                    );
+                    assert_eq!(lease.block(i), &want[..], "round {round}: block {i}");
+                }
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Some("bad_checksum"), "round {round}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{stored} blocks stored whole, {refused} commits refused");
+    assert!(stored + refused > 0);
+    assert!(server.stop().success());
+}
+
 #[test]
 fn two_clients_at_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -395,7 +395,7 @@ impl ShmClient {
                 // (checked when reserved), written by this thread alone until committed.
                 #[expect(unsafe_code, reason = "a reserved staging range is written in place")]
                 let dst = unsafe { self.inner.staging.bytes_mut(offset as usize, len) };
-                let crc = kvtier_core::arena::copy_checked_cached(dst, p);
+                let crc = kvtier_core::arena::copy_checked(dst, p);
                 Slot {
                     offset,
                     len: len as u64,

@@ -61,43 +61,6 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes) as u32
 }
 
-/// Copies `src` into `dst` (same length) and returns the CRC32C of what landed in `dst`.
-///
-/// The checksum is of the bytes written, not of the source as it may be by then: a source
-/// another process can change during the copy (a client's staging memory) cannot make it
-/// describe bytes that are not there. Each 64 KiB piece is copied into a private buffer
-/// that stays in the CPU cache, checksummed there, and written from there to `dst` with
-/// streaming stores: the source is read from memory once and `dst` written once, with no
-/// read of `dst` first (a plain copy followed by a checksum of `dst` costs a third more
-/// memory traffic, which is what a copy is bound by).
-pub fn copy_checked(dst: &mut [u8], src: &[u8]) -> u32 {
-    const PIECE: usize = 64 << 10;
-    assert_eq!(dst.len(), src.len(), "copy_checked: lengths differ");
-    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    let mut bounce = vec![0u8; PIECE.min(src.len())];
-    for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
-        let piece = &mut bounce[..s.len()];
-        piece.copy_from_slice(s);
-        digest.update(piece);
-        crate::copy::copy_to_slice(d, piece);
-    }
-    digest.finalize() as u32
-}
-
-/// [`copy_checked`] for a destination that is read again soon (a client's staging memory,
-/// which the server copies from next): plain stores, so that what was written is still in
-/// the CPU cache for that reader, then the checksum of each piece of `dst` while it is.
-pub fn copy_checked_cached(dst: &mut [u8], src: &[u8]) -> u32 {
-    const PIECE: usize = 64 << 10;
-    assert_eq!(dst.len(), src.len(), "copy_checked_cached: lengths differ");
-    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
-        d.copy_from_slice(s);
-        digest.update(d);
-    }
-    digest.finalize() as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,18 +77,5 @@ mod tests {
         let none = Checks::new(0);
         none.set(0, 1, 1);
         assert_eq!(none.get(0, 1), None);
-    }
-
-    #[test]
-    fn a_checked_copy_checksums_what_it_copied() {
-        let src: Vec<u8> = (0..300_000u32).map(|i| (i * 13) as u8).collect();
-        let mut dst = vec![0; src.len()];
-        let crc = copy_checked(&mut dst, &src);
-        assert_eq!(dst, src);
-        assert_eq!(crc, crc32c(&src));
-        let mut again = vec![0; src.len()];
-        assert_eq!(copy_checked_cached(&mut again, &src), crc);
-        assert_eq!(again, src);
-        assert_ne!(crc, crc32c(&src[1..]));
     }
 }

@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+pub use crate::copy::copy_checked;
 pub use buf::BlockBuf;
-pub use check::{copy_checked, copy_checked_cached, crc32c};
+pub use check::crc32c;
 pub use region::{memory_file, seal};
 
 use crate::error::Result;

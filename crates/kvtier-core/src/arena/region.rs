@@ -53,10 +53,11 @@ impl Region {
                 "an arena of {len} bytes (a positive multiple of 2 MiB is needed)"
             )));
         }
-        let mut region = Self::map_aligned(len)?;
-        if shared {
-            region.back_with_file(huge)?;
-        }
+        let mut region = if shared {
+            Self::map_file(len, huge)?
+        } else {
+            Self::map_aligned(len)?
+        };
         // Huge pages where the kernel offers them (`transparent_hugepage` = madvise or
         // always): a first touch fills 2 MiB at once instead of 512 faults of 4 KiB, and a
         // GPU's DMA walks fewer page-table entries. Best effort: without them the arena
@@ -134,10 +135,17 @@ impl Region {
         })
     }
 
-    /// Replaces the anonymous pages (none touched yet) by a shared mapping of a new memory
-    /// file at the same address, then seals the file (see [`Region::map`]).
-    fn back_with_file(&mut self, huge: bool) -> Result<()> {
-        let len = self.len;
+    /// A shared mapping of a new memory file of `len` bytes at a huge-page boundary, the
+    /// file sealed once mapped (see [`Region::map`]).
+    ///
+    /// The file is mapped where nothing is: an aligned free range is found (mapped and
+    /// given back at once), then the file mapped there with `MAP_FIXED_NOREPLACE`, which
+    /// fails rather than replace a mapping another thread made meanwhile (and is tried
+    /// again). `MAP_FIXED` over an anonymous mapping of our own would be simpler, but a
+    /// `MAP_FIXED` that fails (a huge-page pool too small) leaves the range unmapped on
+    /// recent kernels, and our drop would then unmap whatever another thread mapped into
+    /// the hole — seen as a test's arena vanishing under it (SIGSEGV).
+    fn map_file(len: usize, huge: bool) -> Result<Self> {
         // A huge-page arena reserves its pages when mapped (no MAP_NORESERVE), so a pool
         // too small fails the start here instead of a later touch with SIGBUS.
         let pool = if huge {
@@ -156,31 +164,54 @@ impl Region {
         let file = memory_file(c"kvtier-arena", len, huge)
             .map_err(|e| failed("create the memory file", ErrorKind::NoSpace, e))?;
         let reserve = if huge { 0 } else { libc::MAP_NORESERVE };
-        // SAFETY: MAP_FIXED over exactly our own anonymous mapping, which nobody has been
-        // handed a byte of yet (`&mut self`, before any slot exists).
-        let raw_map = unsafe {
-            libc::mmap(
-                self.ptr.as_ptr().cast(),
+        for _ in 0..8 {
+            let want = Self::map_aligned(len)?.address();
+            // SAFETY: NOREPLACE maps only where nothing is mapped (the range just given
+            // back, unless another thread took it); the result is checked.
+            let raw = unsafe {
+                libc::mmap(
+                    want as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | reserve,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    continue; // another thread mapped something there first
+                }
+                return Err(failed("map the memory file", ErrorKind::NoSpace, e));
+            }
+            let ptr = NonNull::new(raw.cast::<u8>())
+                .ok_or_else(|| Error::new(ErrorKind::Internal, "mmap returned a null pointer"))?;
+            // From here the mapping is ours and unmapped on drop, whatever happens next.
+            let mut region = Region {
+                ptr,
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED | reserve,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if raw_map == libc::MAP_FAILED || raw_map != self.ptr.as_ptr().cast() {
-            let e = std::io::Error::last_os_error();
-            return Err(failed("map the memory file", ErrorKind::NoSpace, e));
+                locked: false,
+                file: None,
+            };
+            // A kernel older than 4.17 takes the address as a hint only.
+            if !region.address().is_multiple_of(HUGE_PAGE) {
+                continue;
+            }
+            seal(&file, libc::F_SEAL_FUTURE_WRITE).map_err(|e| {
+                failed(
+                    "seal the memory file (Linux 5.1 or later)",
+                    ErrorKind::Unavailable,
+                    e,
+                )
+            })?;
+            region.file = Some(file);
+            return Ok(region);
         }
-        seal(&file, libc::F_SEAL_FUTURE_WRITE).map_err(|e| {
-            failed(
-                "seal the memory file (Linux 5.1 or later)",
-                ErrorKind::Unavailable,
-                e,
-            )
-        })?;
-        self.file = Some(file);
-        Ok(())
+        Err(Error::new(
+            ErrorKind::NoSpace,
+            format!("cannot find a free 2 MiB-aligned address range for a {len}-byte shared arena"),
+        ))
     }
 
     /// The memory file of a shared region, to pass to a local client (`None`: private).

@@ -53,41 +53,32 @@ pub fn copy_to_slice(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::{__m256i, _mm_sfence, _mm256_loadu_si256, _mm256_stream_si256};
-    use std::ptr;
-
-    /// Copies `len` bytes from `src` to `dst` with non-temporal stores for the 32-byte
-    /// aligned middle and plain copies for the unaligned ends.
-    ///
-    /// # Safety
-    /// `dst` must be valid for `len` bytes of writes, `src` for `len` bytes of reads, the
-    /// regions must not overlap, and the CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
-        // SAFETY: the caller's contract covers every pointer offset below, all < `len`.
-        unsafe {
-            let head = dst.align_offset(32).min(len);
-            ptr::copy_nonoverlapping(src, dst, head);
-            let mut i = head;
-            while i + 128 <= len {
-                let a = _mm256_loadu_si256(src.add(i).cast::<__m256i>());
-                let b = _mm256_loadu_si256(src.add(i + 32).cast::<__m256i>());
-                let c = _mm256_loadu_si256(src.add(i + 64).cast::<__m256i>());
-                let d = _mm256_loadu_si256(src.add(i + 96).cast::<__m256i>());
-                _mm256_stream_si256(dst.add(i).cast::<__m256i>(), a);
-                _mm256_stream_si256(dst.add(i + 32).cast::<__m256i>(), b);
-                _mm256_stream_si256(dst.add(i + 64).cast::<__m256i>(), c);
-                _mm256_stream_si256(dst.add(i + 96).cast::<__m256i>(), d);
-                i += 128;
-            }
-            ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i);
-            // Make the streamed stores visible before the buffer is published.
-            _mm_sfence();
-        }
+/// Copies `src` into `dst` (same length) with streaming stores, as [`copy_to_slice`], and
+/// returns the CRC32C of the bytes that landed in `dst`.
+///
+/// The checksum is of the bytes written, not of the source as it may be by then: a source
+/// another process can change during the copy (a client's staging memory) cannot make it
+/// describe bytes that are not there. On x86-64 with AVX2 and SSE4.2 the copy and the
+/// checksum are one pass (each word loaded once, stored and checksummed from the same
+/// register) that runs as fast as the streaming copy alone; elsewhere the copy is followed
+/// by a checksum of `dst`, which only this process can write.
+pub fn copy_checked(dst: &mut [u8], src: &[u8]) -> u32 {
+    assert_eq!(dst.len(), src.len(), "copy_checked: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("sse4.2")
+    {
+        // SAFETY: `dst` is valid for `src.len()` bytes of writes (same length, checked
+        // above), `src` for as many reads; a `&mut` and a `&` cannot overlap; both CPU
+        // features were detected above.
+        return unsafe { x86::stream_copy_crc32c(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
     }
+    copy_to_slice(dst, src);
+    crc_fast::crc32_iscsi(dst) as u32
 }
+
+mod crc_shift;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 #[cfg(test)]
 mod tests {
@@ -100,11 +91,15 @@ mod tests {
             1,
             31,
             33,
+            191,
+            192,
+            193,
             4095,
             NON_TEMPORAL_MIN - 1,
             NON_TEMPORAL_MIN,
             NON_TEMPORAL_MIN + 77,
             300_001,
+            (2 << 20) + 5,
         ] {
             for offset in [0usize, 1, 7, 31] {
                 let src: Vec<u8> = (0..len + offset).map(|i| (i * 7 + 3) as u8).collect();
@@ -121,6 +116,16 @@ mod tests {
                 let mut owned = vec![0u8; len];
                 copy_to_slice(&mut owned, &src[offset..]);
                 assert_eq!(&owned[..], &src[offset..], "to a slice, len {len}");
+                // Checked: the same bytes and their CRC32C, from every alignment of `dst`.
+                let mut checked = vec![0u8; len + 64];
+                let dst = &mut checked[offset..offset + len];
+                let crc = copy_checked(dst, &src[offset..]);
+                assert_eq!(dst, &src[offset..], "checked, len {len} offset {offset}");
+                assert_eq!(
+                    crc,
+                    crc_fast::crc32_iscsi(&src[offset..]) as u32,
+                    "crc, len {len}"
+                );
                 // Reuse the same allocation for a shorter copy.
                 buf.clear();
                 append_into(&mut buf, &src[offset..offset + len / 2]);
