@@ -76,6 +76,11 @@ impl Running {
         self.shm.as_ref().map(|s| s.path())
     }
 
+    /// A note for the operator about the shared arena's page size (see `shm/pages.rs`).
+    pub fn shm_page_note(&self) -> Option<&str> {
+        self.shm.as_ref().and_then(|s| s.page_note())
+    }
+
     /// Serves until `stop` resolves, then shuts down in order.
     pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let app = self.app;
@@ -157,6 +162,9 @@ pub async fn run(settings: Settings) -> Result<Stopped, Error> {
     }
     if let Some(path) = running.shm_socket() {
         println!("kvtier serve: shared arena on {}", path.display());
+    }
+    if let Some(note) = running.shm_page_note() {
+        println!("kvtier serve: note: {note}");
     }
     println!("kvtier serve: listening on http://{}", running.addr);
     let _ = std::io::stdout().flush();

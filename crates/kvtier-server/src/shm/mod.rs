@@ -8,6 +8,7 @@
 //! One thread accepts; each client is served on a thread of its own (local engines are
 //! few, and every request is a short memory operation or a copy).
 
+mod pages;
 mod session;
 mod staging;
 mod stats;
@@ -43,6 +44,7 @@ pub struct ShmService {
     stopping: Arc<AtomicBool>,
     clients: Arc<Mutex<Clients>>,
     accept: Option<JoinHandle<()>>,
+    page_note: Option<String>,
 }
 
 impl ShmService {
@@ -50,7 +52,7 @@ impl ShmService {
     /// A socket file left by a server that is gone is replaced; one a live server answers
     /// on, or a path that is not a socket, is an error.
     pub fn start(app: Arc<AppState>) -> Result<Option<Self>, Error> {
-        let (path, mode, max_clients, limits) = {
+        let (path, mode, max_clients, limits, page_note) = {
             let s = app.node.settings.read();
             if !s.shm.enabled {
                 return Ok(None);
@@ -61,7 +63,8 @@ impl ShmService {
                 max_leased: s.shm_max_leased(),
                 max_tokens: s.max_tokens,
             };
-            (s.shm_socket(), s.shm.socket_mode, s.shm.max_clients, limits)
+            let note = pages::small_pages_note(s.shm.huge_pages);
+            (s.shm_socket(), s.shm.socket_mode, s.shm.max_clients, limits, note)
         };
         let listener = bind(&path, mode)?;
         let stopping = Arc::new(AtomicBool::new(false));
@@ -87,7 +90,14 @@ impl ShmService {
             stopping,
             clients,
             accept: Some(accept),
+            page_note,
         }))
+    }
+
+    /// A note for the operator when local clients will map the arena in 4 KiB pages (see
+    /// `pages.rs`).
+    pub fn page_note(&self) -> Option<&str> {
+        self.page_note.as_deref()
     }
 
     /// The socket's path.
