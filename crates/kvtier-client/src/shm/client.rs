@@ -291,20 +291,7 @@ impl ShmClient {
                 .map(|i| kvtier_core::arena::crc32c(self.staging_mut(&mut reservation, i)))
                 .collect(),
         };
-        let mut tail = Vec::with_capacity(n * Slot::BYTES);
-        for (offset, crc) in reservation.offsets.iter().zip(crcs) {
-            Slot {
-                offset: *offset,
-                len: reservation.block_bytes as u64,
-                crc,
-            }
-            .put(&mut tail);
-        }
-        let head = CommitHead {
-            reservation: reservation.id,
-            first: 0,
-            durability: durability.map(str::to_string),
-        };
+        let (head, tail) = reservation.part(0, crcs, durability);
         self.commit_raw(&head, &tail)
     }
 
@@ -323,7 +310,7 @@ impl ShmClient {
 
     /// Stores `payloads` as the first blocks of `prompt`: reserve, copy into staging
     /// memory, commit — in pieces as large as staging memory holds, each piece's blocks
-    /// after the last one's, and each piece committed in parts of 32 MiB sent as they are
+    /// after the last one's, and each piece committed in parts of 8 MiB sent as they are
     /// written (the server copies one part while this thread writes the next). The answer
     /// adds up the parts; one that stops early (`stopped`) ends the store there.
     pub fn store(
@@ -388,26 +375,16 @@ impl ShmClient {
         let mut failed = None;
         for (k, part) in payloads.chunks(per_part).enumerate() {
             let first = k * per_part;
-            let mut tail = Vec::with_capacity(part.len() * Slot::BYTES);
+            let mut crcs = Vec::with_capacity(part.len());
             for (j, p) in part.iter().enumerate() {
                 let (offset, len) = (r.offsets[first + j], r.block_bytes);
                 // SAFETY: as in `staging_mut`: this reservation's range, inside the mapping
                 // (checked when reserved), written by this thread alone until committed.
                 #[expect(unsafe_code, reason = "a reserved staging range is written in place")]
                 let dst = unsafe { self.inner.staging.bytes_mut(offset as usize, len) };
-                let crc = kvtier_core::arena::copy_checked(dst, p);
-                Slot {
-                    offset,
-                    len: len as u64,
-                    crc,
-                }
-                .put(&mut tail);
+                crcs.push(kvtier_core::arena::copy_checked(dst, p));
             }
-            let head = CommitHead {
-                reservation: r.id,
-                first: first as u32,
-                durability: durability.map(str::to_string),
-            };
+            let (head, tail) = r.part(first, crcs, durability);
             if let Err(e) = proto::write(&mut *socket, Op::Commit as u8, &head, &tail) {
                 failed = Some(ShmError::Io(e));
                 break;
@@ -469,6 +446,33 @@ pub struct Reservation {
     pub block_bytes: usize,
     /// Where each block goes in staging memory.
     pub offsets: Vec<u64>,
+}
+
+impl Reservation {
+    /// The commit of the part starting at block `first`, one checksum per block from
+    /// there (`crcs`): its head and its tail of slots.
+    fn part(
+        &self,
+        first: usize,
+        crcs: impl IntoIterator<Item = u32>,
+        durability: Option<&str>,
+    ) -> (CommitHead, Vec<u8>) {
+        let mut tail = Vec::new();
+        for (&offset, crc) in self.offsets[first..].iter().zip(crcs) {
+            Slot {
+                offset,
+                len: self.block_bytes as u64,
+                crc,
+            }
+            .put(&mut tail);
+        }
+        let head = CommitHead {
+            reservation: self.id,
+            first: first as u32,
+            durability: durability.map(str::to_string),
+        };
+        (head, tail)
+    }
 }
 
 /// Blocks leased from the arena (see [`ShmClient::load`]): released on drop.

@@ -64,7 +64,13 @@ impl ShmService {
                 max_tokens: s.max_tokens,
             };
             let note = pages::small_pages_note(s.shm.huge_pages);
-            (s.shm_socket(), s.shm.socket_mode, s.shm.max_clients, limits, note)
+            (
+                s.shm_socket(),
+                s.shm.socket_mode,
+                s.shm.max_clients,
+                limits,
+                note,
+            )
         };
         let listener = bind(&path, mode)?;
         let stopping = Arc::new(AtomicBool::new(false));
