@@ -1,11 +1,14 @@
 //! The async client.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::Deadlines;
 use crate::conn::{Pool, Response};
 use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
 use crate::wire::frame::{self, EndStatus};
@@ -34,6 +37,15 @@ pub enum ClientError {
     /// The answer did not follow the wire format (truncated stream, bad frame).
     #[error("malformed answer: {0}")]
     Protocol(String),
+    /// No whole answer within the call's deadline ([`Deadlines`]): the server is stalled
+    /// or unreachable. The connection was closed.
+    #[error("no answer to {what} within {after:?}")]
+    Deadline {
+        /// The call (`/v1/lookup`, `/v1/load`, …).
+        what: String,
+        /// The deadline it had.
+        after: Duration,
+    },
 }
 
 impl ClientError {
@@ -41,7 +53,7 @@ impl ClientError {
     /// or shutting down) and transport failures.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Transport(_) => true,
+            ClientError::Transport(_) | ClientError::Deadline { .. } => true,
             ClientError::Api { status, .. } => *status == 503,
             ClientError::Protocol(_) => false,
         }
@@ -111,16 +123,24 @@ pub struct Client {
     pool: std::sync::Arc<Pool>,
     base: String,
     token: Option<String>,
+    deadlines: Deadlines,
 }
 
 impl Client {
-    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:7700`).
+    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:7700`), with the
+    /// default [`Deadlines`].
     pub fn new(base_url: &str) -> Result<Self> {
+        Self::with_deadlines(base_url, Deadlines::DEFAULT)
+    }
+
+    /// A client of the server at `base_url` whose calls fail past `deadlines`.
+    pub fn with_deadlines(base_url: &str, deadlines: Deadlines) -> Result<Self> {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(64)
+            .connect_timeout(deadlines.connect)
             .build()?;
-        let pool = Pool::new(base_url).ok_or_else(|| {
+        let pool = Pool::new(base_url, deadlines.connect).ok_or_else(|| {
             ClientError::Protocol(format!("`{base_url}` is not an http://host:port address"))
         })?;
         Ok(Self {
@@ -128,7 +148,13 @@ impl Client {
             pool: std::sync::Arc::new(pool),
             base: base_url.trim_end_matches('/').to_string(),
             token: None,
+            deadlines,
         })
+    }
+
+    /// The deadlines of this client's calls.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
     }
 
     /// Sends `token` as a bearer token with every request.
@@ -137,8 +163,27 @@ impl Client {
         self
     }
 
+    /// A small call, bounded by the request deadline (reqwest's timeout covers the whole
+    /// exchange, the body's reading included).
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(method, format!("{}{path}", self.base));
+        self.request_within(method, path, self.deadlines.request)
+    }
+
+    /// A call that moves blocks, bounded by the transfer deadline.
+    fn transfer(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_within(method, path, self.deadlines.transfer)
+    }
+
+    fn request_within(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        deadline: Duration,
+    ) -> reqwest::RequestBuilder {
+        let r = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(deadline);
         match &self.token {
             Some(t) => r.bearer_auth(t),
             None => r,
@@ -181,6 +226,15 @@ impl Client {
 
     /// How much of a prompt is cached, answered from memory.
     pub async fn lookup(&self, prompt: &PromptSpec) -> Result<LookupAnswer> {
+        within(
+            "/v1/lookup",
+            self.deadlines.request,
+            self.lookup_now(prompt),
+        )
+        .await
+    }
+
+    async fn lookup_now(&self, prompt: &PromptSpec) -> Result<LookupAnswer> {
         // The binary form: a JSON head without tokens, then the tokens as LE u32s.
         let head = PromptSpec {
             layout: prompt.layout.clone(),
@@ -238,8 +292,11 @@ impl Client {
         sink: &mut dyn BlockSink,
     ) -> Result<EndStatus> {
         let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let r = self.fast("/v1/load", "application/json", &[&body]).await?;
-        read_stream(&self.pool, r, sink).await
+        within("/v1/load", self.deadlines.transfer, async {
+            let r = self.fast("/v1/load", "application/json", &[&body]).await?;
+            read_stream(&self.pool, r, sink).await
+        })
+        .await
     }
 
     /// Sends a body (its parts in order) over the fast connection pool; an error status
@@ -300,20 +357,23 @@ impl Client {
         let mut parts = Vec::with_capacity(payloads.len() + 1);
         parts.push(&head[..]);
         parts.extend_from_slice(payloads);
-        let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
-        let answer = self
-            .pool
-            .body(r)
-            .await
-            .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
-        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        within("/v1/store", self.deadlines.transfer, async {
+            let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
+            let answer = self
+                .pool
+                .body(r)
+                .await
+                .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        })
+        .await
     }
 
     /// Stores the recurrent state reached after exactly `spec.tokens`.
     pub async fn snapshot_put(&self, spec: &SnapshotSpec, blob: Bytes) -> Result<()> {
         let body = upload_body(spec, vec![blob])?;
         let resp = self
-            .request(reqwest::Method::PUT, "/v1/snapshot")
+            .transfer(reqwest::Method::PUT, "/v1/snapshot")
             .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
             .body(body)
             .send()
@@ -324,7 +384,7 @@ impl Client {
     /// The state stored for exactly `spec.tokens`, if any.
     pub async fn snapshot_get(&self, spec: &SnapshotSpec) -> Result<Option<Bytes>> {
         let resp = self
-            .request(reqwest::Method::POST, "/v1/snapshot/get")
+            .transfer(reqwest::Method::POST, "/v1/snapshot/get")
             .json(spec)
             .send()
             .await?;
@@ -347,7 +407,7 @@ impl Client {
     pub async fn checkpoint_put(&self, spec: &CheckpointSpec, state: Bytes) -> Result<bool> {
         let body = upload_body(spec, vec![state])?;
         let resp = self
-            .request(reqwest::Method::PUT, "/v1/checkpoint")
+            .transfer(reqwest::Method::PUT, "/v1/checkpoint")
             .header(reqwest::header::CONTENT_TYPE, UPLOAD_CONTENT_TYPE)
             .body(body)
             .send()
@@ -364,7 +424,7 @@ impl Client {
     /// could not be read.
     pub async fn restore(&self, prompt: &PromptSpec) -> Result<RestoredPrefix> {
         let resp = self
-            .request(reqwest::Method::POST, "/v1/restore")
+            .transfer(reqwest::Method::POST, "/v1/restore")
             .json(&prompt.compact())
             .send()
             .await?;
@@ -446,6 +506,23 @@ impl Client {
         )
         .await
     }
+}
+
+/// Runs `call`, failing with [`ClientError::Deadline`] if it has not finished within
+/// `deadline` (the call, and the connection it held, are dropped).
+async fn within<T>(
+    what: &str,
+    deadline: Duration,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ClientError::Deadline {
+                what: what.to_string(),
+                after: deadline,
+            })
+        })
 }
 
 /// An upload's frame and JSON head: what precedes its payload.

@@ -107,11 +107,13 @@ pub struct Pool {
     /// [`crate::wire::is_bulk`]) never share a connection, since the server serves a
     /// connection on the lane its first request chose.
     idle: [Mutex<Vec<TcpStream>>; 2],
+    /// The longest a new connection may take to open.
+    connect: std::time::Duration,
 }
 
 impl Pool {
-    /// Connections to `base` (`http://host:port`).
-    pub fn new(base: &str) -> Option<Self> {
+    /// Connections to `base` (`http://host:port`), each opened within `connect`.
+    pub fn new(base: &str, connect: std::time::Duration) -> Option<Self> {
         let host = base
             .strip_prefix("http://")?
             .trim_end_matches('/')
@@ -123,6 +125,7 @@ impl Pool {
             addr: host.clone(),
             host,
             idle: Default::default(),
+            connect,
         })
     }
 
@@ -157,7 +160,14 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
-        let stream = TcpStream::connect(&self.addr).await?;
+        let stream = tokio::time::timeout(self.connect, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection to {} within {:?}", self.addr, self.connect),
+                )
+            })??;
         stream.set_nodelay(true)?;
         Self::exchange(stream, &head, body, lane).await
     }
@@ -431,7 +441,7 @@ mod tests {
     #[tokio::test]
     async fn stores_and_lookups_never_share_a_pooled_connection() {
         let (base, accepted) = counting_server().await;
-        let pool = Pool::new(&base).unwrap();
+        let pool = Pool::new(&base, std::time::Duration::from_secs(5)).unwrap();
         let call = |path: &'static str| {
             let pool = &pool;
             async move {

@@ -128,7 +128,9 @@ impl ClientError {
                     _ => ErrorKind::Internal,
                 })
             }
-            ClientError::Transport(_) | ClientError::Protocol(_) => ErrorKind::Unavailable,
+            ClientError::Transport(_) | ClientError::Protocol(_) | ClientError::Deadline { .. } => {
+                ErrorKind::Unavailable
+            }
         }
     }
 

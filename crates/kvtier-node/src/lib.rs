@@ -28,7 +28,7 @@ pub mod settings;
 pub use kvtier_core::units;
 
 pub use args::ServeArgs;
-pub use cache::{BlockLease, BlockReservation, Cache, CacheLayout, Hit};
+pub use cache::{BlockLease, BlockReservation, Cache, CacheLayout, Deadlines, Hit};
 pub use components::Components;
 pub use node::{Node, cluster_endpoints, remote_config};
 pub use settings::Settings;

@@ -72,10 +72,42 @@ fn settings_of(
     }
 }
 
+/// A client's deadlines from Python's `connect_timeout`, `request_timeout` and
+/// `transfer_timeout` (seconds; `None`: the default).
+fn deadlines_of(timeouts: [Option<f64>; 3]) -> PyResult<kvtier_node::Deadlines> {
+    let mut d = kvtier_node::Deadlines::DEFAULT;
+    let names = ["connect_timeout", "request_timeout", "transfer_timeout"];
+    let slots = [&mut d.connect, &mut d.request, &mut d.transfer];
+    for ((value, name), slot) in timeouts.into_iter().zip(names).zip(slots) {
+        if let Some(secs) = value {
+            *slot = std::time::Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|t| !t.is_zero())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{name} must be a positive number of seconds, not {secs}"
+                    ))
+                })?;
+        }
+    }
+    Ok(d)
+}
+
 #[pymethods]
 impl Cache {
     #[new]
-    #[pyo3(signature = (url=None, settings=None, *, config_file=None, token=None, shm=None))]
+    #[pyo3(signature = (
+        url=None,
+        settings=None,
+        *,
+        config_file=None,
+        token=None,
+        shm=None,
+        connect_timeout=None,
+        request_timeout=None,
+        transfer_timeout=None,
+    ))]
+    #[expect(clippy::too_many_arguments, reason = "Python's keyword arguments")]
     fn new(
         py: Python<'_>,
         url: Option<&str>,
@@ -83,7 +115,11 @@ impl Cache {
         config_file: Option<PathBuf>,
         token: Option<String>,
         shm: Option<PathBuf>,
+        connect_timeout: Option<f64>,
+        request_timeout: Option<f64>,
+        transfer_timeout: Option<f64>,
     ) -> PyResult<Self> {
+        let timeouts = [connect_timeout, request_timeout, transfer_timeout];
         let inner = match url {
             Some(url) => {
                 if settings.is_some() || config_file.is_some() {
@@ -91,12 +127,9 @@ impl Cache {
                         "give a server's url or an engine's settings, not both",
                     ));
                 }
-                match shm {
-                    Some(socket) => py
-                        .detach(|| Inner::served_shared(url, token, &socket))
-                        .map_err(from_core)?,
-                    None => Inner::served(url, token).map_err(from_core)?,
-                }
+                let deadlines = deadlines_of(timeouts)?;
+                py.detach(|| Inner::served_with(url, token, shm.as_deref(), deadlines))
+                    .map_err(from_core)?
             }
             None => {
                 if token.is_some() {
@@ -104,6 +137,9 @@ impl Cache {
                 }
                 if shm.is_some() {
                     return Err(invalid("a shared arena's socket is for a server's url"));
+                }
+                if timeouts.iter().any(Option::is_some) {
+                    return Err(invalid("timeouts are for a server's url"));
                 }
                 let settings = settings_of(py, settings, config_file)?;
                 py.detach(|| Inner::open(settings)).map_err(from_core)?

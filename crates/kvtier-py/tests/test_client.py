@@ -189,3 +189,59 @@ def test_leases_and_reservations_give_block_memory_in_place(tmp_path):
     finally:
         engine.close()
         s.stop()
+
+
+def test_a_stopped_server_is_an_error_within_the_deadlines_not_a_hang(tmp_path):
+    """SIGSTOP the server (as a swapping or stalled host would be): every call fails with
+    UnavailableError once past its deadline, for a plain client and one on the shared
+    arena alike; after SIGCONT the same clients hit again."""
+    import os
+    import signal
+    import time
+
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
+    try:
+        socket = tmp_path / "data" / "kvtier.sock"
+        fast = dict(connect_timeout=0.5, request_timeout=0.5, transfer_timeout=1.0)
+        plain = kvtier.Client(s.url, **fast)
+        local = kvtier.Client(s.url, shm=socket, **fast)
+        local_store = kvtier.Client(s.url, shm=socket, **fast)
+        layout = plain.register_layout("py-deadline", "f16", TPB, 2, 2, 64)
+        data = payload(layout, 61, 4)
+        assert plain.store(layout, tokens(61, 4), data)["stored"] == 4
+        hit = plain.lookup(layout, tokens(61, 4))
+        os.kill(s.process.pid, signal.SIGSTOP)
+        try:
+            for name, call, limit in [
+                ("lookup", lambda: plain.lookup(layout, tokens(61, 4)), 0.5),
+                ("load", lambda: plain.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8)), 1.0),
+                ("store", lambda: plain.store(layout, tokens(62, 4), data), 1.0),
+                ("shm load", lambda: local.load_into(hit, np.zeros(hit.nbytes, dtype=np.uint8)), 1.0),
+                ("shm store", lambda: local_store.store(layout, tokens(63, 4), data), 1.0),
+            ]:
+                t = time.monotonic()
+                with pytest.raises(kvtier.UnavailableError):
+                    call()
+                took = time.monotonic() - t
+                assert limit * 0.9 <= took < limit + 2.0, f"{name} took {took:.2f} s (deadline {limit} s)"
+            with pytest.raises(kvtier.InvalidError, match="positive"):
+                kvtier.Client(s.url, request_timeout=0)
+            with pytest.raises(kvtier.InvalidError, match="server's url"):
+                kvtier.open(settings={}, request_timeout=1.0)
+        finally:
+            os.kill(s.process.pid, signal.SIGCONT)
+        # The server is back: the HTTP client hits again. A shared-arena connection whose
+        # call timed out is closed (the late answer would be read as the next call's): it
+        # keeps failing, never reads a stale answer, and a new client connects afresh.
+        again = plain.lookup(layout, tokens(61, 4))
+        with pytest.raises(kvtier.UnavailableError):
+            local.load_into(again, np.zeros(again.nbytes, dtype=np.uint8))
+        assert again.matched_tokens == 4 * TPB
+        out = np.zeros(again.nbytes, dtype=np.uint8)
+        assert plain.load_into(again, out) == 4 and np.array_equal(out, data)
+        fresh = kvtier.Client(s.url, shm=socket, **fast)
+        out = np.zeros(again.nbytes, dtype=np.uint8)
+        assert fresh.load_into(fresh.lookup(layout, tokens(61, 4)), out) == 4
+        assert np.array_equal(out, data)
+    finally:
+        s.stop()

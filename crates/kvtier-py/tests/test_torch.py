@@ -1,6 +1,6 @@
 """kvtier.torch with CPU tensors: blocks saved from and loaded into paged caches shaped as
 vLLM's and SGLang's, byte-exact, in the block format the connectors use, through an
-engine and through a server's shared arena."""
+engine, through a server's shared arena and through a server over HTTP."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def block_bytes_of(paged, page):
     return b"".join(t[page].contiguous().view(torch.uint8).numpy().tobytes() for layer in paged.layers for t in layer)
 
 
-@pytest.fixture(params=["engine", "shared-arena"])
+@pytest.fixture(params=["engine", "shared-arena", "http"])
 def cache(request, tmp_path):
     if request.param == "engine":
         c = kvtier.Engine({"ram": "64MiB", "ssd": {"enabled": False}})
@@ -37,7 +37,10 @@ def cache(request, tmp_path):
         c.close()
     else:
         s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
-        c = kvtier.Client(s.url, shm=tmp_path / "data" / "kvtier.sock")
+        if request.param == "http":
+            c = kvtier.Client(s.url)
+        else:
+            c = kvtier.Client(s.url, shm=tmp_path / "data" / "kvtier.sock")
         yield c
         c.close()
         s.stop()
@@ -57,10 +60,9 @@ def test_vllm_shaped_pages_round_trip_byte_exact(cache):
 
     target = kt.PagedCache.vllm([torch.zeros_like(t) for (t,) in source.layers])
     loading = kt.load_to(cache, hit, target, [0, 3, 1])
-    assert loading.blocks == 3
-    for i in range(LAYERS):
-        loading.wait_layer(i)
+    assert all(loading.wait_layer(i, timeout=30) for i in range(LAYERS))
     loading.synchronize()
+    assert loading.blocks == 3
     for dst, src in ((0, 5), (3, 2), (1, 7)):
         for (t,), (s,) in zip(target.layers, source.layers):
             assert torch.equal(t[dst], s[src])
@@ -99,10 +101,17 @@ def test_a_save_takes_the_pages_as_they_were_and_parts_of_a_prompt_follow_on(cac
     assert saving.result(timeout=30)["stored"] == 2
     hit = cache.lookup(layout, toks)
     assert [b.tobytes() for b in cache.load(hit)] == before
-    # The third block, saved later, from its own page.
+    # The third block, saved later, from its own page (over HTTP a store starts at the
+    # prompt's first block).
     caches[0][3].fill_(1.0)
-    third = kt.save_from(cache, layout, toks, paged, [3], first_block=2).result(timeout=30)
-    assert third["stored"] == 1
+    if cache.arena is None:
+        with pytest.raises(kvtier.InvalidError, match="first block"):
+            kt.save_from(cache, layout, toks, paged, [3], first_block=2)
+        third = kt.save_from(cache, layout, toks, paged, [0, 1, 3]).result(timeout=30)
+        assert third["stored"] == 1 and third["duplicates"] == 2
+    else:
+        third = kt.save_from(cache, layout, toks, paged, [3], first_block=2).result(timeout=30)
+        assert third["stored"] == 1
     assert cache.lookup(layout, toks).blocks == 3
 
 
@@ -117,10 +126,86 @@ def test_lost_blocks_and_wrong_shapes(cache):
     with pytest.raises(kvtier.InvalidError, match="bytes"):
         kt.load_to(cache, hit, wrong, [0, 1])
     # Fewer pages than blocks: only those are filled.
-    assert kt.load_to(cache, hit, paged, [3]).blocks == 1
+    short = kt.load_to(cache, hit, paged, [3])
+    short.synchronize()
+    assert short.blocks == 1
     with pytest.raises(kvtier.InvalidError):
         kt.PagedCache(())
     assert kt.register(cache) is False or torch.cuda.is_available()
+
+
+def test_pages_are_kept_in_logical_order_whatever_the_physical_layout(cache):
+    """vLLM 0.32 hands a connector each layer as a logical [blocks, heads, tokens, 2·dim]
+    view whose strides follow the backend's physical layout (LBHNC on CPU, LBNHC for
+    FlashAttention). The same KV stores the same bytes from either, and loads back into
+    either: engines on different backends share blocks, never misread them."""
+    layout = cache.register_layout("kt-layouts", "bf16", BS, LAYERS, HEADS, DIM)
+    g = torch.Generator().manual_seed(9)
+    logical = [torch.randn(6, HEADS, BS, 2 * DIM, generator=g).to(torch.bfloat16) for _ in range(LAYERS)]
+    # LBNHC: stored [blocks, tokens, heads, content], seen as [blocks, heads, tokens, content].
+    permuted = [t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in logical]
+    assert not permuted[0][0].is_contiguous() and all(torch.equal(a, b) for a, b in zip(permuted, logical))
+    toks = tokens(9, 2)
+    assert kt.save_from(cache, layout, toks, kt.PagedCache.vllm(permuted), [4, 1]).result(timeout=30)["stored"] == 2
+    hit = cache.lookup(layout, toks)
+    assert [b.tobytes() for b in cache.load(hit)] == [
+        b"".join(t[p].contiguous().view(torch.uint8).numpy().tobytes() for t in logical) for p in (4, 1)
+    ]
+    for make in (lambda t: torch.zeros_like(t), lambda t: torch.zeros_like(t.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)):
+        target = [make(t) for t in logical]
+        loading = kt.load_to(cache, hit, kt.PagedCache.vllm(target), [0, 5])
+        assert all(loading.wait_layer(i, timeout=30) for i in range(LAYERS))
+        loading.synchronize()
+        for t, src in zip(target, logical):
+            assert torch.equal(t[0], src[4]) and torch.equal(t[5], src[1])
+            assert torch.count_nonzero(t[1:5]) == 0
+
+
+def test_a_load_skips_the_pages_the_engine_holds(cache):
+    layout = cache.register_layout("kt-skip", "bf16", BS, LAYERS, HEADS, DIM)
+    source = vllm_caches(4, 11)
+    toks = tokens(11, 3)
+    assert kt.save_from(cache, layout, toks, kt.PagedCache.vllm(source), [0, 1, 2]).result(timeout=30)["stored"] == 3
+    target = [torch.zeros_like(t) for t in source]
+    loading = kt.load_to(cache, cache.lookup(layout, toks), kt.PagedCache.vllm(target), [3, 2, 1], first=1)
+    assert all(loading.wait_layer(i, timeout=30) for i in range(LAYERS))
+    loading.synchronize()
+    assert loading.blocks == 3
+    for t, s in zip(target, source):
+        assert torch.count_nonzero(t[3]) == 0, "a page the engine holds was written"
+        assert torch.equal(t[2], s[1]) and torch.equal(t[1], s[2])
+
+
+def test_a_load_from_a_stalled_server_gives_up_and_writes_nothing(tmp_path):
+    """Over HTTP, a server that stops answering: ``wait_layer`` returns False at its
+    timeout, and nothing is written into the pages afterwards, even once the server
+    answers again."""
+    import os
+    import signal
+    import time
+
+    s = Server(tmp_path / "data", "--set", "ssd.enabled=false")
+    try:
+        c = kvtier.Client(s.url, request_timeout=1.0, transfer_timeout=2.0)
+        layout = c.register_layout("kt-stall", "bf16", BS, LAYERS, HEADS, DIM)
+        toks = tokens(12, 2)
+        assert kt.save_from(c, layout, toks, kt.PagedCache.vllm(vllm_caches(2, 12)), [0, 1]).result(timeout=30)["stored"] == 2
+        hit = c.lookup(layout, toks)
+        target = [torch.zeros_like(t) for t in vllm_caches(2, 0)]
+        os.kill(s.process.pid, signal.SIGSTOP)
+        try:
+            loading = kt.load_to(c, hit, kt.PagedCache.vllm(target), [0, 1])
+            t = time.monotonic()
+            assert loading.wait_layer(0, timeout=0.3) is False
+            assert time.monotonic() - t < 2.0
+            assert loading.cancelled
+        finally:
+            os.kill(s.process.pid, signal.SIGCONT)
+        loading.synchronize(timeout=10)
+        assert loading.blocks == 0
+        assert all(torch.count_nonzero(t) == 0 for t in target), "a cancelled load wrote pages"
+    finally:
+        s.stop()
 
 
 def test_the_gpu_check_runs_on_cpu_tensors_and_checks_its_bytes(tmp_path):

@@ -73,11 +73,21 @@ impl Inner {
     /// One request, one answer.
     fn call(&self, op: Op, head: &impl Serialize, tail: &[u8]) -> Result<proto::Frame, ShmError> {
         let mut socket = self.socket.lock();
-        proto::write(&mut *socket, op as u8, head, tail)?;
-        let frame = proto::read(&mut *socket)?
-            .ok_or_else(|| ShmError::Io(std::io::ErrorKind::UnexpectedEof.into()))?;
+        let frame = proto::write(&mut *socket, op as u8, head, tail)
+            .and_then(|()| proto::read(&mut *socket))
+            .map_err(|e| out_of_step(&socket, e))?
+            .ok_or_else(|| out_of_step(&socket, std::io::ErrorKind::UnexpectedEof.into()))?;
         answer(frame)
     }
+}
+
+/// A call that failed part way (a timeout, a broken frame) leaves the connection out of
+/// step: the server's late answer to it would be read as the answer to the next call — a
+/// lease of other blocks. So the connection is shut down, and every later call on it
+/// fails (`Unavailable`); a new [`ShmClient`] connects afresh.
+fn out_of_step(socket: &UnixStream, e: std::io::Error) -> ShmError {
+    let _ = socket.shutdown(std::net::Shutdown::Both);
+    ShmError::Io(e)
 }
 
 fn answer(frame: proto::Frame) -> Result<proto::Frame, ShmError> {
@@ -386,7 +396,7 @@ impl ShmClient {
             }
             let (head, tail) = r.part(first, crcs, durability);
             if let Err(e) = proto::write(&mut *socket, Op::Commit as u8, &head, &tail) {
-                failed = Some(ShmError::Io(e));
+                failed = Some(out_of_step(&socket, e));
                 break;
             }
             sent += 1;
@@ -396,9 +406,9 @@ impl ShmClient {
         let mut total: Option<StoreAnswer> = None;
         for _ in 0..sent {
             let got = proto::read(&mut *socket)
-                .map_err(ShmError::Io)
+                .map_err(|e| out_of_step(&socket, e))
                 .and_then(|f| {
-                    f.ok_or_else(|| ShmError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                    f.ok_or_else(|| out_of_step(&socket, std::io::ErrorKind::UnexpectedEof.into()))
                 })
                 .and_then(answer)
                 .and_then(|f| {

@@ -27,6 +27,7 @@ use kvtier_core::{Engine, Error, ExtraKeys, LayoutKey, Result};
 
 pub use direct::{BlockLease, BlockReservation};
 pub use hit::Hit;
+pub use kvtier_client::Deadlines;
 pub use layout::CacheLayout;
 
 use crate::{Node, Settings};
@@ -82,11 +83,9 @@ impl Cache {
     }
 
     /// The `kvtier serve` at `url` (`http://HOST:PORT`), sending `token` (the data
-    /// token) when the server requires one.
+    /// token) when the server requires one, with the default [`Deadlines`].
     pub fn served(url: &str, token: Option<String>) -> Result<Self> {
-        Ok(Self {
-            backend: Backend::Served(Served::connect(url, token, None)?),
-        })
+        Self::served_with(url, token, None, Deadlines::DEFAULT)
     }
 
     /// [`Cache::served`], on the same host as the server, also connected to its shared
@@ -94,8 +93,21 @@ impl Cache {
     /// blocks are loaded by reading them in place from the arena and stores go through
     /// staging memory, never over TCP; everything else goes over HTTP as before.
     pub fn served_shared(url: &str, token: Option<String>, shm: &std::path::Path) -> Result<Self> {
+        Self::served_with(url, token, Some(shm), Deadlines::DEFAULT)
+    }
+
+    /// The `kvtier serve` at `url`, through its shared arena when `shm` is given, every
+    /// call failing (an `Unavailable` error: a miss to the caller) once past its deadline
+    /// — a stalled server is never waited for longer (`deadlines.transfer` bounds each
+    /// call on the shared arena's socket too).
+    pub fn served_with(
+        url: &str,
+        token: Option<String>,
+        shm: Option<&std::path::Path>,
+        deadlines: Deadlines,
+    ) -> Result<Self> {
         Ok(Self {
-            backend: Backend::Served(Served::connect(url, token, Some(shm))?),
+            backend: Backend::Served(Served::connect(url, token, shm, deadlines)?),
         })
     }
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use kvtier_client::shm::ShmClient;
-use kvtier_client::{Client, ClientError};
+use kvtier_client::{Client, ClientError, Deadlines};
 use kvtier_core::{Error, ErrorKind, Result};
 
 /// A client of one server with the runtime its calls run on.
@@ -18,13 +18,15 @@ pub(super) struct Served {
 }
 
 impl Served {
-    /// A client of the server at `url` (`http://HOST:PORT`), sending `token` when given.
+    /// A client of the server at `url` (`http://HOST:PORT`), sending `token` when given,
+    /// its calls bounded by `deadlines`.
     pub(super) fn connect(
         url: &str,
         token: Option<String>,
         shm: Option<&std::path::Path>,
+        deadlines: Deadlines,
     ) -> Result<Self> {
-        let mut client = Client::new(url).map_err(Error::from)?;
+        let mut client = Client::with_deadlines(url, deadlines).map_err(Error::from)?;
         if let Some(token) = token {
             client = client.with_token(token);
         }
@@ -39,7 +41,7 @@ impl Served {
                 Error::new(ErrorKind::Internal, "start the client's runtime").with_source(e)
             })?;
         let shm = shm
-            .map(ShmClient::connect)
+            .map(|path| ShmClient::connect_with(path, deadlines.transfer))
             .transpose()
             .map_err(Error::from)?;
         Ok(Self {

@@ -107,7 +107,9 @@ _StateGroup: TypeAlias = tuple[str, int, int]
 class Cache:
     """A kvtier cache: an engine in this process (``settings`` or ``config_file``, with
     the settings and defaults of ``kvtier serve``) or a client of the ``kvtier serve`` at
-    ``url`` (``token``: its data token; ``shm``: its shared-arena socket on this host).
+    ``url`` (``token``: its data token; ``shm``: its shared-arena socket on this host;
+    ``connect_timeout``, ``request_timeout``, ``transfer_timeout``: the deadlines of its
+    calls in seconds, default 2, 5 and 60 — past one a call raises ``UnavailableError``).
     The package's ``Engine`` and ``Client`` subclass it; ``kvtier.open`` chooses and shares
     one engine per process and settings."""
 
@@ -119,6 +121,9 @@ class Cache:
         config_file: str | PathLike[str] | None = None,
         token: str | None = None,
         shm: str | PathLike[str] | None = None,
+        connect_timeout: float | None = None,
+        request_timeout: float | None = None,
+        transfer_timeout: float | None = None,
     ) -> Self: ...
     def register_layout(
         self,

@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Mapping
 from os import PathLike, fspath
-from typing import Any
+from typing import Any, TypedDict
 
 from kvtier._kvtier import Cache
 from kvtier.errors import InvalidError
@@ -33,12 +33,54 @@ class Client(Cache):
     """A client of the ``kvtier serve`` at ``url`` (``http://HOST:PORT``), with the
     engine's calls; ``token``: the data token, when the server requires one; ``shm``: the
     server's shared-arena socket (``shm.socket``, on the same host), through which whole
-    blocks are loaded in place and stores go, never over TCP."""
+    blocks are loaded in place and stores go, never over TCP.
+
+    Every call has a deadline (seconds): ``connect_timeout`` to open a connection (default
+    2), ``request_timeout`` for a lookup or another small call (5), ``transfer_timeout``
+    for a load, store or restore (60). Past it the call raises ``UnavailableError``, which
+    a connector takes as a miss: a stalled server is never waited on longer."""
 
     def __new__(
-        cls, url: str, token: str | None = None, *, shm: str | PathLike[str] | None = None
+        cls,
+        url: str,
+        token: str | None = None,
+        *,
+        shm: str | PathLike[str] | None = None,
+        connect_timeout: float | None = None,
+        request_timeout: float | None = None,
+        transfer_timeout: float | None = None,
     ) -> Client:
-        return super().__new__(cls, url=url, token=token, shm=shm)
+        return super().__new__(
+            cls,
+            url=url,
+            token=token,
+            shm=shm,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            transfer_timeout=transfer_timeout,
+        )
+
+
+class Timeouts(TypedDict, total=False):
+    """A client's deadlines in seconds (``Client``'s keyword arguments)."""
+
+    connect_timeout: float
+    request_timeout: float
+    transfer_timeout: float
+
+
+def timeouts_of(config: Mapping[str, Any]) -> Timeouts:
+    """The client deadlines a connector's extra config sets (``connect_timeout``,
+    ``request_timeout``, ``transfer_timeout``, in seconds), as ``open``'s keyword
+    arguments; the ones not set keep the client's defaults."""
+    out = Timeouts()
+    for name in ("connect_timeout", "request_timeout", "transfer_timeout"):
+        if config.get(name) is not None:
+            try:
+                out[name] = float(config[name])  # type: ignore[literal-required]
+            except (TypeError, ValueError):
+                raise InvalidError(f"{name} must be a number of seconds, not {config[name]!r}") from None
+    return out
 
 
 _SHARED: dict[str, Engine] = {}
@@ -52,10 +94,13 @@ def open(  # noqa: A001 - the package's verb, as in `kvtier.open(...)`
     config_file: str | PathLike[str] | None = None,
     token: str | None = None,
     shm: str | PathLike[str] | None = None,
+    connect_timeout: float | None = None,
+    request_timeout: float | None = None,
+    transfer_timeout: float | None = None,
 ) -> Cache:
     """kvtier for a connector: the ``kvtier serve`` at ``url`` (a ``Client``; ``shm``: its
-    shared-arena socket), or this process's engine for ``settings`` or ``config_file``
-    (an ``Engine``).
+    shared-arena socket; the three timeouts: its calls' deadlines, see ``Client``), or
+    this process's engine for ``settings`` or ``config_file`` (an ``Engine``).
 
     Every caller in a process that asks for the same settings gets the same engine (the
     scheduler and the workers of one vLLM process, several SGLang backends): two engines
@@ -66,9 +111,18 @@ def open(  # noqa: A001 - the package's verb, as in `kvtier.open(...)`
     if url is not None:
         if settings is not None or config_file is not None:
             raise InvalidError("kvtier.open: give a server's url or an engine's settings, not both")
-        return Client(url, token, shm=shm)
+        return Client(
+            url,
+            token,
+            shm=shm,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            transfer_timeout=transfer_timeout,
+        )
     if token is not None:
         raise InvalidError("kvtier.open: a token is for a server's url")
+    if (connect_timeout, request_timeout, transfer_timeout) != (None, None, None):
+        raise InvalidError("kvtier.open: timeouts are for a server's url")
     if shm is not None:
         raise InvalidError("kvtier.open: a shared arena's socket is for a server's url")
     if settings is not None and config_file is not None:

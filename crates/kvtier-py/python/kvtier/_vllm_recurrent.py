@@ -134,8 +134,10 @@ class RecurrentModel:
         (each block layer-major across the model's attention layers)."""
         pages = []
         for g in self.attention:
-            index = torch.tensor(block_ids[g.index][:n], dtype=torch.long)
-            pages += [caches[name][index] for name in g.layers]
+            for name in g.layers:
+                cache = caches[name]
+                index = torch.tensor(block_ids[g.index][:n], dtype=torch.long, device=cache.device)
+                pages.append(cache.index_select(0, index))
         return torch.stack(pages, dim=1).contiguous()
 
     def scatter_kv(self, caches: dict[str, Any], block_ids: list[list[int]], blocks: Sequence[Any], skip: int) -> None:
@@ -146,8 +148,9 @@ class RecurrentModel:
         per = torch.stack([_raw(b) for b in blocks[skip:]]).view(len(blocks) - skip, len(self.attention_layers), page)
         li = 0
         for g in self.attention:
-            dst = torch.tensor(block_ids[g.index][skip : len(blocks)], dtype=torch.long)
             for name in g.layers:
                 cache = caches[name]
-                cache[dst] = per[:, li].contiguous().view(cache.dtype).view(-1, *cache.shape[1:])
+                dst = torch.tensor(block_ids[g.index][skip : len(blocks)], dtype=torch.long, device=cache.device)
+                pages = per[:, li].contiguous().view(cache.dtype).view(-1, *cache.shape[1:])
+                cache.index_copy_(0, dst, pages.to(cache.device))
                 li += 1

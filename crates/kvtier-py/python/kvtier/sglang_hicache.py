@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 import kvtier
+from kvtier._open import timeouts_of
 
 try:
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-not-found, unused-ignore]
@@ -110,7 +111,7 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
         self._weights = str(extra.get("weights_digest", ""))
         self._kv: kvtier.Cache
         if "url" in extra:
-            self._kv = kvtier.open(url=str(extra["url"]), token=extra.get("token"))
+            self._kv = kvtier.open(url=str(extra["url"]), token=extra.get("token"), **timeouts_of(extra))
         elif isinstance(extra.get("engine"), dict):
             # One engine per process and settings, shared with every other backend
             # (and connector) of this process that asks for the same settings.

@@ -12,20 +12,22 @@ vLLM processes and replicas share it) or an engine embedded in vLLM's engine-cor
 (``engine``: ``kvtier serve``'s settings as a dict, or the path of its settings file),
 shared by the connector's scheduler and worker sides — which needs both in that one
 process (a single worker: vLLM's ``uni`` executor). kvtier keys every block by its own verified token chain under a layout
-built from vLLM's model config (model, revision, dtype, block size, layers, KV heads,
-head size, tensor-parallel rank and size), so a block is only ever served to the same
-model, dtype and geometry, after exactly the same tokens.
+built from vLLM's model config (model, the weights' identity — ``_weights.py`` — dtype,
+block size, layers, KV heads, head size, tensor-parallel rank and size), so a block is
+only ever served to the same weights, dtype and geometry, after exactly the same tokens.
 
 - Scheduler side: how many leading whole blocks of a prompt kvtier holds (a lookup, which
   the server answers from memory), leaving at least one prompt token to compute.
-- Worker side: loads run layer by layer on a thread of their own — one request per
-  layer, in the order the forward pass needs them — and each layer is written into vLLM's
-  paged cache just before that layer's attention runs (``wait_for_layer_load``), so the
-  transfer of later layers overlaps the computation of earlier ones. A load that comes
-  back short (the server gone, a block evicted or failing its checksum since the lookup,
-  a deadline passed) reports those blocks through vLLM's load-error path and vLLM
-  recomputes them. A save gathers each layer of the prompt's whole blocks computed in
-  this step as its attention finishes, and stores them once the forward pass is done.
+- Worker side: loads go through ``kvtier.torch`` (CPU or CUDA caches, any physical
+  layout): from kvtier's memory in this process (an embedded engine's arena, a server's
+  shared arena) or fetched over HTTP in chunks of layers, each layer written into vLLM's
+  paged cache with its own readiness, so ``wait_for_layer_load`` waits for that layer only
+  and later layers travel while earlier ones compute. A load that comes back short (the
+  server gone or stalled, a block evicted or failing its checksum since the lookup, a
+  deadline passed) is cancelled — nothing more is written — and those blocks are reported
+  through vLLM's load-error path; vLLM recomputes them. A save gathers the step's whole
+  blocks on the device and sends them on a side stream and a thread, off the forward
+  pass. No exception leaves a worker hook: a failure is a recompute or a skipped store.
 - Hybrid models (vLLM's hybrid allocator, ``SupportsHMA``): each KV cache group
   (full attention, sliding window) is keyed under a layout of its own; a hit is served
   only where every group holds the prefix; such models load each request whole on a
@@ -72,6 +74,9 @@ from vllm.forward_context import get_forward_context
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 import kvtier
+import kvtier.torch as kt
+from kvtier._open import timeouts_of
+from kvtier._weights import weights_identity
 from kvtier._vllm_recurrent import RecurrentGroup, RecurrentModel
 
 if TYPE_CHECKING:
@@ -166,69 +171,6 @@ class _Group:
         return cls(index, kind, layers, window, transfer, int(kv.block_size), recurrent)
 
 
-class _LayerLoads:
-    """One step's loads, fetched layer by layer on a thread of their own.
-
-    The thread asks kvtier for layer 0 of every load, then layer 1, …, each into a buffer
-    of its own, and signals each layer when all of that layer's requests have answered.
-    It never touches vLLM's cache: the forward pass's thread writes a layer into the cache
-    when it reaches it (``take``), so a thread that is late or stuck can only be waited
-    for (up to the deadline), never write into a cache that is in use.
-    """
-
-    def __init__(self, client: Any, plan: list[tuple[_Job, Any]], layers: int, page: int) -> None:
-        self._client = client
-        self.plan = plan
-        self._page = page
-        self._ready = [threading.Event() for _ in range(layers)]
-        #: Per layer, per job: (buffer, blocks it holds).
-        self._got: list[list[tuple[torch.Tensor, int] | None]] = [[None] * len(plan) for _ in range(layers)]
-        #: Per job: the fewest blocks any layer delivered so far.
-        self.delivered = [len(job.ids) for job, _ in plan]
-        self.failed = False
-        self._thread = threading.Thread(target=self._run, name="kvtier-load", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for li in range(len(self._ready)):
-                for j, (job, hit) in enumerate(self.plan):
-                    if self.delivered[j] <= job.skip:
-                        continue  # nothing left of this load to write
-                    buf = torch.empty(hit.blocks * self._page, dtype=torch.uint8)
-                    try:
-                        n = min(self._client.load_into(hit, buf.numpy(), layers=(li, li + 1)), len(job.ids))
-                    except kvtier.KvtierError as e:
-                        logger.warning("kvtier load of layer %d failed; vLLM recomputes: %s", li, e)
-                        n = 0
-                    self.delivered[j] = min(self.delivered[j], n)
-                    self._got[li][j] = (buf, n)
-                self._ready[li].set()
-        except Exception:  # noqa: BLE001 - whatever it was, the blocks are recomputed
-            logger.exception("kvtier loader failed; vLLM recomputes")
-            self.failed = True
-        finally:
-            for ready in self._ready:
-                ready.set()
-
-    def take(self, li: int, deadline: float) -> list[tuple[_Job, torch.Tensor, int]] | None:
-        """Layer `li` of every load: (job, buffer, blocks) — or None past the deadline."""
-        if not self._ready[li].wait(max(0.0, deadline - time.monotonic())) or self.failed:
-            self.failed = True
-            return None
-        out = []
-        for (job, _), got in zip(self.plan, self._got[li]):
-            if got is not None:
-                out.append((job, got[0], got[1]))
-        return out
-
-    def finish(self, deadline: float) -> None:
-        """Waits for the thread (up to the deadline); past it, every load counts as failed."""
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
-            self.failed = True
-
-
 class _AsyncLoad:
     """One request's whole load (every group, every layer) on a thread of its own, for
     models of several KV cache groups. The request waits for it before vLLM schedules it,
@@ -250,6 +192,22 @@ class _AsyncLoad:
             self.failed = True
         finally:
             self.done.set()
+
+
+@dataclasses.dataclass
+class _Load:
+    """One request's load in this step: blocks ``job.skip`` … come through ``loading``
+    (kvtier.torch), which writes vLLM's pages layer by layer; ``ok`` stays true while every
+    layer vLLM waited for arrived in time."""
+
+    job: _Job
+    loading: kt.Loading
+    ok: bool = True
+
+
+#: Saves on their way to kvtier at most (each holds its gathered pages, in device or
+#: pinned memory, until sent); past it a step's stores are skipped, not queued.
+MAX_PENDING_SAVES = 16
 
 
 @dataclasses.dataclass
@@ -295,7 +253,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 self._client = kvtier.open(settings=embedded)
         else:
-            self._client = kvtier.open(url=str(url), token=extra.get("token"))
+            self._client = kvtier.open(url=str(url), token=extra.get("token"), **timeouts_of(extra))
         self._load_deadline = float(extra.get("load_deadline", LOAD_DEADLINE))
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
             logger.warning(
@@ -309,12 +267,23 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         dtype = _DTYPES.get(model.dtype) if isinstance(model.dtype, torch.dtype) else None
         if dtype is None or vllm_config.cache_config.cache_dtype not in ("auto", None):
             raise ValueError(f"KvtierConnector: KV cache dtype {model.dtype} / {vllm_config.cache_config.cache_dtype} is not supported")
+        if parallel.pipeline_parallel_size > 1:
+            # Each stage holds other layers under the same token keys; the scheduler's
+            # lookup would have to ask every stage's layout, and no test covers it yet.
+            raise ValueError(
+                f"KvtierConnector: pipeline parallelism (pipeline_parallel_size="
+                f"{parallel.pipeline_parallel_size}) is not supported yet; use tensor "
+                f"parallelism, or run without the connector"
+            )
         self._layers = model.get_num_layers(parallel)
         self._kv_heads = model.get_num_kv_heads(parallel)
         self._head_size = model.get_head_size()
         self._model_name, self._dtype = str(model.model), dtype
         self._tp = (parallel.rank % max(parallel.tensor_parallel_size, 1), parallel.tensor_parallel_size)
-        self._revisions = (str(model.revision or ""), str(model.tokenizer_revision or ""))
+        # What pins the weights (a local directory's files by digest, a hub name's commit,
+        # or the operator's weights_digest); without it nothing is served or stored.
+        weights = weights_identity(str(model.model), model.revision, extra.get("weights_digest"))
+        self._revisions = (weights or "", str(model.tokenizer_revision or ""))
         # vLLM's KV cache groups: one for a model whose layers are all alike; with the
         # hybrid allocator, one per kind of layer (full attention, sliding window, …).
         groups = [_Group.of(i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)]
@@ -337,7 +306,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # Whether kvtier serves this model at all: every group must be one it keys
         # exactly (a hit must restore every layer at one token boundary: when in doubt,
         # miss).
-        self._serves = bool(self._groups) and not unserved
+        if weights is None:
+            logger.warning(
+                "KvtierConnector: nothing pins the weights of %s (not a local directory, no "
+                "hub commit in the local cache, no weights_digest in kv_connector_extra_config); "
+                "its prompts are computed, never loaded or stored",
+                model.model,
+            )
+        self._serves = bool(self._groups) and not unserved and weights is not None
         if unserved:
             logger.warning(
                 "KvtierConnector: KV cache groups of kind %s are not served by kvtier yet; "
@@ -381,10 +357,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._finishing: set[str] = set()
         self._kv_caches: dict[str, Any] | None = None
         self._load_errors: set[int] = set()
-        # This step's loads, their deadline, and the layers written into vLLM's cache.
-        self._loads: _LayerLoads | None = None
+        # This step's loads (job, kvtier.torch load, every layer arrived so far), their
+        # deadline, and the layers vLLM waited for.
+        self._loads: list[_Load] = []
         self._loads_until = 0.0
         self._written: set[int] = set()
+        # vLLM's caches as kvtier.torch sees them (layers in forward order), and saves on
+        # their way to kvtier (gathered on the device, committed on threads).
+        self._paged_cache: kt.PagedCache | None = None
+        self._saves: list[kt.Saving] = []
         # Requests whose load came back short in this step: their blocks in vLLM's cache
         # are not what kvtier's keys name until vLLM recomputes them, so nothing of them
         # is stored in this step.
@@ -415,6 +396,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self._head_size,
                 tp_rank=self._tp[0],
                 tp_size=self._tp[1],
+                pp_stage=0,
+                pp_size=1,
                 tenant_salt=tenant,
                 weights_digest=self._revisions[0],
                 tokenizer_digest=self._revisions[1],
@@ -672,9 +655,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if per is None:
                 return False
             src = torch.tensor(wanted, dtype=torch.long)
-            dst = torch.tensor([ids[i] for i in wanted], dtype=torch.long)
+            device = caches[g.layers[0]].device
+            dst = torch.tensor([ids[i] for i in wanted], dtype=torch.long, device=device)
             for li, name in enumerate(g.layers):
-                caches[name][dst] = per[src, li]
+                caches[name].index_copy_(0, dst, per[src, li].to(device))
+            if device.type == "cuda":
+                # This thread's copies are in the cache before the request is scheduled.
+                torch.cuda.current_stream(device).synchronize()
         return True
 
     def _restore_recurrent(self, caches: dict[str, Any], job: _Job, n: int) -> bool:
@@ -695,6 +682,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return False
         model.scatter_kv(caches, job.block_ids, restored.blocks, job.skip)
         model.scatter_state(caches, states, restored.state)
+        device = caches[model.attention_layers[0]].device
+        if device.type == "cuda":
+            # This thread's copies are in the cache before the request is scheduled.
+            torch.cuda.current_stream(device).synchronize()
         return True
 
     def _store_recurrent(self, job: _Job) -> None:
@@ -710,11 +701,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             logger.warning("KvtierConnector: a boundary without all of its blocks in vLLM's cache; not stored")
             return
         layout = self._recurrent_layout(job.salt)
-        kv = model.gather_kv(caches, job.block_ids, n)
+        kv = model.gather_kv(caches, job.block_ids, n).cpu()
         self._client.store(layout, job.tokens, kv.view(torch.uint8).reshape(-1).numpy())
         # (Should this part fail, kvtier holds KV without the state: never a hit.)
         state = model.gather_state(caches, {g.index: job.block_ids[g.index][0] for g in model.recurrent})
-        self._client.checkpoint_put(layout, job.tokens, n, state.numpy())
+        self._client.checkpoint_put(layout, job.tokens, n, state.cpu().numpy())
 
     def _fetch(self, group: _Group, salt: str | None, tokens: list[int], n: int) -> torch.Tensor | None:
         """The first `n` blocks kvtier holds for `tokens` in `group`, as
@@ -750,11 +741,26 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self._async_loads.pop(req_id, None)
         return out
 
+    def _paged(self, context: ForwardContext) -> kt.PagedCache:
+        """vLLM's caches of this model's layers, in forward order, as kvtier.torch sees
+        them; kvtier's memory is registered with CUDA the first time (a no-op on CPU)."""
+        if self._paged_cache is None:
+            names = self._layers_in_order(context)
+            caches = self._kv_caches or {}
+            tensors = [caches[n] if n in caches else context.no_compile_layers[n].kv_cache for n in names]
+            self._paged_cache = kt.PagedCache.vllm(tensors)
+            try:
+                kt.register(self._client)
+            except kvtier.KvtierError as e:
+                logger.warning("KvtierConnector: kvtier's memory is not registered with CUDA (copies are slower): %s", e)
+        return self._paged_cache
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         self._short = set()
         self._written = set()
+        self._loads = []
         jobs = [j for j in meta.jobs if j.load]
         if self._async:
             for job in jobs:
@@ -762,24 +768,28 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return
         if not jobs:
             return
-        names = self._layers_in_order(forward_context)
-        # One lookup per load (memory only on the server), then every layer on the loader.
-        plan = []
+        self._loads_until = time.monotonic() + self._load_deadline
+        try:
+            paged = self._paged(forward_context)
+        except Exception:  # noqa: BLE001 - never out of a hook: the blocks are recomputed
+            logger.exception("KvtierConnector: vLLM's caches cannot be read; recomputing")
+            for job in jobs:
+                self._fail(job, job.skip)
+            return
+        # One lookup per load (memory only on the server), then kvtier.torch writes the
+        # blocks layer by layer: queued at once from kvtier's memory in this process (an
+        # engine's arena, a server's shared arena), fetched chunk by chunk over HTTP.
         for job in jobs:
             try:
                 hit = self._client.lookup(self._layout(self._groups[0], job.salt), job.tokens)
-            except kvtier.KvtierError as e:
-                logger.warning("kvtier lookup before a load failed; vLLM recomputes: %s", e)
-                hit = None
-            if hit is not None and hit.blocks >= len(job.ids):
-                plan.append((job, hit))
-            else:
+                if hit.blocks < len(job.ids):
+                    self._fail(job, job.skip)
+                    continue
+                loading = kt.load_to(self._client, hit, paged, job.ids, first=job.skip)
+                self._loads.append(_Load(job, loading))
+            except Exception as e:  # noqa: BLE001 - never out of a hook: recomputed
+                logger.warning("kvtier load failed to start; vLLM recomputes: %s", e)
                 self._fail(job, job.skip)
-        if plan:
-            cache = forward_context.no_compile_layers[names[0]].kv_cache
-            page = cache[0].numel() * cache.element_size()
-            self._loads_until = time.monotonic() + self._load_deadline
-            self._loads = _LayerLoads(self._client, plan, self._layers, page)
 
     def _fail(self, job: _Job, delivered: int) -> None:
         """Blocks `delivered`.. of `job` did not arrive: vLLM recomputes them, and nothing
@@ -788,46 +798,72 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._load_errors.update(job.ids[max(delivered, job.skip) :])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        loads = self._loads
-        if loads is None:
+        if not self._loads:
             return
-        li = self._layers_in_order(get_forward_context()).index(layer_name)
-        got = loads.take(li, self._loads_until)
+        try:
+            li = self._layers_in_order(get_forward_context()).index(layer_name)
+        except Exception:  # noqa: BLE001 - never out of a hook: every load is recomputed
+            logger.exception("KvtierConnector: an unknown layer %s; its loads are recomputed", layer_name)
+            for load in self._loads:
+                load.ok = False
+                load.loading.cancel()
+            return
         self._written.add(li)
-        if got is None:
-            return  # past the deadline: every load of this step is recomputed (_settle)
-        cache = get_forward_context().no_compile_layers[layer_name].kv_cache
-        for job, buf, n in got:
-            if n <= job.skip:
+        for load in self._loads:
+            if not load.ok:
                 continue
-            # The buffer holds this layer's page of each block the hit matched, in order.
-            per_block = buf.view(cache.dtype).view(-1, *cache.shape[1:])
-            dst = torch.tensor(job.ids[job.skip : n], dtype=torch.long)
-            cache[dst] = per_block[job.skip : n]
+            try:
+                # On a GPU the current stream waits for this layer's copies only.
+                load.ok = load.loading.wait_layer(li, max(0.0, self._loads_until - time.monotonic()))
+            except Exception:  # noqa: BLE001 - never out of a hook: recomputed
+                logger.exception("KvtierConnector: a load failed; vLLM recomputes it")
+                load.ok = False
+            if not load.ok:
+                load.loading.cancel()  # nothing more is written into the cache
 
     def _settle(self) -> None:
-        """After the forward pass: waits for the loader (up to the deadline) and reports
-        every block that did not arrive in every layer — or whose layer was never written
-        into vLLM's cache — as a load error."""
-        loads, self._loads = self._loads, None
-        if loads is None:
+        """After the forward pass: waits for each load's copies (up to the deadline) and
+        reports every block that did not arrive in every layer — or whose layer vLLM did
+        not wait for — as a load error."""
+        loads, self._loads = self._loads, []
+        if not loads:
             return
-        loads.finish(self._loads_until)
         all_written = len(self._written) == self._layers
         if not all_written:
             logger.error("KvtierConnector: vLLM ran layers without waiting for their loads; recomputing them")
-        for j, (job, _) in enumerate(loads.plan):
-            delivered = 0 if loads.failed or not all_written else loads.delivered[j]
+        for load in loads:
+            job, loading = load.job, load.loading
+            try:
+                if not all_written:
+                    loading.cancel()
+                loading.synchronize(max(0.0, self._loads_until - time.monotonic()))
+                ok = load.ok and all_written and not loading.cancelled
+                delivered = loading.blocks if ok else job.skip
+            except Exception:  # noqa: BLE001 - never out of a hook: recomputed
+                logger.exception("KvtierConnector: a load failed; vLLM recomputes it")
+                delivered = job.skip
             if delivered < len(job.ids):
                 self._fail(job, delivered)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
+        if not self._async:
+            return  # one group: gathered whole in wait_for_save (kvtier.torch)
+        try:
+            self._save_layer(layer_name, kv_layer)
+        except Exception:  # noqa: BLE001 - never out of a hook: the store is skipped
+            logger.exception("KvtierConnector: gathering layer %s failed; not stored", layer_name)
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, KvtierConnectorMetadata)
+            self._short.update(j.req_id for j in meta.jobs if not j.load)
+
+    def _save_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
+        """A model of several groups: this layer's pages of each store, on the device."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
         jobs = [j for j in meta.jobs if not j.load and j.req_id not in self._short]
-        if not jobs or self._recurrent is not None or (self._async and layer_name not in self._slot_of):
+        if not jobs or self._recurrent is not None or layer_name not in self._slot_of:
             return  # (a model with recurrent groups is gathered whole in wait_for_save)
         group, li = self._slot(layer_name)
         for job in jobs:
@@ -837,29 +873,80 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 continue  # holes after a real block: nothing vLLM 0.32 does; not stored
             # A sliding-window group holds null blocks where pages fell out of its window
             # (or were loaded without them): only the real ones are here to gather; the
-            # leading ones come from kvtier at the store, if it holds them.
+            # leading ones come from kvtier at the store, if it holds them. (Advanced
+            # indexing copies already: the result is this step's pages, whatever vLLM
+            # writes next.)
             parts = self._saving.setdefault((job.req_id, group.index), [None] * len(group.layers))
-            parts[li] = kv_layer[torch.tensor(ids[lead:], dtype=torch.long)].clone()
+            index = torch.tensor(ids[lead:], dtype=torch.long, device=kv_layer.device)
+            parts[li] = kv_layer.index_select(0, index)
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
-        self._settle()
+        try:
+            self._settle()
+        except Exception:  # noqa: BLE001 - never out of a hook
+            logger.exception("KvtierConnector: settling this step's loads failed")
         short, self._short = self._short, set()
-        if self._recurrent is not None:
-            for job in (j for j in meta.jobs if not j.load):
-                try:
-                    self._store_recurrent(job)
-                except Exception:  # noqa: BLE001 - a store never fails the step
-                    logger.exception("kvtier store failed (the KV stays computed, not cached)")
+        stores = [j for j in meta.jobs if not j.load and j.req_id not in short]
+        try:
+            if self._recurrent is not None:
+                for job in stores:
+                    try:
+                        self._store_recurrent(job)
+                    except Exception:  # noqa: BLE001 - a store never fails the step
+                        logger.exception("kvtier store failed (the KV stays computed, not cached)")
+            elif self._async:
+                self._store_groups(stores)
+            else:
+                self._store_pages(stores)
+        except Exception:  # noqa: BLE001 - never out of a hook: the stores are skipped
+            logger.exception("KvtierConnector: this step's stores failed (the KV stays computed, not cached)")
+        finally:
+            self._saving.clear()
+
+    def _store_pages(self, stores: list[_Job]) -> None:
+        """A model of one group: each store's pages gathered on the device now (vLLM may
+        reuse them next step) and sent to kvtier on a side stream and a thread
+        (kvtier.torch), off the forward path."""
+        self._reap_saves()
+        if not stores:
             return
-        for job in (j for j in meta.jobs if not j.load):
+        paged = self._paged(get_forward_context())
+        group = self._groups[0]
+        for job in stores:
+            if len(self._saves) >= MAX_PENDING_SAVES:
+                logger.warning("KvtierConnector: %d saves still on their way; this step's are skipped", len(self._saves))
+                return
+            try:
+                self._saves.append(kt.save_from(self._client, self._layout(group, job.salt), job.tokens, paged, job.ids))
+            except Exception as e:  # noqa: BLE001 - a store never fails the step
+                logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
+
+    def _reap_saves(self) -> None:
+        """Forgets the saves that finished, saying which failed."""
+        pending = []
+        for saving in self._saves:
+            if not saving.done():
+                pending.append(saving)
+                continue
+            try:
+                saving.result(0)
+            except Exception as e:  # noqa: BLE001 - a store never fails the step
+                logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
+        self._saves = pending
+
+    def _store_groups(self, stores: list[_Job]) -> None:
+        """A model of several groups: each group's gathered pages (``save_kv_layer``), the
+        leading ones a sliding window dropped from kvtier, stored under its layout."""
+        for job in stores:
             for group in self._groups:
-                parts = self._saving.pop((job.req_id, group.index), None)
-                if job.req_id in short or parts is None or any(p is None for p in parts):
+                parts = self._saving.get((job.req_id, group.index))
+                if parts is None or any(p is None for p in parts):
                     continue
-                # [blocks, layers, ...]: each block's payload layer-major, contiguous.
-                blocks = torch.stack([p for p in parts if p is not None], dim=1)
+                # [blocks, layers, ...]: each block's payload layer-major, contiguous, in
+                # host memory for the store.
+                blocks = torch.stack([p for p in parts if p is not None], dim=1).cpu()
                 try:
                     lead = self._leading_blocks(group, job, len(job.tokens) // self._block_size - blocks.shape[0])
                     if lead is None:
@@ -879,6 +966,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return self._fetch(group, job.salt, job.tokens[: n * self._block_size], n)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        self._settle()  # (done already when vLLM called wait_for_save)
+        try:
+            self._settle()  # (done already when vLLM called wait_for_save)
+        except Exception:  # noqa: BLE001 - never out of a hook
+            logger.exception("KvtierConnector: settling this step's loads failed")
         failed, self._load_errors = self._load_errors, set()
         return failed

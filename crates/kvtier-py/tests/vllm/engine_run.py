@@ -8,9 +8,12 @@ usage: engine_run.py MODEL_DIR URL|embedded:DIR|none PROMPT_TOKENS DTYPE [READY_
 
 With READY_FILE and GO_FILE, the engine writes READY_FILE once it is up and waits for
 GO_FILE before generating (so a test can change the world in between). The environment
-variable KVTIER_TEST_CACHE_SALT gives the prompt a cache salt; KVTIER_TEST_RECURRENT=1 runs
+variable KVTIER_TEST_CACHE_SALT gives the prompt a cache salt; KVTIER_TEST_WEIGHTS_DIGEST
+sets the connector's weights_digest; KVTIER_TEST_TIMEOUTS=connect,request,transfer its client's
+deadlines (seconds); KVTIER_TEST_RECURRENT=1 runs
 a model with recurrent layers (prefix caching on, see below); KVTIER_TEST_PATCH breaks the
-connector's recurrent path on purpose (`patch`), for the tests' controls.
+connector's recurrent path on purpose, or makes one of its worker hooks fail inside
+(`patch`), for the tests' controls.
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ def patch(kind: str) -> None:
     process: the engine then runs with the uni executor)."""
     from kvtier._vllm_recurrent import RecurrentModel
 
+    if kind.startswith("fail-"):
+        # One of the connector's worker hooks fails inside (kvtier.torch raising where it
+        # is called): the connector must recompute or skip the store, never raise.
+        import kvtier.torch as kt
+
+        def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError(f"test: {kind}")
+
+        if kind == "fail-load":
+            kt.load_to = broken  # type: ignore[assignment]
+        elif kind == "fail-layer":
+            kt.Loading.wait_layer = broken  # type: ignore[method-assign]
+        elif kind == "fail-save":
+            kt.save_from = broken  # type: ignore[assignment]
+        else:
+            raise SystemExit(f"unknown patch {kind}")
+        return
     if kind == "zero-state":
         # A restored boundary gets the KV but the state of an empty prompt: what a cache
         # that restores KV without the recurrent state does.
@@ -70,6 +90,13 @@ def main() -> None:
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"url": url},
         }
+        if digest := os.environ.get("KVTIER_TEST_WEIGHTS_DIGEST"):
+            kv["kv_connector_extra_config"]["weights_digest"] = digest
+        if timeouts := os.environ.get("KVTIER_TEST_TIMEOUTS"):
+            connect, request, transfer = (float(t) for t in timeouts.split(","))
+            kv["kv_connector_extra_config"].update(
+                connect_timeout=connect, request_timeout=request, transfer_timeout=transfer
+            )
         if embedded:
             kv["kv_connector_extra_config"] = {
                 "engine": {
