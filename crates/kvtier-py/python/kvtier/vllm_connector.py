@@ -195,6 +195,19 @@ class _AsyncLoad:
 
 
 @dataclasses.dataclass
+class _Tracked:
+    """A request the scheduler side stores as its prompt's blocks complete."""
+
+    #: The prompt's tokens.
+    tokens: list[int]
+    #: vLLM's block ids, one list per KV cache group, as they grow.
+    block_ids: list[list[int]]
+    #: Leading whole blocks kvtier holds or has been asked to store.
+    stored: int
+    salt: str | None
+
+
+@dataclasses.dataclass
 class _Load:
     """One request's load in this step: blocks ``job.skip`` … come through ``loading``
     (kvtier.torch), which writes vLLM's pages layer by layer; ``ok`` stays true while every
@@ -347,6 +360,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests: dict[str, Request] = {}
         self._held: dict[str, int] = {}
         self._had_async: set[str] = set()
+        # Requests kvtier stores, followed across steps (chunked prefill, recomputes).
+        self._tracked: dict[str, _Tracked] = {}
         # Worker side: layer order, gathered saves (by request and group), failed loads.
         self._layer_names: list[str] | None = None
         self._saving: dict[tuple[str, int], list[torch.Tensor | None]] = {}
@@ -513,29 +528,56 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if self._recurrent is not None:
                 self._held[new.req_id] = max(self._held.get(new.req_id, 0), matched)
                 continue  # stored at the boundaries vLLM hands over (below)
-            # Store the prompt's whole blocks computed by the end of this step, unless
-            # kvtier holds them all already (a request it cannot key is never stored).
+            if not keyable:
+                continue  # a request kvtier cannot key is never stored
+            # Followed until it finishes: each step stores the prompt's whole blocks
+            # computed by its end that kvtier does not hold yet — the first chunk of a
+            # chunked prefill here, the later ones below.
+            tracked = _Tracked(tokens, block_ids, matched // bs, salt)
+            self._tracked[new.req_id] = tracked
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
-            whole = min(done, len(tokens)) // bs
-            if whole * bs > matched and keyable:
-                blocks = [g[:whole] for g in block_ids]
-                meta.jobs.append(_Job(new.req_id, tokens[: whole * bs], blocks, 0, False, salt))
-        # A request resumed after preemption loads into its new blocks.
+            self._plan_store(meta, new.req_id, tracked, done)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
-            loading = self._to_load.pop(req_id, None)
             new_ids = cached.new_block_ids[i]
-            if loading is None or new_ids is None:
+            # A request resumed after preemption loads into its new blocks.
+            loading = self._to_load.pop(req_id, None)
+            if loading is not None and new_ids is not None:
+                request, local = loading
+                matched = self._matched.pop(req_id, 0)
+                tokens = list(request.all_token_ids[:matched])
+                blocks = [list(g)[: matched // bs] for g in new_ids]
+                meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, request.cache_salt))
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
                 continue
-            request, local = loading
-            matched = self._matched.pop(req_id, 0)
-            tokens = list(request.all_token_ids[:matched])
-            blocks = [list(g)[: matched // bs] for g in new_ids]
-            meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, request.cache_salt))
+            if new_ids is not None:
+                if req_id in cached.resumed_req_ids:
+                    tracked.block_ids = [list(g) for g in new_ids]
+                else:
+                    for table, more in zip(tracked.block_ids, new_ids):
+                        table.extend(more)
+            computed = cached.num_computed_tokens[i]
+            # vLLM computes again from here (a short load, a preemption): what kvtier holds
+            # past it is not known, so those blocks are stored again as they complete.
+            tracked.stored = min(tracked.stored, computed // bs)
+            done = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            self._plan_store(meta, req_id, tracked, done)
         self._to_load.clear()
         if self._recurrent is not None:
             meta.jobs += self._boundary_stores(scheduler_output)
         return meta
+
+    def _plan_store(self, meta: KvtierConnectorMetadata, req_id: str, tracked: _Tracked, done: int) -> None:
+        """Plans the store of the prompt's whole blocks computed by ``done`` tokens, when
+        some are not stored yet. The store names the prompt from its first block (kvtier
+        keeps the blocks it holds already, as duplicates)."""
+        bs = self._block_size
+        whole = min(done, len(tracked.tokens)) // bs
+        if whole > tracked.stored:
+            blocks = [g[:whole] for g in tracked.block_ids]
+            meta.jobs.append(_Job(req_id, tracked.tokens[: whole * bs], blocks, 0, False, tracked.salt))
+            tracked.stored = whole
 
     def _boundary_stores(self, scheduler_output: SchedulerOutput) -> list[_Job]:
         """A model with recurrent groups is stored where vLLM's align mode hands over a
@@ -596,6 +638,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._salt.pop(req_id, None)
         self._requests.pop(req_id, None)
         self._held.pop(req_id, None)
+        self._tracked.pop(req_id, None)
         delay = req_id in self._had_async
         self._had_async.discard(req_id)
         return delay, None

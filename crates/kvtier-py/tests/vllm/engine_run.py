@@ -10,7 +10,7 @@ With READY_FILE and GO_FILE, the engine writes READY_FILE once it is up and wait
 GO_FILE before generating (so a test can change the world in between). The environment
 variable KVTIER_TEST_CACHE_SALT gives the prompt a cache salt; KVTIER_TEST_WEIGHTS_DIGEST
 sets the connector's weights_digest; KVTIER_TEST_TIMEOUTS=connect,request,transfer its client's
-deadlines (seconds); KVTIER_TEST_RECURRENT=1 runs
+deadlines (seconds); KVTIER_TEST_CHUNK=N prefills in chunks of N tokens; KVTIER_TEST_RECURRENT=1 runs
 a model with recurrent layers (prefix caching on, see below); KVTIER_TEST_PATCH breaks the
 connector's recurrent path on purpose, or makes one of its worker hooks fail inside
 (`patch`), for the tests' controls.
@@ -124,6 +124,13 @@ def main() -> None:
         # prompt per process, it never hits; a recurrent model needs it on, above).
         enable_prefix_caching=recurrent,
         kv_transfer_config=kv,
+        # KVTIER_TEST_CHUNK: prefill in chunks of that many tokens (a prompt several
+        # chunks long is stored chunk by chunk).
+        **(
+            {"max_num_batched_tokens": int(os.environ["KVTIER_TEST_CHUNK"]), "enable_chunked_prefill": True}
+            if os.environ.get("KVTIER_TEST_CHUNK")
+            else {}
+        ),
         # An embedded kvtier engine needs the connector's scheduler and worker sides in one
         # process (vLLM's CPU platform otherwise runs the worker in a process of its own).
         **({"distributed_executor_backend": "uni"} if embedded or patched else {}),

@@ -257,6 +257,25 @@ def test_a_stopped_server_costs_a_deadline_not_a_hang_and_hits_come_back(models,
         server.stop()
 
 
+def test_a_prompt_prefilled_in_chunks_is_stored_whole_and_hit_whole(models, cold, tmp_path):
+    """Prefilled in chunks of 64 tokens (four steps for 200), every chunk's whole blocks
+    are stored as they complete: a fresh engine then gets the whole block-aligned prefix,
+    not just the first chunk's."""
+    server = Server(tmp_path / "kv", "--set", "ssd.enabled=false")
+    try:
+        chunked = engine(models[0], server.url, env={"KVTIER_TEST_CHUNK": "64"})
+        assert chunked["cached"] == 0
+        assert chunked["tokens"] == cold["tokens"]
+        whole = engine(models[0], server.url)
+        assert whole["cached"] == EXPECTED, "only part of the chunked prompt was stored"
+        assert whole["tokens"] == cold["tokens"]
+        # Hit whole by a chunked engine too (its load covers several of its chunks).
+        again = engine(models[0], server.url, env={"KVTIER_TEST_CHUNK": "64"})
+        assert again["cached"] == EXPECTED and again["tokens"] == cold["tokens"]
+    finally:
+        server.stop()
+
+
 def test_a_flipped_byte_on_disk_is_a_miss(models, cold, tmp_path):
     data = tmp_path / "data"
     server = Server(data)
@@ -336,8 +355,12 @@ def test_a_perturbed_store_changes_the_answer(models, cold, tmp_path):
     # logprobs can fail, and the equalities above mean something.
     server = Server(tmp_path / "data", "--set", "ssd.enabled=false")
     try:
+        from kvtier._weights import weights_identity
+
         c = kvtier.Client(server.url)
-        layout = c.register_layout(str(models[0]), "bf16", BLOCK, 2, 2, 64)
+        # The connector's layout: the model's path and its files' digest.
+        digest = weights_identity(str(models[0]), None)
+        layout = c.register_layout(str(models[0]), "bf16", BLOCK, 2, 2, 64, weights_digest=digest)
         tokens = [(i * 7919) % 2000 + 5 for i in range(PROMPT)][:EXPECTED]
         import torch
 
