@@ -177,7 +177,13 @@ def test_bad_keys_short_index_lists_and_other_deployments_are_misses(server):
     # Another model, another tensor-parallel rank, another tenant, another head size,
     # another memory layout: other layouts, so misses.
     assert backend(a, server.url, tenant="other").batch_exists(keys) == 0
-    assert KvtierHiCacheStorage(config("org/other", url=server.url)).batch_exists(keys) == 0
+    # (with a pool registered: a backend without one answers 0 for anything)
+    other_model = KvtierHiCacheStorage(config("org/other", url=server.url))
+    other_model.register_mem_pool_host(a)
+    assert other_model.batch_exists(keys) == 0
+    same_model = KvtierHiCacheStorage(config(url=server.url))
+    same_model.register_mem_pool_host(a)
+    assert same_model.batch_exists(keys) == len(keys), "the control: the writer's model hits"
     other_rank = KvtierHiCacheStorage(config(tp_rank=1, url=server.url))
     other_rank.register_mem_pool_host(a)
     assert other_rank.batch_exists(keys) == 0
