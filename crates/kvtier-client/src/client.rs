@@ -219,6 +219,21 @@ impl Client {
         self.json(resp).await
     }
 
+    /// [`Client::post_json`] for an admin call that waits on the disk or the network
+    /// (a flush, a reattach, a withdrawal): bounded by the transfer deadline.
+    async fn post_admin<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let resp = self
+            .transfer(reqwest::Method::POST, path)
+            .json(body)
+            .send()
+            .await?;
+        self.json(resp).await
+    }
+
     /// Registers a layout (idempotent) and returns its digest and block size.
     pub async fn register_layout(&self, spec: &LayoutSpec) -> Result<LayoutInfo> {
         self.post_json("/v1/layouts", spec).await
@@ -435,7 +450,7 @@ impl Client {
     /// Deletes every block of a layout; returns how many were removed.
     pub async fn delete_layout(&self, layout: &str) -> Result<u64> {
         let resp = self
-            .request(reqwest::Method::DELETE, &format!("/v1/layouts/{layout}"))
+            .transfer(reqwest::Method::DELETE, &format!("/v1/layouts/{layout}"))
             .send()
             .await?;
         let v: serde_json::Value = self.json(resp).await?;
@@ -481,7 +496,7 @@ impl Client {
 
     /// `POST /admin/ssd`.
     pub async fn admin_ssd(&self, request: &SsdAdmin) -> Result<SsdAdminAnswer> {
-        self.post_json("/admin/ssd", request).await
+        self.post_admin("/admin/ssd", request).await
     }
 
     /// `POST /admin/flush`: waits until everything queued for the SSD is written; true
@@ -493,14 +508,15 @@ impl Client {
     /// `POST /admin/flush`, the whole answer: whether everything queued was written and
     /// synced, and how many blocks queued since the previous flush were not.
     pub async fn admin_flush_report(&self) -> Result<FlushAnswer> {
-        self.post_json("/admin/flush", &serde_json::json!({})).await
+        self.post_admin("/admin/flush", &serde_json::json!({}))
+            .await
     }
 
     /// `POST /admin/cluster/withdraw`: deletes this replica's object `manifest` from the
     /// shared tier in two phases (withdrawn now, deleted after the grace window). Another
     /// replica's object is refused (403).
     pub async fn admin_cluster_withdraw(&self, manifest: &str) -> Result<serde_json::Value> {
-        self.post_json(
+        self.post_admin(
             "/admin/cluster/withdraw",
             &serde_json::json!({ "object": manifest }),
         )

@@ -14,9 +14,11 @@ pub struct Deadlines {
     /// Opening a connection (a host that drops packets answers nothing at all).
     pub connect: Duration,
     /// A small call, answered from the server's memory: a lookup, registering a layout,
-    /// stats, health, admin calls.
+    /// stats, health, metrics.
     pub request: Duration,
-    /// A call that moves blocks: a load, a store, a restore, a snapshot or checkpoint.
+    /// A call that moves blocks or waits on the disk: a load, a store, a restore, a
+    /// snapshot or checkpoint, deleting a layout, the admin calls (a flush waits until
+    /// the SSD has written everything queued).
     pub transfer: Duration,
 }
 
