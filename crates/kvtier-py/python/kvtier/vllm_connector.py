@@ -548,21 +548,21 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 tokens = list(request.all_token_ids[:matched])
                 blocks = [list(g)[: matched // bs] for g in new_ids]
                 meta.jobs.append(_Job(req_id, tokens, blocks, local // bs, True, request.cache_salt))
-            tracked = self._tracked.get(req_id)
-            if tracked is None:
+            followed = self._tracked.get(req_id)
+            if followed is None:
                 continue
             if new_ids is not None:
                 if req_id in cached.resumed_req_ids:
-                    tracked.block_ids = [list(g) for g in new_ids]
+                    followed.block_ids = [list(g) for g in new_ids]
                 else:
-                    for table, more in zip(tracked.block_ids, new_ids):
+                    for table, more in zip(followed.block_ids, new_ids):
                         table.extend(more)
             computed = cached.num_computed_tokens[i]
             # vLLM computes again from here (a short load, a preemption): what kvtier holds
             # past it is not known, so those blocks are stored again as they complete.
-            tracked.stored = min(tracked.stored, computed // bs)
+            followed.stored = min(followed.stored, computed // bs)
             done = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
-            self._plan_store(meta, req_id, tracked, done)
+            self._plan_store(meta, req_id, followed, done)
         self._to_load.clear()
         if self._recurrent is not None:
             meta.jobs += self._boundary_stores(scheduler_output)
