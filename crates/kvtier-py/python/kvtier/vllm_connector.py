@@ -966,6 +966,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             except Exception as e:  # noqa: BLE001 - a store never fails the step
                 logger.warning("kvtier store failed (the KV stays computed, not cached): %s", e)
 
+    def shutdown(self) -> None:
+        """vLLM is stopping: the saves still on their way are finished first (each bounded
+        by the client's transfer deadline), so what this engine computed is not lost."""
+        for saving in self._saves:
+            try:
+                saving.result(timeout=self._load_deadline)
+            except Exception as e:  # noqa: BLE001 - a store never fails the shutdown
+                logger.warning("kvtier store failed at shutdown (not cached): %s", e)
+        self._saves = []
+        # (KVConnectorBase_V1.shutdown does nothing in vLLM 0.32.)
+
     def _reap_saves(self) -> None:
         """Forgets the saves that finished, saying which failed."""
         pending = []
