@@ -211,12 +211,7 @@ impl Client {
         path: &str,
         body: &B,
     ) -> Result<T> {
-        let resp = self
-            .request(reqwest::Method::POST, path)
-            .json(body)
-            .send()
-            .await?;
-        self.json(resp).await
+        self.post_within(path, body, self.deadlines.request).await
     }
 
     /// [`Client::post_json`] for an admin call that waits on the disk or the network
@@ -226,8 +221,17 @@ impl Client {
         path: &str,
         body: &B,
     ) -> Result<T> {
+        self.post_within(path, body, self.deadlines.transfer).await
+    }
+
+    async fn post_within<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        deadline: Duration,
+    ) -> Result<T> {
         let resp = self
-            .transfer(reqwest::Method::POST, path)
+            .request_within(reqwest::Method::POST, path, deadline)
             .json(body)
             .send()
             .await?;

@@ -3,10 +3,14 @@ stopped (SIGTERM, then SIGKILL) by the test that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,3 +64,21 @@ class Server:
     def kill9(self) -> None:
         self.process.kill()
         self.process.wait()
+
+
+@contextlib.contextmanager
+def env_dir(variable: str, prefix: str) -> Iterator[str]:
+    """A temporary directory named by ``variable`` in this process's environment (and so
+    in every process a test starts) while the block runs; the variable's old value is put
+    back and the directory removed after."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    before = os.environ.get(variable)
+    os.environ[variable] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
+        shutil.rmtree(path, ignore_errors=True)

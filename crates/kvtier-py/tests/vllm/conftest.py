@@ -7,21 +7,12 @@ process's environment, so pointing the variable at a directory removed at the en
 session leaves nothing behind.
 """
 
-import os
-import shutil
-import tempfile
-
 import pytest
+
+from serve import env_dir
 
 
 @pytest.fixture(scope="session", autouse=True)
 def engine_ipc_dir():
-    path = tempfile.mkdtemp(prefix="kvtier-vllm-ipc-")
-    before = os.environ.get("VLLM_RPC_BASE_PATH")
-    os.environ["VLLM_RPC_BASE_PATH"] = path
-    yield path
-    if before is None:
-        os.environ.pop("VLLM_RPC_BASE_PATH", None)
-    else:
-        os.environ["VLLM_RPC_BASE_PATH"] = before
-    shutil.rmtree(path, ignore_errors=True)
+    with env_dir("VLLM_RPC_BASE_PATH", "kvtier-vllm-ipc-") as path:
+        yield path
