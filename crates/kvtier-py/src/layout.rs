@@ -110,6 +110,14 @@ impl Hit {
         self.inner.state_tier.map(|t| t.name())
     }
 
+    /// The first `blocks` matched blocks only: a load of a prefix of the hit (the rest is
+    /// to be recomputed), which reads nothing of the blocks after it.
+    fn prefix(&self, blocks: usize) -> PyResult<Hit> {
+        Ok(Hit {
+            inner: self.inner.prefix(blocks).map_err(from_core)?,
+        })
+    }
+
     /// Whether anything matched (for a recurrent-only layout, a state with no blocks).
     fn __bool__(&self) -> bool {
         self.inner.matched_tokens > 0
