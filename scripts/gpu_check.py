@@ -10,6 +10,8 @@ Rows (GB/s unless named otherwise; medians of the repeats):
   save.embedded                paged GPU cache -> arena (save_from, until committed)
   hidden.share                 share of the load's time hidden behind per-layer compute
   store.py                     numpy -> warm arena (Cache.store) vs np.copyto of the same bytes
+  e2e.hf.*                     a transformers model's time to first token on a hit vs its floor
+                               (scripts/gpu_check_hf.py; skipped with --no-e2e or without transformers)
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="run on CPU tensors at a small size (smoke test)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--no-e2e", action="store_true", help="skip the transformers end-to-end rows")
     args = parser.parse_args()
 
     if args.cpu:
@@ -232,6 +235,16 @@ def main() -> int:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+    if not args.no_e2e:
+        try:
+            import gpu_check_hf
+        except ImportError as e:
+            print(f"gpu-check: no end-to-end rows ({e})", file=sys.stderr)
+        else:
+            gpu_check_hf.hf_rows(
+                device, args.cpu, repeats, h2d, lambda f: timed(sync, f), median_of, row, start_server, rows, failures
+            )
 
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

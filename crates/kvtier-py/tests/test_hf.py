@@ -5,8 +5,6 @@ arena and a server over HTTP, and across an engine's restart (the SSD tier)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,32 +13,7 @@ transformers = pytest.importorskip("transformers")
 import kvtier  # noqa: E402
 import kvtier.hf  # noqa: E402
 from serve import Server  # noqa: E402
-
-BT = 16
-
-
-def tiny_llama_config(**extra):
-    return transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        **extra,
-    )
-
-
-def save_model(path, seed):
-    torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(tiny_llama_config()).save_pretrained(path)
-    return path
-
-
-def load_model(path):
-    return transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+from tiny_llama import BT, load_model, prompt, save_model, split_reference, tiny_llama_config, wait_for_blocks  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +24,6 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(model_dir):
     return load_model(model_dir)
-
-
-def prompt(seed, n):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (1, n), generator=g)
 
 
 @pytest.fixture(params=["engine", "shared-arena", "http"])
@@ -71,22 +39,6 @@ def kv(request, tmp_path):
         yield c
         c.close()
         s.stop()
-
-
-def wait_for_blocks(kv, layout, tokens, blocks):
-    """Stores land off the caller's path: waits (boundedly) until kvtier holds them."""
-    for _ in range(200):
-        if kv.lookup(layout, tokens).blocks >= blocks:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"kvtier never held {blocks} blocks")
-
-
-@torch.no_grad()
-def split_reference(model, ids, at):
-    """Logits of ``ids[at:]`` after a prefill of ``ids[:at]``: the same split, computed."""
-    first = model(input_ids=ids[:, :at], use_cache=True)
-    return model(input_ids=ids[:, at:], past_key_values=first.past_key_values).logits
 
 
 def test_a_restored_prefix_gives_the_split_prefills_logits_bit_for_bit(kv, model):

@@ -210,7 +210,8 @@ def test_a_load_from_a_stalled_server_gives_up_and_writes_nothing(tmp_path):
 
 def test_the_gpu_check_runs_on_cpu_tensors_and_checks_its_bytes(tmp_path):
     """scripts/gpu-check.sh's measurement code, on CPU tensors at a small size: it must run
-    end to end (engine and a served shared arena) and find every byte it moved intact."""
+    end to end (engine and a served shared arena) and find every byte it moved intact, and
+    its transformers rows the same-split logits after every restore."""
     import os
     import subprocess
     import sys
@@ -227,4 +228,6 @@ def test_the_gpu_check_runs_on_cpu_tensors_and_checks_its_bytes(tmp_path):
     import json
 
     names = {r["name"] for r in json.loads((tmp_path / "rows.json").read_text())}
-    assert names == {"limit.h2d", "limit.d2h", "load.embedded", "load.served", "save.embedded", "hidden.share", "store.py"}
+    assert names == {"limit.h2d", "limit.d2h", "load.embedded", "load.served", "save.embedded", "hidden.share", "store.py"} | {
+        f"e2e.hf.{p}.{kind}.ms" for p in (64, 256) for kind in ("cold", "hit", "hit.served")
+    }

@@ -102,11 +102,13 @@ class RestoredCache(DynamicCache):
 @dataclass(frozen=True)
 class Prefill:
     """A prefill through kvtier: the model's ``outputs`` for the tokens it computed (its
-    ``past_key_values`` hold the whole prompt) and how many leading tokens were restored
-    instead of computed."""
+    ``past_key_values`` hold the whole prompt), how many leading tokens were restored
+    instead of computed, and the store of the blocks it computed, on its way (``None``:
+    nothing to store)."""
 
     outputs: Any
     restored_tokens: int
+    saving: kt.Saving | None
 
 
 class PrefixCache:
@@ -296,8 +298,7 @@ class PrefixCache:
         outputs = self.model(input_ids=ids[:, restored:], past_key_values=cache, use_cache=True, **kwargs)
         if restored == 0:
             self._observe_prefill(ids.shape[1], started)
-        self.store(ids, outputs.past_key_values)
-        return Prefill(outputs, restored)
+        return Prefill(outputs, restored, self.store(ids, outputs.past_key_values))
 
     def generate(self, input_ids: Any, **kwargs: Any) -> Any:
         """``model.generate`` on ``input_ids`` after restoring its cached prefix; the whole

@@ -1,0 +1,76 @@
+"""The wheel as users install it: built by scripts/build-wheel.sh (a debug build here, the
+same recipe), installed with pip into a fresh virtual environment, and then `kvtier
+serve` — the binary the wheel carries — run from that environment alone, with no Rust
+toolchain on its PATH, answering `/health` and the package's own client."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+import zipfile
+
+from serve import ROOT
+
+
+def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
+    out = tmp_path / "wheels"
+    subprocess.run(
+        [str(ROOT / "scripts" / "build-wheel.sh"), "--debug"],
+        env={**os.environ, "KVTIER_WHEEL_OUT": str(out)},
+        check=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    (wheel,) = out.glob("kvtier-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(re.fullmatch(r"kvtier-[^/]+\.data/scripts/kvtier", n) for n in names), names
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    bin_dir = venv / "bin"
+    subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    # Only the environment and the system's directories: no cargo, no target/.
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    server = subprocess.Popen(
+        ["kvtier", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), "--ram", "64MiB",
+         "--set", "ssd.min_free=0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = None
+        assert server.stdout is not None
+        for line in server.stdout:
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, server.stderr.read() if server.stderr else ""
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as answer:
+            assert answer.status == 200
+        # The installed package talks to the installed server.
+        check = (
+            "import kvtier, sys\n"
+            "kv = kvtier.open(url=sys.argv[1])\n"
+            "layout = kv.register_layout('wheel', 'f16', 16, 2, 2, 64)\n"
+            "tokens = list(range(32))\n"
+            "kv.store(layout, tokens, bytes(range(256)) * (2 * layout.block_bytes // 256))\n"
+            "assert kv.lookup(layout, tokens).blocks == 2\n"
+            "print(kvtier.__file__)\n"
+        )
+        ran = subprocess.run(
+            [str(bin_dir / "python"), "-c", check, url], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip().startswith(str(venv)), ran.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
