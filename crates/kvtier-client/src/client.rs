@@ -13,9 +13,9 @@ use crate::conn::{Pool, Response};
 use crate::reader::{BlockSink, IntoSlice, OwnedBlocks, read_stream};
 use crate::wire::frame::{self, EndStatus};
 use crate::wire::{
-    CheckpointSpec, ErrorBody, FlushAnswer, Health, LayoutInfo, LayoutSpec, LoadRequest,
-    LookupAnswer, PromptSpec, Readiness, RestoreHead, SnapshotSpec, SsdAdmin, SsdAdminAnswer,
-    StoreAnswer, UPLOAD_CONTENT_TYPE,
+    BatchLookupAnswer, BatchSpec, BatchStoreAnswer, CheckpointSpec, ErrorBody, FlushAnswer, Health,
+    LayoutInfo, LayoutSpec, LoadRequest, LookupAnswer, PromptSpec, Readiness, RestoreHead,
+    SnapshotSpec, SsdAdmin, SsdAdminAnswer, StoreAnswer, UPLOAD_CONTENT_TYPE, tokens_to_b64,
 };
 
 /// What went wrong with a call.
@@ -280,6 +280,37 @@ impl Client {
         serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
+    /// Many short prompts' cached prefixes in one request (SGLang's pages: a prompt each),
+    /// in the prompts' order; bounded by the request deadline.
+    pub async fn lookup_batch(
+        &self,
+        layout: &str,
+        prompts: &[&[u32]],
+    ) -> Result<BatchLookupAnswer> {
+        let spec = batch_spec(layout, prompts);
+        let body = serde_json::to_vec(&spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let answer: BatchLookupAnswer = within("/v1/lookup/batch", self.deadlines.request, async {
+            let r = self
+                .fast("/v1/lookup/batch", "application/json", &[&body])
+                .await?;
+            let answer = self
+                .pool
+                .body(r)
+                .await
+                .map_err(|e| ClientError::Protocol(format!("/v1/lookup/batch: {e}")))?;
+            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        })
+        .await?;
+        if answer.hits.len() != prompts.len() {
+            return Err(ClientError::Protocol(format!(
+                "/v1/lookup/batch: {} answers for {} prompts",
+                answer.hits.len(),
+                prompts.len()
+            )));
+        }
+        Ok(answer)
+    }
+
     /// Loads the blocks named by a lookup's handles, in one response; each block in a
     /// buffer of its own.
     pub async fn load(&self, request: &LoadRequest) -> Result<LoadedPrefix> {
@@ -386,6 +417,44 @@ impl Client {
             serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
         })
         .await
+    }
+
+    /// Stores many short prompts in one request: `payloads` are every whole block of each
+    /// prompt, prompt after prompt, sent as they are; one answer per prompt, in order.
+    /// `durability` as in [`Client::store_durable`].
+    pub async fn store_batch(
+        &self,
+        layout: &str,
+        prompts: &[&[u32]],
+        payloads: &[&[u8]],
+        durability: Option<&str>,
+    ) -> Result<BatchStoreAnswer> {
+        let head = upload_head(&batch_spec(layout, prompts))?;
+        let path = match durability {
+            Some(d) => format!("/v1/store/batch?durability={d}"),
+            None => "/v1/store/batch".to_string(),
+        };
+        let mut parts = Vec::with_capacity(payloads.len() + 1);
+        parts.push(&head[..]);
+        parts.extend_from_slice(payloads);
+        let answer: BatchStoreAnswer = within("/v1/store/batch", self.deadlines.transfer, async {
+            let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
+            let answer = self
+                .pool
+                .body(r)
+                .await
+                .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+        })
+        .await?;
+        if answer.answers.len() != prompts.len() {
+            return Err(ClientError::Protocol(format!(
+                "/v1/store/batch: {} answers for {} prompts",
+                answer.answers.len(),
+                prompts.len()
+            )));
+        }
+        Ok(answer)
     }
 
     /// Stores the recurrent state reached after exactly `spec.tokens`.
@@ -543,6 +612,14 @@ async fn within<T>(
                 after: deadline,
             })
         })
+}
+
+/// A batch's prompts in the wire's compact form.
+fn batch_spec(layout: &str, prompts: &[&[u32]]) -> BatchSpec {
+    BatchSpec {
+        layout: layout.to_string(),
+        prompts: prompts.iter().map(|p| tokens_to_b64(p)).collect(),
+    }
 }
 
 /// An upload's frame and JSON head: what precedes its payload.

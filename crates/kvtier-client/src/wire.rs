@@ -216,6 +216,36 @@ pub struct LookupAnswer {
     pub state: Option<StateHit>,
 }
 
+/// A batch (`POST /v1/lookup/batch`, the JSON body; `POST /v1/store/batch`, the upload's
+/// head, followed by every whole block of each prompt, prompt after prompt): many short
+/// prompts of one layout in one request, as SGLang's pages are (each page a prompt of its
+/// own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Layout digest (hex).
+    pub layout: String,
+    /// Each prompt's tokens as base64 of little-endian `u32`s ([`tokens_to_b64`]).
+    pub prompts: Vec<String>,
+}
+
+/// The answers to a batch of lookups, in the prompts' order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchLookupAnswer {
+    /// One lookup's answer per prompt.
+    pub hits: Vec<LookupAnswer>,
+}
+
+/// The answers to a batch of stores, in the prompts' order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchStoreAnswer {
+    /// One store's answer per prompt.
+    pub answers: Vec<StoreAnswer>,
+}
+
+/// Most prompts one batch may carry.
+pub const MAX_BATCH_PROMPTS: usize = 4096;
+
 /// The recurrent state a hybrid lookup found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateHit {
@@ -275,6 +305,11 @@ pub struct LoadRequest {
     /// Only these layers `[start, end)` of every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<[u32; 2]>,
+    /// The handles are this many chains, of these many blocks each, every one from the
+    /// layout's root (the blocks of many short prompts, as SGLang's pages are, in one
+    /// load); the blocks come back for the leading chains found whole. Absent: one chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chains: Option<Vec<u32>>,
 }
 
 /// The answer to a store.

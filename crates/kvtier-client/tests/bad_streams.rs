@@ -69,6 +69,7 @@ fn request() -> LoadRequest {
         layout: "00".repeat(16),
         handles: String::new(),
         layers: None,
+        chains: None,
     }
 }
 

@@ -217,6 +217,59 @@ impl Cache {
         Ok(Hit { inner })
     }
 
+    /// `lookup` of many short prompts at once (SGLang's pages: a prompt each), in order: a
+    /// server answers them in one request. `Hit.join` makes their blocks one load.
+    fn lookup_many(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        prompts: Vec<Vec<u32>>,
+    ) -> PyResult<Vec<Hit>> {
+        let cache = self.inner()?;
+        let tokens: Vec<&[u32]> = prompts.iter().map(|p| &p[..]).collect();
+        let hits = py
+            .detach(|| cache.lookup_many(&layout.inner, &tokens))
+            .map_err(from_core)?;
+        Ok(hits.into_iter().map(|inner| Hit { inner }).collect())
+    }
+
+    /// `store` of many short prompts at once: `blocks[i]` is prompt `i`'s blocks as
+    /// `store` takes them; one answer per prompt, in order. A server over HTTP takes them
+    /// in one request.
+    fn store_many<'py>(
+        &self,
+        py: Python<'py>,
+        layout: &Layout,
+        prompts: Vec<Vec<u32>>,
+        blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let cache = self.inner()?;
+        let items = blocks
+            .try_iter()?
+            .collect::<PyResult<Vec<Bound<'py, PyAny>>>>()?;
+        if items.len() != prompts.len() {
+            return Err(crate::errors::invalid(format!(
+                "{} prompts with {} sets of blocks",
+                prompts.len(),
+                items.len()
+            )));
+        }
+        let exports = items.iter().map(exports_of).collect::<PyResult<Vec<_>>>()?;
+        let payloads = exports
+            .iter()
+            .zip(&items)
+            .zip(&prompts)
+            .map(|((e, b), t)| payloads_of(&layout.inner, e, b, t.len()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let per_prompt: Vec<&[&[u8]]> = payloads.iter().map(|p| &p[..]).collect();
+        let tokens: Vec<&[u32]> = prompts.iter().map(|p| &p[..]).collect();
+        let answers = py
+            .detach(|| cache.store_many(&layout.inner, &tokens, &per_prompt))
+            .map_err(from_core)?;
+        drop(exports);
+        answers.iter().map(|a| store_report(py, a)).collect()
+    }
+
     /// Stores the blocks of `tokens` under `layout`: `blocks` is one buffer holding whole
     /// blocks back to back, or a list or tuple of buffers of one block each (bytes,
     /// bytearray, contiguous numpy arrays, …; read in place, never kept: a server's are

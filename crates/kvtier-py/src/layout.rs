@@ -118,6 +118,16 @@ impl Hit {
         })
     }
 
+    /// The blocks of `hits` (lookups of one layout by one cache, no recurrent state) as
+    /// one hit, in order: one load of many short prompts' blocks (SGLang's pages).
+    #[staticmethod]
+    fn join(hits: Vec<PyRef<'_, Hit>>) -> PyResult<Hit> {
+        let inner: Vec<kvtier_node::Hit> = hits.iter().map(|h| h.inner.clone()).collect();
+        Ok(Hit {
+            inner: kvtier_node::Hit::join(&inner).map_err(from_core)?,
+        })
+    }
+
     /// Whether anything matched (for a recurrent-only layout, a state with no blocks).
     fn __bool__(&self) -> bool {
         self.inner.matched_tokens > 0

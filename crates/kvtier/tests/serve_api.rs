@@ -45,6 +45,7 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
                 layout: layout.layout.clone(),
                 handles: hit.handles.clone(),
                 layers: Some([1, 3]),
+                chains: None,
             })
             .await
             .unwrap();
@@ -251,6 +252,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
             layout: layout.layout.clone(),
             handles: "zz".repeat(16),
             layers: None,
+            chains: None,
         };
         let (s, code) = api_error(c.load(&bad_load).await.unwrap_err());
         assert_eq!((s, code.as_str()), (400, "bad_hex"));
@@ -274,6 +276,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
             layout: layout.layout.clone(),
             handles: String::new(),
             layers: Some([1, 9]),
+            chains: None,
         };
         let (s, code) = api_error(c.load(&bad_layers).await.unwrap_err());
         assert_eq!((s, code.as_str()), (422, "bad_layers"));
@@ -282,6 +285,7 @@ fn bad_input_gets_a_named_4xx_stores_nothing_and_the_server_keeps_serving() {
             layout: layout.layout.clone(),
             handles: "ab".repeat(16),
             layers: None,
+            chains: None,
         };
         let got = c.load(&forged).await.unwrap();
         assert_eq!((got.blocks.len(), got.status), (0, EndStatus::Lost));
@@ -415,6 +419,7 @@ fn a_load_longer_than_one_batch_streams_from_the_ssd_byte_for_byte() {
                     layout: layout.layout.clone(),
                     handles: hit.handles.clone(),
                     layers: None,
+                    chains: None,
                 },
                 &mut staging,
             )
@@ -433,6 +438,7 @@ fn a_load_longer_than_one_batch_streams_from_the_ssd_byte_for_byte() {
                 layout: layout.layout.clone(),
                 handles: longer,
                 layers: None,
+                chains: None,
             })
             .await
             .unwrap();

@@ -64,6 +64,7 @@ fn a_prefaulted_locked_arena_is_resident_and_locked_and_serves() {
                 layout: layout.layout.clone(),
                 handles: hit.handles.clone(),
                 layers: None,
+                chains: None,
             })
             .await
             .unwrap();

@@ -34,6 +34,7 @@ async fn lookup_and_check(
             layout: layout.layout.clone(),
             handles: hit.handles.clone(),
             layers: None,
+            chains: None,
         })
         .await?;
     if got.status == EndStatus::Complete {

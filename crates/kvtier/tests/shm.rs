@@ -54,6 +54,7 @@ fn http_load(server: &Server, layout: &LayoutInfo, p: &PromptSpec) -> Vec<bytes:
         layout: layout.layout.clone(),
         handles: hit.handles,
         layers: None,
+        chains: None,
     };
     runtime()
         .block_on(server.client().load(&req))

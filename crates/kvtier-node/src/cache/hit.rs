@@ -10,9 +10,14 @@ use super::CacheLayout;
 pub(super) enum Found {
     /// The embedded engine's lookup.
     Local(Lookup),
-    /// A server's answer: the handles (32 hex digits per block) a load sends back, and
-    /// the tiers one letter per block.
-    Served { handles: String, tiers: String },
+    /// A server's answer: the handles (32 hex digits per block) a load sends back, the
+    /// tiers one letter per block, and for hits joined from several lookups the blocks of
+    /// each (a load resolves each from the layout's root).
+    Served {
+        handles: String,
+        tiers: String,
+        chains: Option<Vec<u32>>,
+    },
 }
 
 /// How much of a prompt is cached: the leading whole blocks found, and where.
@@ -56,6 +61,7 @@ impl Hit {
             found: Found::Served {
                 handles: answer.handles,
                 tiers: answer.tiers,
+                chains: None,
             },
         }
     }
@@ -96,9 +102,23 @@ impl Hit {
         let mut out = self.clone();
         match &mut out.found {
             Found::Local(l) => l.blocks.truncate(blocks),
-            Found::Served { handles, tiers } => {
+            Found::Served {
+                handles,
+                tiers,
+                chains,
+            } => {
                 handles.truncate(blocks * kvtier_client::wire::HANDLE_HEX_LEN);
                 tiers.truncate(blocks);
+                if let Some(chains) = chains {
+                    // The leading chains that fit, and the part of the next one that does.
+                    let mut left = blocks as u32;
+                    chains.retain_mut(|c| {
+                        let keep = (*c).min(left);
+                        left -= keep;
+                        *c = keep;
+                        keep > 0
+                    });
+                }
             }
         }
         if blocks < self.blocks() {
@@ -110,6 +130,61 @@ impl Hit {
                 l.matched_tokens = out.matched_tokens;
                 l.state = None;
             }
+        }
+        Ok(out)
+    }
+
+    /// The blocks of `hits` (lookups of one layout by one cache, without recurrent state)
+    /// as one hit, in order: one load of many short prompts' blocks, as SGLang's pages
+    /// are loaded (a server takes any handles of a layout in one `/v1/load`).
+    pub fn join(hits: &[Hit]) -> Result<Hit> {
+        let Some(first) = hits.first() else {
+            return Err(Error::invalid("no hits to join"));
+        };
+        let mut out = first.clone();
+        for hit in &hits[1..] {
+            if hit.layout != out.layout {
+                return Err(Error::invalid("hits of different layouts cannot be joined"));
+            }
+            match (&mut out.found, &hit.found) {
+                (Found::Local(a), Found::Local(b)) => {
+                    a.blocks.extend(b.blocks.iter().cloned());
+                    a.matched_tokens += b.matched_tokens;
+                }
+                (
+                    Found::Served {
+                        handles,
+                        tiers,
+                        chains,
+                    },
+                    Found::Served {
+                        handles: h,
+                        tiers: t,
+                        chains: c,
+                    },
+                ) => {
+                    let own = |n: usize| vec![n as u32];
+                    let mut joined = chains.take().unwrap_or_else(|| {
+                        own(handles.len() / kvtier_client::wire::HANDLE_HEX_LEN)
+                    });
+                    joined.extend(
+                        c.clone()
+                            .unwrap_or_else(|| own(h.len() / kvtier_client::wire::HANDLE_HEX_LEN)),
+                    );
+                    // An empty hit is no chain: a load's chains are never empty.
+                    joined.retain(|&n| n > 0);
+                    *chains = Some(joined);
+                    handles.push_str(h);
+                    tiers.push_str(t);
+                }
+                _ => return Err(Error::invalid("hits of different caches cannot be joined")),
+            }
+            out.matched_tokens += hit.matched_tokens;
+        }
+        if hits.iter().any(|h| h.state_tier.is_some()) {
+            return Err(Error::invalid(
+                "hits with recurrent state cannot be joined (a state belongs to its own prompt)",
+            ));
         }
         Ok(out)
     }

@@ -210,6 +210,21 @@ impl Cache {
         }
     }
 
+    /// [`Cache::lookup`] of many short prompts at once (SGLang's pages: a prompt each), in
+    /// order: a server answers them in one request. Join the hits ([`Hit::join`]) to load
+    /// their blocks in one call.
+    pub fn lookup_many(&self, layout: &CacheLayout, prompts: &[&[u32]]) -> Result<Vec<Hit>> {
+        match &self.backend {
+            Backend::Embedded { .. } => prompts.iter().map(|t| self.lookup(layout, t)).collect(),
+            Backend::Served(s) => Ok(s
+                .call(s.client.lookup_batch(&layout.digest, prompts))?
+                .hits
+                .into_iter()
+                .map(|answer| Hit::served(answer, layout))
+                .collect()),
+        }
+    }
+
     /// The matched blocks of `hit`, whole, or only layers `start..end` of each. Fewer
     /// come back when the cache lost some since the lookup: the caller computes from
     /// there.
@@ -221,11 +236,17 @@ impl Cache {
                 Some((start, end)) => engine.load_layers(lookup, start..end)?,
             }
             .blocks),
-            (Backend::Served(s), Found::Served { handles, .. }) => {
+            (
+                Backend::Served(s),
+                Found::Served {
+                    handles, chains, ..
+                },
+            ) => {
                 let request = LoadRequest {
                     layout: hit.layout.clone(),
                     handles: handles.clone(),
                     layers: layers.map(|(start, end)| [start, end]),
+                    chains: chains.clone(),
                 };
                 Ok(s.call(s.client.load(&request))?.blocks)
             }
@@ -264,8 +285,15 @@ impl Cache {
                 }
                 Ok(loaded.blocks.len())
             }
-            (Backend::Served(s), Found::Served { handles, .. }) => {
-                if let (Some(shm), None) = (&s.shm, layers) {
+            (
+                Backend::Served(s),
+                Found::Served {
+                    handles, chains, ..
+                },
+            ) => {
+                // A joined hit's chains are resolved by `/v1/load`; the shared arena's
+                // lease takes one chain.
+                if let (Some(shm), None, None) = (&s.shm, layers, chains) {
                     // In place from the shared arena: one lease, one copy per block.
                     let lease = shm.load_handles(&hit.layout, handles)?;
                     let n = lease.slots().len();
@@ -284,6 +312,7 @@ impl Cache {
                     layout: hit.layout.clone(),
                     handles: handles.clone(),
                     layers: layers.map(|(start, end)| [start, end]),
+                    chains: chains.clone(),
                 };
                 Ok(s.call(s.client.load_into(&request, &mut out[..need]))?.0)
             }
@@ -309,8 +338,18 @@ impl Cache {
             (Backend::Embedded { engine, .. }, Found::Local(lookup)) => {
                 Ok(BlockLease::local(engine.load(lookup)?.blocks))
             }
-            (Backend::Served(s), Found::Served { handles, .. }) => {
+            (
+                Backend::Served(s),
+                Found::Served {
+                    handles, chains, ..
+                },
+            ) => {
                 let shm = s.shm.as_ref().ok_or_else(no_shared_arena)?;
+                if chains.is_some() {
+                    return Err(Error::invalid(
+                        "a joined hit of a server is loaded with load or load_into, not leased",
+                    ));
+                }
                 Ok(BlockLease::shared(
                     shm,
                     shm.load_handles(&hit.layout, handles)?,
@@ -374,6 +413,52 @@ impl Cache {
                     None => s.call(s.client.store_from(&spec, payloads, None)),
                 }
             }
+        }
+    }
+
+    /// [`Cache::store`] of many short prompts at once: `payloads[i]` are prompt `i`'s
+    /// blocks; one answer per prompt, in order. A server over HTTP takes them in one
+    /// request; through its shared arena (and in an engine) each is stored in place.
+    pub fn store_many(
+        &self,
+        layout: &CacheLayout,
+        prompts: &[&[u32]],
+        payloads: &[&[&[u8]]],
+    ) -> Result<Vec<StoreAnswer>> {
+        if prompts.len() != payloads.len() {
+            return Err(Error::invalid(format!(
+                "{} prompts with {} lists of blocks",
+                prompts.len(),
+                payloads.len()
+            )));
+        }
+        match &self.backend {
+            Backend::Served(s) if s.shm.is_none() => {
+                let flat: Vec<&[u8]> = payloads.iter().flat_map(|p| p.iter().copied()).collect();
+                // The server reads each prompt's whole blocks: a prompt sent more or fewer
+                // would shift every later prompt's bytes, so that is refused here.
+                for (i, (tokens, blocks)) in prompts.iter().zip(payloads).enumerate() {
+                    let whole = tokens.len() / layout.tokens_per_block().max(1);
+                    if blocks.len() != whole
+                        || blocks.iter().any(|b| b.len() as u64 != layout.block_bytes)
+                    {
+                        return Err(Error::invalid(format!(
+                            "prompt {i} of a batch has {whole} whole blocks of {} bytes; {} buffers given",
+                            layout.block_bytes,
+                            blocks.len()
+                        )));
+                    }
+                }
+                Ok(
+                    s.call(s.client.store_batch(&layout.digest, prompts, &flat, None))?
+                        .answers,
+                )
+            }
+            _ => prompts
+                .iter()
+                .zip(payloads)
+                .map(|(tokens, blocks)| self.store(layout, tokens, blocks))
+                .collect(),
         }
     }
 

@@ -55,6 +55,10 @@ class Hit:
     def state_tier(self) -> str | None: ...
     def prefix(self, blocks: int) -> Hit:
         """The first ``blocks`` matched blocks only (a load of part of the hit)."""
+    @staticmethod
+    def join(hits: Sequence[Hit]) -> Hit:
+        """The blocks of ``hits`` (one layout, one cache, no recurrent state) as one hit,
+        in order: one load of many short prompts' blocks."""
     def __bool__(self) -> bool: ...
 
 @final
@@ -148,6 +152,16 @@ class Cache:
         checkpoint_every: int | None = None,
     ) -> Layout: ...
     def lookup(self, layout: Layout, tokens: Sequence[int]) -> Hit: ...
+    def lookup_many(self, layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Hit]:
+        """``lookup`` of many short prompts, in order (one request to a server)."""
+    def store_many(
+        self,
+        layout: Layout,
+        prompts: Sequence[Sequence[int]],
+        blocks: Sequence[_BufferLike | Sequence[_BufferLike]],
+    ) -> list[dict[str, Any]]:
+        """``store`` of many short prompts (``blocks[i]``: prompt ``i``'s), one answer
+        each, in order (one request to a server over HTTP)."""
     def store(
         self,
         layout: Layout,

@@ -50,6 +50,9 @@ from kvtier.rates import Rates
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
+# transformers' cache layer is untyped: made through this.
+_Layer: Any = DynamicLayer
+
 #: Seconds a load over HTTP may take before the prefix is computed instead.
 LOAD_TIMEOUT = 60.0
 
@@ -57,8 +60,8 @@ LOAD_TIMEOUT = 60.0
 def _pages(t: torch.Tensor, block_tokens: int) -> torch.Tensor:
     """A ``[1, heads, tokens, dim]`` cache tensor as pages of ``block_tokens`` tokens,
     ``[blocks, heads, block_tokens, dim]`` (a view: writes go to the cache)."""
-    tokens = t.shape[2]
-    return t[0].unflatten(1, (tokens // block_tokens, block_tokens)).permute(1, 0, 2, 3)
+    heads, tokens, dim = t.shape[1], t.shape[2], t.shape[3]
+    return t[0].view(heads, tokens // block_tokens, block_tokens, dim).permute(1, 0, 2, 3)
 
 
 class RestoredCache(DynamicCache):
@@ -73,7 +76,7 @@ class RestoredCache(DynamicCache):
         self._loading: kt.Loading | None = loading
         self._waiting = set(range(len(layers)))
         for keys, values in layers:
-            layer = DynamicLayer()
+            layer = _Layer()
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             self.layers.append(layer)
@@ -154,7 +157,7 @@ class PrefixCache:
         self.num_layers = int(text.num_hidden_layers)
         self.kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
         self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-        self.dtype = model.dtype
+        self.dtype: torch.dtype = model.dtype
         self.rates = rates or Rates()
         self.load_timeout = load_timeout
         self._counters = {"lookups": 0, "restored_tokens": 0, "load_errors": 0, "stores": 0, "store_errors": 0}
@@ -179,7 +182,7 @@ class PrefixCache:
 
     @property
     def block_bytes(self) -> int:
-        return 2 * self.num_layers * self.kv_heads * self.block_tokens * self.head_dim * self.dtype.itemsize
+        return 2 * self.num_layers * self.kv_heads * self.block_tokens * self.head_dim * int(self.dtype.itemsize)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -258,11 +261,11 @@ class PrefixCache:
             return None
         if not isinstance(cache, DynamicCache):
             raise InvalidError(f"kvtier.hf stores a DynamicCache, not {type(cache).__name__}")
-        layers = cache.layers
+        layers: list[Any] = list(cache.layers)
         if len(layers) != self.num_layers or any(type(layer) is not DynamicLayer for layer in layers):
             raise InvalidError(f"a cache of {self.num_layers} full-attention layers is needed")
         tokens = _token_list(input_ids)
-        held = cache.get_seq_length()
+        held = int(cache.get_seq_length())
         want = (1, self.kv_heads, held, self.head_dim)
         for layer in layers:
             for t in (layer.keys, layer.values):

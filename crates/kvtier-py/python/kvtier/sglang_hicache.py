@@ -21,8 +21,12 @@ zero-copy pages and generic flat pages order bytes differently), the tensor-para
 the extra config. So a page is only ever served to the same deployment and tenant, and a
 key that is not 64 hex digits is a miss, never a lookup.
 
-- KV pages are kvtier blocks: their existence is a lookup (memory only), a load copies the
-  block straight into the pool's page regions, a store gathers them into one buffer.
+- KV pages are kvtier blocks. SGLang's calls take a batch of pages, and so does kvtier:
+  ``batch_exists`` is one lookup of every key (one request to a server, memory only), a
+  get one lookup and one load of the pages found (each block copied straight into the
+  page's regions of the pool), a set one lookup and one store of the pages kvtier lacks
+  (a page that is one piece of the pool's memory is sent from where it lies; a page in
+  pieces, layer by layer, is gathered into one buffer first).
 - Mamba states (the v2 calls, ``PoolName.MAMBA``, one state per key) are kvtier
   checkpoints of a recurrent-only layout: their own budget, the SSD tier, S3.
 - ``batch_exists`` answers the leading run of pages held; ``batch_exists_v2`` the longest
@@ -212,49 +216,162 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
         ptrs, sizes = host.get_page_buffer_meta(indices)
         return [int(p) for p in ptrs], [int(s) for s in sizes]
 
-    # -- one page -------------------------------------------------------------------------
+    # -- pages --------------------------------------------------------------------------
 
     def _has(self, pool: _Pool, words: list[int]) -> bool:
         return bool(self._kv.lookup(pool.layout, words))
 
     def _regions(self, pool: _Pool, start: int) -> list[tuple[int, int]]:
+        """Where page ``start`` of the host pool lies: ``(address, bytes)`` pieces, adjacent
+        ones merged (a page-first pool's page is one piece)."""
         idx = torch.arange(start, start + pool.page_size, dtype=torch.int64)
         ptrs, sizes = self._meta(pool.host, idx)
-        return list(zip(ptrs, sizes))
+        merged: list[tuple[int, int]] = []
+        for ptr, size in zip(ptrs, sizes):
+            if merged and merged[-1][0] + merged[-1][1] == ptr:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            else:
+                merged.append((ptr, size))
+        return merged
 
-    def _put_page(self, pool: _Pool, key: str, start: int) -> bool:
-        words = _words(key)
-        if words is None:
-            return False
-        if self._has(pool, words):
-            return True  # idempotent: the same key is the same page
-        regions = self._regions(pool, start)
-        if sum(size for _, size in regions) != pool.page_bytes:
-            return False
+    @staticmethod
+    def _page_buffer(pool: _Pool, regions: list[tuple[int, int]]) -> Any:
+        """A page's bytes as one buffer: the host pool's own memory when the page is one
+        piece (stored from where it lies), else gathered into one."""
+        if len(regions) == 1:
+            ptr, size = regions[0]
+            return (ctypes.c_uint8 * size).from_address(ptr)
         page = bytearray(pool.page_bytes)
         base = ctypes.addressof((ctypes.c_char * pool.page_bytes).from_buffer(page))
         at = 0
         for ptr, size in regions:
             ctypes.memmove(base + at, ptr, size)
             at += size
-        if pool.state:
-            return self._kv.checkpoint_put(pool.layout, words, 1, page) != "rejected"
-        report = self._kv.store(pool.layout, words, page)
-        return report.get("stopped") is None and (
-            report["stored"] + report["duplicates"] + report["stored_lower_only"] == 1
-        )
+        return page
 
-    def _get_page(self, pool: _Pool, key: str, start: int) -> bool:
+    def _starts(self, pool: _Pool | None, keys: list[str], host_indices: Any) -> list[int] | None:
+        """Each page's first host slot; ``None`` (logged) when the indices do not fit."""
+        if pool is None or host_indices is None:
+            return None
+        if int(host_indices.numel()) != len(keys) * pool.page_size:
+            logger.error(
+                "kvtier: %d host indices for %d pages of %d slots in pool %s",
+                int(host_indices.numel()),
+                len(keys),
+                pool.page_size,
+                pool.name,
+            )
+            return None
+        return [int(i) for i in host_indices[:: pool.page_size].tolist()]
+
+    def _lookup(self, pool: _Pool, keys: list[str]) -> list[Any]:
+        """The hits of the leading keys that are 64 hex digits, in one lookup of them all
+        (one request to a server); none when the lookup fails (SGLang computes them)."""
+        words: list[list[int]] = []
+        for key in keys:
+            w = _words(key)
+            if w is None:
+                break
+            words.append(w)
+        if not words:
+            return []
+        try:
+            return list(self._kv.lookup_many(pool.layout, words))
+        except kvtier.KvtierError as e:
+            logger.warning("kvtier: lookup of %d pages of pool %s: %s", len(words), pool.name, e)
+            return []
+
+    def _held(self, pool: _Pool, keys: list[str]) -> list[bool]:
+        """Whether kvtier holds each of the leading keys' pages (see ``_lookup``)."""
+        return [bool(hit) for hit in self._lookup(pool, keys)]
+
+    def _get_pages(self, pool: _Pool | None, keys: list[str], host_indices: Any) -> list[bool]:
+        """Pages into the host pool until one is missing or fails (SGLang counts only the
+        leading pages): KV pages in one lookup and one load of them all; states one by
+        one."""
+        out = [False] * len(keys)
+        starts = self._starts(pool, keys, host_indices)
+        if pool is None or starts is None:
+            return out
+        if pool.state:
+            return self._one_by_one(pool, keys, starts, self._get_state)
+        hits = self._lookup(pool, keys)
+        n = next((i for i, hit in enumerate(hits) if hit.blocks != 1), len(hits))
+        if n == 0:
+            return out
+        try:
+            blocks = self._kv.load(kvtier.Hit.join(hits[:n]))
+        except kvtier.KvtierError as e:
+            logger.warning("kvtier: load of %d pages of pool %s: %s", n, pool.name, e)
+            return out
+        for i, block in enumerate(blocks[:n]):
+            regions = self._regions(pool, starts[i])
+            if len(block) != pool.page_bytes or sum(size for _, size in regions) != pool.page_bytes:
+                break
+            at = block.address
+            for ptr, size in regions:
+                ctypes.memmove(ptr, at, size)
+                at += size
+            out[i] = True
+        return out
+
+    def _put_pages(self, pool: _Pool | None, keys: list[str], host_indices: Any) -> list[bool]:
+        """Pages from the host pool into kvtier until one fails: the KV pages kvtier lacks
+        in one store of them all (a page already held is idempotent: the same key is the
+        same page); states one by one."""
+        out = [False] * len(keys)
+        starts = self._starts(pool, keys, host_indices)
+        if pool is None or starts is None:
+            return out
+        if pool.state:
+            return self._one_by_one(pool, keys, starts, self._put_state)
+        held = self._held(pool, keys)
+        ok = list(held)
+        todo: list[int] = []
+        buffers: list[Any] = []
+        for i, have in enumerate(held):
+            if have:
+                continue
+            regions = self._regions(pool, starts[i])
+            if sum(size for _, size in regions) != pool.page_bytes:
+                ok = ok[:i]
+                break
+            todo.append(i)
+            buffers.append(self._page_buffer(pool, regions))
+        if todo:
+            words = [_words(keys[i]) or [] for i in todo]
+            try:
+                answers = self._kv.store_many(pool.layout, words, buffers)
+            except kvtier.KvtierError as e:
+                logger.warning("kvtier: store of %d pages of pool %s: %s", len(todo), pool.name, e)
+                answers = []
+            for i, report in zip(todo, answers):
+                ok[i] = report.get("stopped") is None and (
+                    report["stored"] + report["duplicates"] + report["stored_lower_only"] == 1
+                )
+        for i, good in enumerate(ok):
+            if not good:
+                break
+            out[i] = True
+        return out
+
+    def _put_state(self, pool: _Pool, key: str, start: int) -> bool:
         words = _words(key)
         if words is None:
             return False
-        if pool.state:
-            got = self._kv.restore(pool.layout, words)
-            source = got.state if got else None
-        else:
-            hit = self._kv.lookup(pool.layout, words)
-            blocks = self._kv.load(hit) if hit else []
-            source = blocks[0] if len(blocks) == 1 else None
+        if self._has(pool, words):
+            return True  # idempotent: the same key is the same state
+        regions = self._regions(pool, start)
+        if sum(size for _, size in regions) != pool.page_bytes:
+            return False
+        return self._kv.checkpoint_put(pool.layout, words, 1, self._page_buffer(pool, regions)) != "rejected"
+
+    def _get_state(self, pool: _Pool, key: str, start: int) -> bool:
+        words = _words(key)
+        if words is None:
+            return False
+        got = self._kv.restore(pool.layout, words)
+        source = got.state if got else None
         if source is None or len(source) != pool.page_bytes:
             return False
         regions = self._regions(pool, start)
@@ -266,24 +383,12 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
             at += size
         return True
 
-    def _pages(self, pool: _Pool | None, keys: list[str], host_indices: Any, op: Any) -> list[bool]:
-        """`op` on each page until one fails (SGLang counts only leading pages)."""
+    def _one_by_one(self, pool: _Pool, keys: list[str], starts: list[int], op: Any) -> list[bool]:
+        """``op`` on each page until one fails (SGLang counts only leading pages)."""
         out = [False] * len(keys)
-        if pool is None or host_indices is None:
-            return out
-        if int(host_indices.numel()) != len(keys) * pool.page_size:
-            logger.error(
-                "kvtier: %d host indices for %d pages of %d slots in pool %s",
-                int(host_indices.numel()),
-                len(keys),
-                pool.page_size,
-                pool.name,
-            )
-            return out
         for i, key in enumerate(keys):
-            start = int(host_indices[i * pool.page_size].item())
             try:
-                ok = op(pool, key, start)
+                ok = op(pool, key, starts[i])
             except kvtier.KvtierError as e:
                 logger.warning("kvtier: page %s of pool %s: %s", key, pool.name, e)
                 ok = False
@@ -298,20 +403,18 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
     # -- v1: zero-copy pages of the KV pool ----------------------------------------------
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """How many leading pages kvtier holds: one lookup of them all."""
         pool = self._pool(PoolName.KV)
         if pool is None:
             return 0
-        for i, key in enumerate(keys):
-            words = _words(key)
-            if words is None or not self._has(pool, words):
-                return i
-        return len(keys)
+        held = self._held(pool, keys)
+        return held.index(False) if False in held else len(held)
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
-        return self._pages(self._pool(PoolName.KV), keys, host_indices, self._get_page)
+        return self._get_pages(self._pool(PoolName.KV), keys, host_indices)
 
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
-        return self._pages(self._pool(PoolName.KV), keys, host_indices, self._put_page)
+        return self._put_pages(self._pool(PoolName.KV), keys, host_indices)
 
     # -- v2: every pool of a hybrid model -------------------------------------------------
 
@@ -327,9 +430,10 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
             name = _name(transfer.name)
             pool = self._pool(transfer.name)
 
-            def held(i: int, pool: _Pool | None = pool) -> bool:
-                words = _words(keys[i])
-                return pool is not None and words is not None and self._has(pool, words)
+            flags = self._held(pool, keys[:kv_pages]) if pool is not None else []
+
+            def held(i: int, flags: list[bool] = flags) -> bool:
+                return i < len(flags) and flags[i]
 
             if transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
                 window = max(1, len(transfer.keys or []) or 1)
@@ -348,13 +452,13 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
 
     def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
         return {
-            t.name: self._pages(self._pool(t.name), list(t.keys or []), t.host_indices, self._get_page)
+            t.name: self._get_pages(self._pool(t.name), list(t.keys or []), t.host_indices)
             for t in transfers
         }
 
     def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
         return {
-            t.name: self._pages(self._pool(t.name), list(t.keys or []), t.host_indices, self._put_page)
+            t.name: self._put_pages(self._pool(t.name), list(t.keys or []), t.host_indices)
             for t in transfers
         }
 

@@ -8,7 +8,9 @@ other tenants and damaged objects are misses. SGLang's own factory loads the bac
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,49 @@ def test_pages_come_back_byte_identical_into_another_pool(server, layout):
     assert reader.batch_get_v1(keys, b_idx) == [True] * len(keys)
     assert pages(b, b_idx, PAGE) == pages(a, a_idx, PAGE)
     assert any(any(p) for p in pages(b, b_idx, PAGE))
+
+
+def requests_by_endpoint(url: str) -> dict[str, int]:
+    """The server's answered requests per endpoint, from its /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, int] = {}
+    for m in re.finditer(r'^kvtier_request_duration_seconds_count\{endpoint="([^"]+)",status="[^"]+"\} (\d+)', text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
+    return out
+
+
+def test_a_batch_of_pages_is_one_request_per_call(server):
+    keys = keys_of(list(range(5000, 5000 + 32 * PAGE)), salt=b"batch")
+    a = kv_pool("page_first")
+    fill(a, 9)
+    idx = a.alloc(len(keys) * PAGE)
+    w = backend(a, server.url)
+    before = requests_by_endpoint(server.url)
+    # Half the pages first, then all: the set stores only those kvtier lacks.
+    assert w.batch_set_v1(keys[:16], idx[: 16 * PAGE]) == [True] * 16
+    assert w.batch_set_v1(keys, idx) == [True] * len(keys)
+    assert w.batch_exists(keys) == len(keys)
+    b = kv_pool("page_first")
+    b_idx = b.alloc(len(keys) * PAGE)
+    assert backend(b, server.url).batch_get_v1(keys, b_idx) == [True] * len(keys)
+    assert pages(b, b_idx, PAGE) == pages(a, idx, PAGE)
+    after = requests_by_endpoint(server.url)
+    made = {
+        e: after[e] - before.get(e, 0)
+        for e in after
+        if after[e] != before.get(e, 0) and e.startswith("/v1/") and e != "/v1/layouts"
+    }
+    # Two sets (a lookup and a store each), one exists, one get (a lookup and a load):
+    # 32 pages each, and never a request per page (the reader's layout registration
+    # aside).
+    assert made == {"/v1/lookup/batch": 4, "/v1/store/batch": 2, "/v1/load": 1}, made
+    # A page missing in the middle: the leading ones only.
+    holey = keys[:5] + keys_of(list(range(9000, 9000 + PAGE)), salt=b"none") + keys[6:]
+    c = kv_pool("page_first")
+    c_idx = c.alloc(len(holey) * PAGE)
+    assert w.batch_exists(holey) == 5
+    assert backend(c, server.url).batch_get_v1(holey, c_idx) == [True] * 5 + [False] * (len(holey) - 5)
 
 
 def test_the_generic_flat_page_path_round_trips(server):

@@ -175,7 +175,12 @@ pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
     };
     // Resolving reads memory only; the blocks are read batch by batch as the response
     // is sent (see `load_stream`).
-    let resolved = app.engine.resolve(layout.digest(), &hashes)?;
+    let resolved = match &req.chains {
+        None => app.engine.resolve(layout.digest(), &hashes)?,
+        Some(chains) => {
+            super::batch::resolve_chains(&app.engine, layout.digest(), &hashes, chains)?
+        }
+    };
     let per_block = match &layers {
         Some(r) => layout
             .geometry()

@@ -2,6 +2,7 @@
 //! the admin token), health; every request timed into the latency histograms.
 
 mod admin;
+mod batch;
 mod data;
 pub(crate) mod input;
 mod load_stream;
@@ -124,9 +125,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/layouts", post(data::register_layout))
         .route("/v1/layouts/{layout}", delete(data::delete_layout))
         .route("/v1/lookup", post(data::lookup))
+        .route("/v1/lookup/batch", post(batch::lookup_batch))
         .route("/v1/load", post(data::load))
         .route("/v1/store", post(data::store))
         .route("/v1/store/raw", post(raw_store::store_raw))
+        .route("/v1/store/batch", post(batch::store_batch))
         .route("/v1/snapshot", put(data::snapshot_put))
         .route("/v1/snapshot/get", post(data::snapshot_get))
         .route("/v1/checkpoint", put(state::checkpoint_put))

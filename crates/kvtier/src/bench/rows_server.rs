@@ -247,6 +247,7 @@ async fn measure(
         layout: layout.layout.clone(),
         handles: hit.handles.clone(),
         layers: None,
+        chains: None,
     };
     let total = blocks * block;
     if wanted("server.load.64x2MiB.GBps") {

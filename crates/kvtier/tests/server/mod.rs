@@ -173,6 +173,7 @@ pub async fn load_all(
         layout: layout.layout.clone(),
         handles: hit.handles.clone(),
         layers: None,
+        chains: None,
     })
     .await
     .expect("load")
