@@ -223,7 +223,6 @@ class PrefixCache:
             for _ in range(self.num_layers)
         ]
         paged = kt.PagedCache(tuple((_pages(k, bt), _pages(v, bt)) for k, v in layers))
-        started = time.perf_counter()
         try:
             loading = kt.load_to(self.kv, hit, paged, range(blocks))
             if self.kv.arena is None:
@@ -237,7 +236,8 @@ class PrefixCache:
             self._counters["load_errors"] += 1
             return DynamicCache(), 0
         got = loading.blocks
-        self.rates.observe_load(hit.tiers[:got], self.block_bytes, time.perf_counter() - started)
+        if loading.seconds is not None:
+            self.rates.observe_load(hit.tiers[:got], self.block_bytes, loading.seconds)
         if got < blocks:  # kvtier lost some since the lookup: the leading ones are whole
             layers = [(k[:, :, : got * bt], v[:, :, : got * bt]) for k, v in layers]
         self._counters["restored_tokens"] += got * bt

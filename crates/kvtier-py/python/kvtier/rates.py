@@ -86,12 +86,14 @@ class Rates:
 
     # ---- decisions ----
 
-    def plan(self, tiers: Sequence[str], block_bytes: int, block_tokens: int) -> int:
+    def plan(self, tiers: Sequence[str], block_bytes: int, block_tokens: int, *, count: bool = True) -> int:
         """How many of a hit's leading blocks to load (block ``j`` held by ``tiers[j]``):
         the ``k`` for which loading blocks ``0..k`` and prefilling the rest takes least
         time at the measured rates (ties: the longer load). Only a prefix can be loaded —
         the KV of a block depends on every token before it — so a slow first block makes
-        the whole hit a recompute even when later blocks are in RAM. Counted."""
+        the whole hit a recompute even when later blocks are in RAM. Counted, unless
+        ``count`` is false (a caller that may plan a request more than once counts what
+        it did with ``count``)."""
         n = len(tiers)
         with self._lock:
             prefill = self._prefill_tokens_per_s
@@ -106,11 +108,18 @@ class Rates:
                 cost += (block_bytes / rate if rate else 0.0) - recompute
                 if cost <= best_cost:
                     best, best_cost = j + 1, cost
-        with self._lock:
-            self._counters["planned_hits"] += 1 if n else 0
-            self._counters["tokens_loaded"] += best * block_tokens
-            self._counters["tokens_recomputed"] += (n - best) * block_tokens
+        if count:
+            self.count(best * block_tokens, (n - best) * block_tokens)
         return best
+
+    def count(self, loaded: int, recomputed: int) -> None:
+        """Counts one planned hit: ``loaded`` tokens loaded, ``recomputed`` left to the
+        engine by the plan."""
+        if loaded or recomputed:
+            with self._lock:
+                self._counters["planned_hits"] += 1
+                self._counters["tokens_loaded"] += loaded
+                self._counters["tokens_recomputed"] += recomputed
 
     # ---- what was measured and decided ----
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -172,11 +173,16 @@ class Loading:
     ``i``'s pages are written (on a GPU: the current stream waits for them) — ``False`` if
     they did not arrive in time, after which nothing more is written into the engine's
     pages; ``blocks`` is how many blocks every layer written so far holds (final once
-    ``synchronize()`` returned)."""
+    ``synchronize()`` returned); ``seconds`` how long kvtier took to deliver them."""
 
     def __init__(self, layers: int, first: int) -> None:
         self.first = first
         self.blocks = first
+        #: Seconds from ``load_to`` until every layer was written (queued, on a GPU):
+        #: kvtier's delivery time, which the load-or-recompute plans measure tiers by
+        #: (``kvtier.rates``); ``None`` until then, and for a load that failed.
+        self.seconds: float | None = None
+        self._started = time.perf_counter()
         #: Per layer: the CUDA event after its pages' copies (None on the CPU or not yet).
         self._events: list[Any] = [None] * layers
         #: Per layer: set once it is settled — written, or never to be.
@@ -208,6 +214,8 @@ class Loading:
         for i in range(start, end):
             self._done[i] = done
             self._ready[i].set()
+        if self.seconds is None and all(self._done):
+            self.seconds = time.perf_counter() - self._started
 
     def cancel(self) -> None:
         """Writes nothing more into the engine's pages (what was written stays)."""

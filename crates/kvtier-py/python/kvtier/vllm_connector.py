@@ -77,7 +77,9 @@ import kvtier
 import kvtier.torch as kt
 from kvtier._open import timeouts_of
 from kvtier._weights import weights_identity
+from kvtier._vllm_rates import Measured, StepClock
 from kvtier._vllm_recurrent import RecurrentGroup, RecurrentModel
+from kvtier.rates import Rates
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -215,6 +217,8 @@ class _Load:
 
     job: _Job
     loading: kt.Loading
+    #: The tiers the loaded blocks came from (the worker's lookup), for the measurement.
+    tiers: list[str] = dataclasses.field(default_factory=list)
     ok: bool = True
 
 
@@ -228,6 +232,8 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     """What the worker side does in this step."""
 
     jobs: list[_Job] = dataclasses.field(default_factory=list)
+    #: Tokens this step computes (vLLM's scheduled tokens), for the prefill rate.
+    step_tokens: int = 0
 
 
 class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
@@ -385,6 +391,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # are not what kvtier's keys name until vLLM recomputes them, so nothing of them
         # is stored in this step.
         self._short: set[str] = set()
+        # Load or recompute (kvtier.rates): the scheduler plans from the rates its
+        # workers measure (kvtier._vllm_rates); the tokens each request's plan left to
+        # vLLM, counted once the request is allocated.
+        self.rates = Rates()
+        self._recomputed: dict[str, int] = {}
+        self._clock = StepClock()
+        self._measured = Measured()
 
     def _layout(self, group: _Group, salt: str | None) -> Any:
         """The layout of `group`'s layers for requests with cache salt `salt`: the model's,
@@ -477,12 +490,23 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # A hit restores every group at one token boundary: the shortest group's (for
             # a model with recurrent groups, kvtier's composition rule in one lookup).
             groups = self._groups[:1] if self._recurrent is not None else self._groups
-            matched = min(
-                self._client.lookup(self._layout(g, salt), tokens[:usable]).matched_tokens for g in groups
-            )
+            layouts = [self._layout(g, salt) for g in groups]
+            hits = [self._client.lookup(layout, tokens[:usable]) for layout in layouts]
         except kvtier.KvtierError as e:
             logger.warning("kvtier lookup failed, computing instead: %s", e)
             return 0, False
+        matched = min(h.matched_tokens for h in hits)
+        if self._recurrent is None and matched > num_computed_tokens:
+            # Only what loads faster than vLLM computes it (measured rates); the blocks vLLM
+            # holds already cost nothing either way. (A recurrent model restores at its
+            # checkpoints only: not planned.)
+            bs = self._block_size
+            first, n = num_computed_tokens // bs, matched // bs
+            worth = self.rates.plan(
+                hits[0].tiers[first:n], sum(layout.block_bytes for layout in layouts), bs, count=False
+            )
+            self._recomputed[request.request_id] = (n - first - worth) * bs
+            matched = (first + worth) * bs
         if matched <= num_computed_tokens:
             return 0, False
         self._matched[request.request_id] = matched
@@ -491,6 +515,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        self.rates.count(num_external_tokens, self._recomputed.pop(request.request_id, 0))
         if num_external_tokens > 0:
             matched = self._matched.get(request.request_id, 0)
             if self._async:
@@ -500,7 +525,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self._to_load[request.request_id] = (request, matched - num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = KvtierConnectorMetadata()
+        meta = KvtierConnectorMetadata(step_tokens=int(scheduler_output.total_num_scheduled_tokens))
         bs = self._block_size
         # Asynchronous loads: the requests wait for them before they are scheduled.
         for req_id, (request, ids, local) in self._async_to_load.items():
@@ -619,6 +644,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # are then stored again (the load's length no longer says what kvtier holds).
         for req_id in connector_output.failed_recving or ():
             self._loaded.pop(req_id, None)
+        measured = connector_output.kv_connector_worker_meta
+        if isinstance(measured, Measured):
+            for tiers, block_bytes, seconds in measured.loads:
+                self.rates.observe_load(tiers, block_bytes, seconds)
+            for tokens, seconds in measured.steps:
+                self.rates.observe_prefill(tokens, seconds)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._finished(request.request_id)
@@ -805,6 +836,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._written = set()
         self._loads = []
         jobs = [j for j in meta.jobs if j.load]
+        try:
+            # A step that loads nothing measures the model's rate (kvtier._vllm_rates).
+            caches = self._kv_caches or {}
+            device = next(iter(caches.values())).device if caches else None
+            self._clock.start(0 if jobs else meta.step_tokens, device)
+        except Exception:  # noqa: BLE001 - never out of a hook: a measurement is skipped
+            logger.exception("KvtierConnector: timing this step failed")
         if self._async:
             for job in jobs:
                 self._async_loads[job.req_id] = _AsyncLoad(functools.partial(self._load_whole, job))
@@ -829,7 +867,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     self._fail(job, job.skip)
                     continue
                 loading = kt.load_to(self._client, hit, paged, job.ids, first=job.skip)
-                self._loads.append(_Load(job, loading))
+                self._loads.append(_Load(job, loading, hit.tiers[job.skip : len(job.ids)]))
             except Exception as e:  # noqa: BLE001 - never out of a hook: recomputed
                 logger.warning("kvtier load failed to start; vLLM recomputes: %s", e)
                 self._fail(job, job.skip)
@@ -887,6 +925,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 delivered = job.skip
             if delivered < len(job.ids):
                 self._fail(job, delivered)
+            elif loading.seconds is not None and load.tiers:
+                self._measured.loads.append((load.tiers, self._paged_bytes(), loading.seconds))
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -923,9 +963,25 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             index = torch.tensor(ids[lead:], dtype=torch.long, device=kv_layer.device)
             parts[li] = kv_layer.index_select(0, index)
 
+    def _paged_bytes(self) -> int:
+        return self._paged_cache.block_bytes if self._paged_cache is not None else 0
+
+    def build_connector_worker_meta(self) -> Measured | None:
+        """This step's measurements, for the scheduler's plans (``update_connector_output``)."""
+        try:
+            self._measured.steps += self._clock.take()
+        except Exception:  # noqa: BLE001 - never out of a hook: a measurement is skipped
+            logger.exception("KvtierConnector: reading this step's timing failed")
+        measured, self._measured = self._measured, Measured()
+        return measured if measured else None
+
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        try:
+            self._clock.stop()
+        except Exception:  # noqa: BLE001 - never out of a hook
+            logger.exception("KvtierConnector: timing this step failed")
         try:
             self._settle()
         except Exception:  # noqa: BLE001 - never out of a hook

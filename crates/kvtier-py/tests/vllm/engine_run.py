@@ -13,7 +13,11 @@ sets the connector's weights_digest; KVTIER_TEST_TIMEOUTS=connect,request,transf
 deadlines (seconds); KVTIER_TEST_CHUNK=N prefills in chunks of N tokens; KVTIER_TEST_RECURRENT=1 runs
 a model with recurrent layers (prefix caching on, see below); KVTIER_TEST_PATCH breaks the
 connector's recurrent path on purpose, or makes one of its worker hooks fail inside
-(`patch`), for the tests' controls.
+(`patch`), for the tests' controls. KVTIER_TEST_SEQUENCE=S,S,... generates for several
+prompts one after another in this one engine (prompt seeds; 0 is the default prompt),
+printing a RESULT line each and then the connector's plan counters (PLANS, in-process
+engines only); KVTIER_TEST_REMOTE=ENDPOINT,BUCKET gives an embedded engine an S3 tier
+(and no SSD tier).
 """
 
 from __future__ import annotations
@@ -105,6 +109,18 @@ def main() -> None:
                     "ssd": {"min_free": "0", "durability": "written"},
                 }
             }
+            if remote := os.environ.get("KVTIER_TEST_REMOTE"):
+                endpoint, bucket = remote.split(",")
+                kv["kv_connector_extra_config"]["engine"].update(
+                    ssd={"enabled": False},
+                    remote={
+                        "endpoints": [endpoint],
+                        "bucket": bucket,
+                        "access_key": "kvtier-test",
+                        "secret_key": "kvtier-test-secret",
+                        "deadline": "30s",
+                    },
+                )
     # A model with recurrent layers: vLLM keeps their states at block boundaries only with
     # prefix caching on (its "align" mode), which each run's fresh process starts empty.
     recurrent = os.environ.get("KVTIER_TEST_RECURRENT") == "1"
@@ -143,21 +159,32 @@ def main() -> None:
             if time.time() > deadline:
                 raise SystemExit("no go")
             time.sleep(0.05)
-    prompt = TokensPrompt(prompt_token_ids=[(i * 7919) % 2000 + 5 for i in range(n_prompt)])
-    if salt := os.environ.get("KVTIER_TEST_CACHE_SALT"):
-        prompt["cache_salt"] = salt
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=1, detokenize=False)
-    out = llm.generate([prompt], params)[0]
-    o = out.outputs[0]
-    result = {
-        "tokens": list(o.token_ids),
-        "logprobs": [next(iter(lp.values())).logprob for lp in o.logprobs],
-        "cached": out.num_cached_tokens,
-        # Whether vLLM kept its hybrid KV cache manager (it turns it off for a connector
-        # that does not implement the hybrid-allocator interface).
-        "hma": not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
-    }
-    print("RESULT " + json.dumps(result), flush=True)
+    seeds = [int(x) for x in os.environ.get("KVTIER_TEST_SEQUENCE", "0").split(",")]
+    for seed in seeds:
+        ids = [(i * 7919 + seed * 104729) % 2000 + 5 for i in range(n_prompt)]
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        if salt := os.environ.get("KVTIER_TEST_CACHE_SALT"):
+            prompt["cache_salt"] = salt
+        out = llm.generate([prompt], params)[0]
+        o = out.outputs[0]
+        result = {
+            "tokens": list(o.token_ids),
+            "logprobs": [next(iter(lp.values())).logprob for lp in o.logprobs],
+            "cached": out.num_cached_tokens,
+            # Whether vLLM kept its hybrid KV cache manager (it turns it off for a connector
+            # that does not implement the hybrid-allocator interface).
+            "hma": not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
+        }
+        print("RESULT " + json.dumps(result), flush=True)
+    if len(seeds) > 1 and kv is not None:
+        core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+        connector = core.scheduler.get_kv_connector() if core is not None else None
+        if connector is not None:
+            rates = connector.rates
+            plans = {**rates.counters, "prefill_rate": rates.prefill_rate,
+                     "tier_rates": {t: rates.tier_rate(t) for t in ("ram", "ssd", "remote")}}
+            print("PLANS " + json.dumps(plans), flush=True)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,30 @@ def engine(
 ) -> dict:
     """One engine run; its result. ``between`` runs once the engine is up, before it
     generates; ``salt`` is the prompt's cache salt; ``env``, engine_run.py's switches."""
+    out = run_engine(model, url, dtype, between, salt, prompt, env)
+    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def engine_sequence(model: Path, url: str, seeds: list[int], env: dict[str, str]) -> tuple[list[dict], dict]:
+    """One engine generating for the prompts of ``seeds`` one after another: each prompt's
+    result, and the connector's plan counters after the last."""
+    out = run_engine(model, url, env={**env, "KVTIER_TEST_SEQUENCE": ",".join(map(str, seeds))})
+    results = [json.loads(l[len("RESULT ") :]) for l in out.splitlines() if l.startswith("RESULT ")]
+    plans = next(json.loads(l[len("PLANS ") :]) for l in out.splitlines() if l.startswith("PLANS "))
+    return results, plans
+
+
+def run_engine(
+    model: Path,
+    url: str | None,
+    dtype: str = "bfloat16",
+    between=None,
+    salt: str | None = None,
+    prompt: int = PROMPT,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Runs engine_run.py (see ``engine``); its standard output."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
     env.pop("KVTIER_TEST_CACHE_SALT", None)
     if salt is not None:
@@ -95,8 +119,7 @@ def engine(
             child.kill()
             child.wait()
     assert child.returncode == 0, err[-4000:]
-    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return out
 
 
 def load_requests(server: Server) -> int:
@@ -274,6 +297,36 @@ def test_a_prompt_prefilled_in_chunks_is_stored_whole_and_hit_whole(models, cold
         assert again["cached"] == EXPECTED and again["tokens"] == cold["tokens"]
     finally:
         server.stop()
+
+
+def test_a_slow_tier_is_recomputed_then_promoted_and_loaded(models, cold, tmp_path):
+    """Load or recompute, measured inside vLLM: one engine stores two prompts in S3; a
+    second reaches the same bucket through a link that holds each answer back 1 s. Its
+    first prompt (cold) measures the model; the first hit is loaded from S3 (the tier was
+    never measured) and measures it; the next hit from S3 is recomputed instead, stored into
+    RAM, and the same prompt again is then loaded — and every answer is the cold one."""
+    from slow_link import Moto, SlowLink
+
+    s3 = Moto()
+    link = SlowLink(s3.url, delay=1.0)
+    try:
+        writer, _ = engine_sequence(
+            models[0], f"embedded:{tmp_path / 'writer'}", [1, 2], {"KVTIER_TEST_REMOTE": f"{s3.url},{s3.bucket}"}
+        )
+        assert [r["cached"] for r in writer] == [0, 0]
+        results, plans = engine_sequence(
+            models[0], f"embedded:{tmp_path / 'reader'}", [0, 1, 2, 2], {"KVTIER_TEST_REMOTE": f"{link.url},{s3.bucket}"}
+        )
+    finally:
+        link.close()
+        s3.stop()
+    assert [r["cached"] for r in results] == [0, EXPECTED, 0, EXPECTED], (results, plans)
+    assert same(results[0], cold)
+    assert results[1]["tokens"] == writer[0]["tokens"] and results[1]["logprobs"] == writer[0]["logprobs"]
+    assert results[2]["tokens"] == writer[1]["tokens"] and results[2]["logprobs"] == writer[1]["logprobs"]
+    assert results[3]["tokens"] == writer[1]["tokens"] and results[3]["logprobs"] == writer[1]["logprobs"]
+    assert plans["tokens_loaded"] == 2 * EXPECTED and plans["tokens_recomputed"] == EXPECTED, plans
+    assert plans["tier_rates"]["remote"] is not None and plans["prefill_rate"] is not None
 
 
 def test_a_flipped_byte_on_disk_is_a_miss(models, cold, tmp_path):
