@@ -12,8 +12,14 @@ first 2,048 tokens (the prefix from kvtier, a few new tokens computed). Each tim
 - engine.vllm.ttft.cold.ms: the cold request (the baseline).
 - engine.vllm.ttft.hit.ms: the request whose prefix comes from kvtier. Target: at least
   5x faster than cold.
+- engine.vllm.ttft.chunked.hit.ms: the same pairs on an engine that prefills in chunks of
+  512 tokens (the cold prompt is computed, and stored, in four chunks); baseline its cold
+  request.
+- engine.vllm.throughput.nohit: tokens per second of batches of 16 distinct prompts of
+  1,024 tokens (8 generated each), every one a miss and stored, against the same engine
+  without the connector, each in a process of its own. Target: at least 0.97x.
 
-Run with scripts/bench-vllm.sh [--json FILE] [--pairs N].
+Run with scripts/bench-vllm.sh [--json FILE] [--pairs N] [--batches N].
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pathlib import Path
 
 PREFIX = 2048
 BLOCK = 32
+# The no-hit batches: prompts a batch, tokens a prompt, tokens generated each.
+BATCH, BATCHED, GENERATED = 16, 1024, 8
 
 
 def make_model(path: Path) -> None:
@@ -51,32 +59,56 @@ def make_model(path: Path) -> None:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
 
 
-def engine_main(model: str, url: str, pairs: int) -> None:
+def engine_main(model: str, url: str, mode: str, n: int) -> None:
+    """In a process of its own: ``pairs`` (cold then hit, ``n`` pairs), ``chunked`` (the
+    same, prefilled in chunks of 512 tokens) or ``batches`` (``n`` batches of distinct
+    prompts; ``url`` ``none``: no connector)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    connector = None
+    if url != "none":
+        connector = {
+            "kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.vllm_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"url": url},
+        }
+    batch = mode == "batches"
     llm = LLM(
         model=model,
         skip_tokenizer_init=True,
         dtype="bfloat16",
         block_size=BLOCK,
         max_model_len=4096,
-        max_num_batched_tokens=4096,
+        max_num_batched_tokens=512 if mode == "chunked" else 4096,
+        enable_chunked_prefill=mode == "chunked" or None,
         enforce_eager=True,
-        max_num_seqs=2,
+        max_num_seqs=BATCH if batch else 2,
         # A fixed KV cache (2 sequences of 4,096 tokens need 64 MiB): a share of host
         # memory (gpu_memory_utilization) depends on the machine and, on CPU, has vLLM's
         # own process memory taken out of it.
         kv_cache_memory_bytes=512 << 20,
         enable_prefix_caching=False,
-        kv_transfer_config={
-            "kv_connector": "KvtierConnector",
-            "kv_connector_module_path": "kvtier.vllm_connector",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"url": url},
-        },
+        kv_transfer_config=connector,
     )
+    if batch:
+        params = SamplingParams(max_tokens=GENERATED, temperature=0, detokenize=False, ignore_eos=True)
+        # One warm-up batch, then n measured; every prompt new (a miss, stored).
+        for b in range(n + 1):
+            prompts = [
+                TokensPrompt(prompt_token_ids=[((b * BATCH + j) * 104_729 + i * 7_919) % 4000 + 5 for i in range(BATCHED)])
+                for j in range(BATCH)
+            ]
+            t = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            secs = time.perf_counter() - t
+            tokens = sum(BATCHED + len(o.outputs[0].token_ids) for o in outs)
+            if b > 0:
+                cached = sum(o.num_cached_tokens or 0 for o in outs)
+                print("BATCH " + json.dumps({"tokens_per_s": tokens / secs, "cached": cached}), flush=True)
+        return
     params = SamplingParams(max_tokens=1, temperature=0, detokenize=False)
 
     def ttft(tokens: list[int]) -> tuple[float, int]:
@@ -85,7 +117,7 @@ def engine_main(model: str, url: str, pairs: int) -> None:
         return (time.perf_counter() - t) * 1e3, out.num_cached_tokens
 
     # One warm-up pair (first calls compile and allocate).
-    for p in range(pairs + 1):
+    for p in range(n + 1):
         base = [(p * 104_729 + i * 7_919) % 4000 + 5 for i in range(PREFIX)]
         cold, c0 = ttft(base + [11, 12, 13])
         # The connector stores off the forward path (a side stream and a thread): the next
@@ -97,14 +129,32 @@ def engine_main(model: str, url: str, pairs: int) -> None:
             print("PAIR " + json.dumps({"cold": cold, "hit": hit, "cold_cached": c0, "hit_cached": c1}), flush=True)
 
 
+def run_engine(model: Path, url: str, mode: str, n: int) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--engine", str(model), url, mode, str(n)],
+        capture_output=True, text=True, env=env, timeout=3600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-4000:])
+    return done.stdout
+
+
+def pairs_of(out: str) -> list[dict]:
+    pairs = [json.loads(l[5:]) for l in out.splitlines() if l.startswith("PAIR ")]
+    assert pairs and all(p["cold_cached"] == 0 and p["hit_cached"] == PREFIX for p in pairs), pairs
+    return pairs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--engine", nargs=3, metavar=("MODEL", "URL", "PAIRS"))
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--engine", nargs=4, metavar=("MODEL", "URL", "MODE", "N"))
     args = ap.parse_args()
     if args.engine:
-        engine_main(args.engine[0], args.engine[1], int(args.engine[2]))
+        engine_main(args.engine[0], args.engine[1], args.engine[2], int(args.engine[3]))
         return
     kvtier_bin = os.environ.get("KVTIER_BIN", "target/release/kvtier")
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,32 +174,44 @@ def main() -> None:
                     url = found.group(1)
                     break
             assert url, "kvtier serve did not start"
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-            done = subprocess.run(
-                [sys.executable, __file__, "--engine", str(model), url, str(args.pairs)],
-                capture_output=True, text=True, env=env, timeout=3600,
-            )
-            if done.returncode != 0:
-                raise SystemExit(done.stderr[-4000:])
+            plain = pairs_of(run_engine(model, url, "pairs", args.pairs))
+            chunked = pairs_of(run_engine(model, url, "chunked", args.pairs))
+            batches = [
+                json.loads(l[6:]) for l in run_engine(model, url, "batches", args.batches).splitlines() if l.startswith("BATCH ")
+            ]
+            without = [
+                json.loads(l[6:]) for l in run_engine(model, "none", "batches", args.batches).splitlines() if l.startswith("BATCH ")
+            ]
         finally:
             server.terminate()
             server.wait(timeout=60)
-    pairs = [json.loads(l[5:]) for l in done.stdout.splitlines() if l.startswith("PAIR ")]
-    assert pairs and all(p["cold_cached"] == 0 and p["hit_cached"] == PREFIX for p in pairs), pairs
-    cold = statistics.median(p["cold"] for p in pairs)
-    hit = statistics.median(p["hit"] for p in pairs)
+    assert all(b["cached"] == 0 for b in batches + without), (batches, without)
+    cold = statistics.median(p["cold"] for p in plain)
+    hit = statistics.median(p["hit"] for p in plain)
+    chunked_cold = statistics.median(p["cold"] for p in chunked)
+    chunked_hit = statistics.median(p["hit"] for p in chunked)
+    with_tps = statistics.median(b["tokens_per_s"] for b in batches)
+    without_tps = statistics.median(b["tokens_per_s"] for b in without)
     rows = [
         {"name": "engine.vllm.ttft.cold.ms", "value": cold, "baseline": cold, "ratio": 1.0, "unit": "ms",
          "baseline_what": "itself: the cold request is the baseline"},
         {"name": "engine.vllm.ttft.hit.ms", "value": hit, "baseline": cold, "ratio": hit / cold, "unit": "ms",
          "baseline_what": f"the cold request of the same pair (speed-up {cold / hit:.1f}x)"},
+        {"name": "engine.vllm.ttft.chunked.hit.ms", "value": chunked_hit, "baseline": chunked_cold,
+         "ratio": chunked_hit / chunked_cold, "unit": "ms",
+         "baseline_what": f"the cold request of the same pair, prefilled in 4 chunks of 512 (speed-up {chunked_cold / chunked_hit:.1f}x)"},
+        {"name": "engine.vllm.throughput.nohit", "value": with_tps, "baseline": without_tps,
+         "ratio": with_tps / without_tps, "unit": "tok/s",
+         "baseline_what": f"the same engine without the connector ({BATCH} distinct prompts of {BATCHED} tokens a batch, all misses, stored)"},
     ]
     for r in rows:
-        print(f"{r['name']:<28} {r['value']:10.1f} ms   baseline {r['baseline']:10.1f} ms   ratio {r['ratio']:6.3f}  ({r['baseline_what']})")
-    print("pairs (cold ms, hit ms): " + ", ".join(f"{p['cold']:.0f}/{p['hit']:.0f}" for p in pairs))
+        print(f"{r['name']:<32} {r['value']:10.1f} {r['unit']:<5} baseline {r['baseline']:10.1f} {r['unit']:<5} ratio {r['ratio']:6.3f}  ({r['baseline_what']})")
+    print("pairs (cold ms, hit ms): " + ", ".join(f"{p['cold']:.0f}/{p['hit']:.0f}" for p in plain))
+    print("chunked pairs (cold ms, hit ms): " + ", ".join(f"{p['cold']:.0f}/{p['hit']:.0f}" for p in chunked))
+    print("batches (tok/s with, without): " + ", ".join(f"{a['tokens_per_s']:.0f}/{b['tokens_per_s']:.0f}" for a, b in zip(batches, without)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "pairs": pairs}, f, indent=1)
+            json.dump({"rows": rows, "pairs": plain, "chunked": chunked, "batches": batches, "without": without}, f, indent=1)
 
 
 if __name__ == "__main__":

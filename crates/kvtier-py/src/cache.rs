@@ -485,7 +485,11 @@ impl Cache {
     #[pyo3(signature = (timeout=30.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let within = seconds(timeout)?;
-        if let Some(cache) = self.inner.write().take() {
+        // Taken in a statement of its own: the write guard must be gone before the GIL is
+        // let go and taken back, or a thread holding the GIL and waiting to read `inner`
+        // (a store on another thread) and this one waiting for the GIL deadlock.
+        let taken = self.inner.write().take();
+        if let Some(cache) = taken {
             // The node goes here too (its KV-event publisher sends what is queued).
             py.detach(move || {
                 cache.close(within);

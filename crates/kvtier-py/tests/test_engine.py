@@ -348,3 +348,42 @@ def test_stream_copy_copies_exactly_and_refuses_what_it_cannot_write():
         stream_copy(dst, src)
     with pytest.raises((BufferError, TypeError, ValueError)):
         stream_copy(b"read-only!", b"0123456789")
+
+
+def test_closing_while_another_thread_calls_never_deadlocks():
+    """close() lets go of the GIL while it stops the engine; a thread that calls in
+    meanwhile (holding the GIL while it waits to see whether the engine is open) must
+    not be waited on by close() as close() waits for the GIL (a lock held across that
+    wait once deadlocked them). Many rounds, in a process of its own with a deadline."""
+    script = textwrap.dedent(
+        """
+        import threading
+        import kvtier
+        for _ in range(30):
+            kv = kvtier.Engine({"ram": "16MiB", "ssd": {"enabled": False}})
+            layout = kv.register_layout("close-race", "f16", 16, 2, 2, 64)
+            payload = bytes(layout.block_bytes)
+            stop, calling = threading.Event(), threading.Event()
+
+            def calls():
+                n = 0
+                while not stop.is_set():
+                    try:
+                        kv.store(layout, [n, 1, 2, 3] * 4, payload)
+                        kv.lookup(layout, [n, 1, 2, 3] * 4)
+                    except kvtier.ClosedError:
+                        return
+                    calling.set()
+                    n += 1
+
+            t = threading.Thread(target=calls)
+            t.start()
+            calling.wait()  # closed while the other thread is calling
+            kv.close()
+            stop.set()
+            t.join()
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

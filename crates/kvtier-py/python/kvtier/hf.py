@@ -227,9 +227,13 @@ class PrefixCache:
             loading = kt.load_to(self.kv, hit, paged, range(blocks))
             if self.kv.arena is None:
                 loading.synchronize(self.load_timeout)
-            # Settled layer by layer; one not written in time (a fetch over HTTP) makes the
-            # whole load a miss, and nothing more is written.
-            complete = all(loading.wait_layer(i, 0) for i in range(self.num_layers))
+            # Every layer written (from memory in this process: queued at once, and the
+            # forward pass waits for each layer's copies only when it gets there); one not
+            # written in time over HTTP makes the whole load a miss, and nothing more is
+            # written.
+            complete = loading.complete
+            if not complete:
+                loading.cancel()
         except KvtierError:
             complete = False
         if not complete or loading.blocks == 0:

@@ -217,6 +217,13 @@ class Loading:
         if self.seconds is None and all(self._done):
             self.seconds = time.perf_counter() - self._started
 
+    @property
+    def complete(self) -> bool:
+        """Whether every layer is written (on a GPU: its copies queued; ``wait_layer``
+        orders a stream after them) — without waiting for anything."""
+        with self._lock:
+            return all(self._done)
+
     def cancel(self) -> None:
         """Writes nothing more into the engine's pages (what was written stays)."""
         with self._lock:
