@@ -1,7 +1,8 @@
 """The wheel as users install it: built by scripts/build-wheel.sh (a debug build here, the
 same recipe), installed with pip into a fresh virtual environment, and then `kvtier
 serve` — the binary the wheel carries — run from that environment alone, with no Rust
-toolchain on its PATH, answering `/health` and the package's own client."""
+toolchain on its PATH, answering `/health` and the package's own client. A build of the
+package without the binary says so instead of failing obscurely."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
         cwd=ROOT,
     )
     (wheel,) = out.glob("kvtier-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert any(re.fullmatch(r"kvtier-[^/]+\.data/scripts/kvtier", n) for n in names), names
+    entries = {i.filename: i.external_attr >> 16 for i in zipfile.ZipFile(wheel).infolist()}
+    assert entries.get("kvtier/_bin/kvtier", 0) & 0o111, "the wheel carries no executable kvtier binary"
+    assert not (ROOT / "crates" / "kvtier-py" / "python" / "kvtier" / "_bin").exists(), "the build left its copy"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     bin_dir = venv / "bin"
@@ -74,3 +76,8 @@ def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=60)
+    # The binary gone (a source build has none): the command says what to do.
+    (venv_package,) = (venv / "lib").glob("python3*/site-packages/kvtier/_bin/kvtier")
+    venv_package.unlink()
+    missing = subprocess.run(["kvtier", "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "carries no kvtier binary" in missing.stderr, missing.stderr
