@@ -506,6 +506,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 hits[0].tiers[first:n], sum(layout.block_bytes for layout in layouts), bs, count=False
             )
             self._recomputed[request.request_id] = (n - first - worth) * bs
+            if worth < n - first:
+                logger.info(
+                    "kvtier: %d of %d cached blocks recomputed (measured: %s tokens/s prefill, tiers %s)",
+                    n - first - worth,
+                    n - first,
+                    self.rates.prefill_rate,
+                    {t: self.rates.tier_rate(t) for t in set(hits[0].tiers[first:n])},
+                )
             matched = (first + worth) * bs
         if matched <= num_computed_tokens:
             return 0, False
@@ -829,6 +837,20 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 logger.warning("KvtierConnector: kvtier's memory is not registered with CUDA (copies are slower): %s", e)
         return self._paged_cache
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        # Bound before the forward pass (start_load_kv may come after it, when the step
+        # loads nothing), and wait_for_save comes after it: a step that loads nothing
+        # measures the model's rate between the two (kvtier._vllm_rates).
+        try:
+            meta = connector_metadata
+            if isinstance(meta, KvtierConnectorMetadata):
+                caches = self._kv_caches or {}
+                device = next((t.device for t in caches.values() if isinstance(t, torch.Tensor)), None)
+                self._clock.start(0 if any(j.load for j in meta.jobs) else meta.step_tokens, device)
+        except Exception:  # noqa: BLE001 - never out of a hook: a measurement is skipped
+            logger.exception("KvtierConnector: timing this step failed")
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
@@ -836,13 +858,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._written = set()
         self._loads = []
         jobs = [j for j in meta.jobs if j.load]
-        try:
-            # A step that loads nothing measures the model's rate (kvtier._vllm_rates).
-            caches = self._kv_caches or {}
-            device = next(iter(caches.values())).device if caches else None
-            self._clock.start(0 if jobs else meta.step_tokens, device)
-        except Exception:  # noqa: BLE001 - never out of a hook: a measurement is skipped
-            logger.exception("KvtierConnector: timing this step failed")
         if self._async:
             for job in jobs:
                 self._async_loads[job.req_id] = _AsyncLoad(functools.partial(self._load_whole, job))
