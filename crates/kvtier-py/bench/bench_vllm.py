@@ -98,7 +98,7 @@ def engine_main(model: str, url: str, mode: str, n: int) -> None:
         # One warm-up batch, then n measured; every prompt new (a miss, stored).
         for b in range(n + 1):
             prompts = [
-                TokensPrompt(prompt_token_ids=[((b * BATCH + j) * 104_729 + i * 7_919) % 4000 + 5 for i in range(BATCHED)])
+                TokensPrompt(prompt_token_ids=[((1000 + b * BATCH + j) * 104_729 + i * 7_919) % 4000 + 5 for i in range(BATCHED)])
                 for j in range(BATCH)
             ]
             t = time.perf_counter()
@@ -116,8 +116,10 @@ def engine_main(model: str, url: str, mode: str, n: int) -> None:
         out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0]
         return (time.perf_counter() - t) * 1e3, out.num_cached_tokens
 
-    # One warm-up pair (first calls compile and allocate).
-    for p in range(n + 1):
+    # One warm-up pair (first calls compile and allocate). Each mode's prompts are its
+    # own: the modes share one kvtier serve.
+    first = 0 if mode == "pairs" else 100
+    for p in range(first, first + n + 1):
         base = [(p * 104_729 + i * 7_919) % 4000 + 5 for i in range(PREFIX)]
         cold, c0 = ttft(base + [11, 12, 13])
         # The connector stores off the forward path (a side stream and a thread): the next
@@ -125,7 +127,7 @@ def engine_main(model: str, url: str, mode: str, n: int) -> None:
         # 20 ms); the bench leaves it that long.
         time.sleep(0.2)
         hit, c1 = ttft(base + [21, 22, 23])
-        if p > 0:
+        if p > first:
             print("PAIR " + json.dumps({"cold": cold, "hit": hit, "cold_cached": c0, "hit_cached": c1}), flush=True)
 
 
