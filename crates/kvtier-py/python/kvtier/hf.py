@@ -91,15 +91,12 @@ class RestoredCache(DynamicCache):
             # memory kvtier holds, or a fetch already finished): this only orders the
             # stream after the layer's copy.
             self._loading.wait_layer(layer_idx)
-            if not self._waiting:
-                self._release()
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-    def _release(self) -> None:
-        """Ends the lease on kvtier's memory once every copy from it is done."""
-        if self._loading is not None:
-            self._loading.synchronize()
+        if not self._waiting and self._loading is not None and self._loading.try_release():
+            # Every copy from kvtier's memory is done: its lease ends (checked without
+            # waiting, at each update until then — a host wait here would stall the
+            # launch of the rest of the forward pass).
             self._loading = None
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,16 @@ class Loading:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    def try_release(self) -> bool:
+        """Ends the lease if every copy from kvtier's memory is done, without waiting for
+        anything; whether it ended (call again later if not)."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        if self._stream is not None and not self._stream.query():
+            return False
+        self.synchronize()  # nothing left to wait for
+        return True
+
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits for the copies (and a fetch's thread, up to ``timeout``; past it the load
         is cancelled), then ends the lease on kvtier's memory."""
