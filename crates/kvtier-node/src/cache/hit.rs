@@ -136,7 +136,8 @@ impl Hit {
 
     /// The blocks of `hits` (lookups of one layout by one cache, without recurrent state)
     /// as one hit, in order: one load of many short prompts' blocks, as SGLang's pages
-    /// are loaded (a server takes any handles of a layout in one `/v1/load`).
+    /// are loaded (a server's hits become one `/v1/load` of many chains, each resolved
+    /// from the layout's root; an engine's lookups are its own, loaded as they are).
     pub fn join(hits: &[Hit]) -> Result<Hit> {
         let Some(first) = hits.first() else {
             return Err(Error::invalid("no hits to join"));
