@@ -211,3 +211,81 @@ impl Hit {
         Ok(self.blocks() * self.bytes_per_block(layers)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "test code: a failed expectation is a failed test"
+    )]
+
+    use kvtier_client::wire::LookupAnswer;
+    use kvtier_core::{KvDtype, LayoutKey};
+
+    use super::*;
+
+    fn layout(digest: &str) -> CacheLayout {
+        CacheLayout {
+            key: LayoutKey::new("m", KvDtype::F16, 16, 2, 2, 64),
+            digest: digest.into(),
+            block_bytes: 8192,
+            checkpoint_every: None,
+            core: None,
+        }
+    }
+
+    /// A server's answer of `blocks` blocks whose handles are all the digit `d`.
+    fn served(blocks: usize, d: char, on: &CacheLayout) -> Hit {
+        let answer = LookupAnswer {
+            matched_tokens: blocks * 16,
+            handles: d.to_string().repeat(blocks * 32),
+            tiers: "r".repeat(blocks),
+            state: None,
+        };
+        Hit::served(answer, on)
+    }
+
+    fn chains(hit: &Hit) -> Option<Vec<u32>> {
+        match &hit.found {
+            Found::Served { chains, .. } => chains.clone(),
+            Found::Local(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_joined_hit_names_its_chains_and_a_prefix_cuts_them() {
+        let on = layout("aa");
+        let joined = Hit::join(&[
+            served(2, '1', &on),
+            served(0, '2', &on),
+            served(3, '3', &on),
+        ])
+        .unwrap();
+        assert_eq!((joined.blocks(), joined.matched_tokens), (5, 80));
+        assert_eq!(
+            chains(&joined),
+            Some(vec![2, 3]),
+            "an empty hit is no chain"
+        );
+        assert_eq!(joined.tier_names(), ["ram"; 5]);
+        // A prefix keeps the leading chains that fit and the part of the next one.
+        assert_eq!(chains(&joined.prefix(3).unwrap()), Some(vec![2, 1]));
+        assert_eq!(chains(&joined.prefix(2).unwrap()), Some(vec![2]));
+        assert_eq!(chains(&joined.prefix(0).unwrap()), Some(vec![]));
+        assert!(joined.prefix(6).is_err());
+        // One hit joined is that hit: one chain.
+        assert_eq!(chains(&Hit::join(&[served(2, '1', &on)]).unwrap()), None);
+    }
+
+    #[test]
+    fn hits_of_other_layouts_states_or_nothing_are_not_joined() {
+        let (a, b) = (layout("aa"), layout("bb"));
+        assert!(Hit::join(&[]).is_err());
+        assert!(Hit::join(&[served(1, '1', &a), served(1, '2', &b)]).is_err());
+        let mut with_state = served(1, '2', &a);
+        with_state.state_tier = TierKind::from_letter('r');
+        assert!(with_state.state_tier.is_some());
+        assert!(Hit::join(&[served(1, '1', &a), with_state]).is_err());
+    }
+}
