@@ -269,15 +269,8 @@ impl Client {
         for t in &tokens {
             body.extend_from_slice(&t.to_le_bytes());
         }
-        let r = self
-            .fast("/v1/lookup", UPLOAD_CONTENT_TYPE, &[&body])
-            .await?;
-        let answer = self
-            .pool
-            .body(r)
+        self.fast_json("/v1/lookup", UPLOAD_CONTENT_TYPE, &[&body])
             .await
-            .map_err(|e| ClientError::Protocol(format!("/v1/lookup: {e}")))?;
-        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Many short prompts' cached prefixes in one request (SGLang's pages: a prompt each),
@@ -289,17 +282,11 @@ impl Client {
     ) -> Result<BatchLookupAnswer> {
         let spec = batch_spec(layout, prompts);
         let body = serde_json::to_vec(&spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let answer: BatchLookupAnswer = within("/v1/lookup/batch", self.deadlines.request, async {
-            let r = self
-                .fast("/v1/lookup/batch", "application/json", &[&body])
-                .await?;
-            let answer = self
-                .pool
-                .body(r)
-                .await
-                .map_err(|e| ClientError::Protocol(format!("/v1/lookup/batch: {e}")))?;
-            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
-        })
+        let answer: BatchLookupAnswer = within(
+            "/v1/lookup/batch",
+            self.deadlines.request,
+            self.fast_json("/v1/lookup/batch", "application/json", &[&body]),
+        )
         .await?;
         if answer.hits.len() != prompts.len() {
             return Err(ClientError::Protocol(format!(
@@ -351,6 +338,22 @@ impl Client {
 
     /// Sends a body (its parts in order) over the fast connection pool; an error status
     /// becomes [`ClientError::Api`].
+    /// [`Client::fast`], then the answer's body read and parsed as JSON.
+    async fn fast_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &[&[u8]],
+    ) -> Result<T> {
+        let r = self.fast(path, content_type, body).await?;
+        let answer = self
+            .pool
+            .body(r)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
+        serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
     async fn fast(&self, path: &str, content_type: &str, body: &[&[u8]]) -> Result<Response> {
         let r = self
             .pool
@@ -400,22 +403,15 @@ impl Client {
         durability: Option<&str>,
     ) -> Result<StoreAnswer> {
         let head = upload_head(&prompt.compact())?;
-        let path = match durability {
-            Some(d) => format!("/v1/store?durability={d}"),
-            None => "/v1/store".to_string(),
-        };
+        let path = durable_path("/v1/store", durability);
         let mut parts = Vec::with_capacity(payloads.len() + 1);
         parts.push(&head[..]);
         parts.extend_from_slice(payloads);
-        within("/v1/store", self.deadlines.transfer, async {
-            let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
-            let answer = self
-                .pool
-                .body(r)
-                .await
-                .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
-            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
-        })
+        within(
+            "/v1/store",
+            self.deadlines.transfer,
+            self.fast_json(&path, UPLOAD_CONTENT_TYPE, &parts),
+        )
         .await
     }
 
@@ -430,22 +426,15 @@ impl Client {
         durability: Option<&str>,
     ) -> Result<BatchStoreAnswer> {
         let head = upload_head(&batch_spec(layout, prompts))?;
-        let path = match durability {
-            Some(d) => format!("/v1/store/batch?durability={d}"),
-            None => "/v1/store/batch".to_string(),
-        };
+        let path = durable_path("/v1/store/batch", durability);
         let mut parts = Vec::with_capacity(payloads.len() + 1);
         parts.push(&head[..]);
         parts.extend_from_slice(payloads);
-        let answer: BatchStoreAnswer = within("/v1/store/batch", self.deadlines.transfer, async {
-            let r = self.fast(&path, UPLOAD_CONTENT_TYPE, &parts).await?;
-            let answer = self
-                .pool
-                .body(r)
-                .await
-                .map_err(|e| ClientError::Protocol(format!("{path}: {e}")))?;
-            serde_json::from_slice(&answer).map_err(|e| ClientError::Protocol(e.to_string()))
-        })
+        let answer: BatchStoreAnswer = within(
+            "/v1/store/batch",
+            self.deadlines.transfer,
+            self.fast_json(&path, UPLOAD_CONTENT_TYPE, &parts),
+        )
         .await?;
         if answer.answers.len() != prompts.len() {
             return Err(ClientError::Protocol(format!(
@@ -612,6 +601,14 @@ async fn within<T>(
                 after: deadline,
             })
         })
+}
+
+/// A store's path with the acknowledgement it asks for (`?durability=`), if any.
+fn durable_path(path: &str, durability: Option<&str>) -> String {
+    match durability {
+        Some(d) => format!("{path}?durability={d}"),
+        None => path.to_string(),
+    }
 }
 
 /// A batch's prompts in the wire's compact form.

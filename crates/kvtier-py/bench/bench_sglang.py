@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import re
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +33,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 
 import kvtier  # noqa: E402
 from kvtier.sglang_hicache import KvtierHiCacheStorage, _words  # noqa: E402
+from served import kvtier_serve  # noqa: E402
 
 PAGES, PAGE, LAYERS, HEADS, DIM = 1024, 64, 2, 2, 8
 
@@ -89,56 +87,38 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--rounds", type=int, default=21)
     args = ap.parse_args()
-    binary = os.environ.get("KVTIER_BIN") or str(ROOT / "target" / "release" / "kvtier")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", tmp, "--ram", "1GiB",
-             "--set", "ssd.enabled=false"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    with tempfile.TemporaryDirectory() as tmp, kvtier_serve(Path(tmp), "1GiB") as url:
+        tokens = list(range(PAGES * PAGE))
+        keys = keys_of(tokens)
+        host = pool()
+        idx = host.alloc(PAGES * PAGE)
+        cfg = HiCacheStorageConfig(
+            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+            is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+            model_name="bench/model", extra_config={"interface_v1": 1, "url": url},
         )
-        try:
-            url = None
-            assert server.stdout is not None
-            for line in server.stdout:
-                found = re.search(r"listening on (http://\S+)", line)
-                if found:
-                    url = found.group(1)
-                    break
-            assert url, "kvtier serve did not start"
-            tokens = list(range(PAGES * PAGE))
-            keys = keys_of(tokens)
-            host = pool()
-            idx = host.alloc(PAGES * PAGE)
-            cfg = HiCacheStorageConfig(
-                tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-                model_name="bench/model", extra_config={"interface_v1": 1, "url": url},
-            )
-            backend = KvtierHiCacheStorage(cfg)
-            backend.register_mem_pool_host(host)
-            assert backend.batch_set_v1(keys, idx) == [True] * PAGES
-            assert backend.batch_exists(keys) == PAGES
-            batch = median_ms(lambda: backend.batch_exists(keys), args.rounds)
+        backend = KvtierHiCacheStorage(cfg)
+        backend.register_mem_pool_host(host)
+        assert backend.batch_set_v1(keys, idx) == [True] * PAGES
+        assert backend.batch_exists(keys) == PAGES
+        batch = median_ms(lambda: backend.batch_exists(keys), args.rounds)
 
-            # The same prompt as one lookup: 1,024 blocks of 64 tokens, one request.
-            kv = kvtier.Client(url)
-            layout = kv.register_layout("bench/prompt", "bf16", PAGE, LAYERS, HEADS, DIM)
-            payload = bytes(layout.block_bytes * PAGES)
-            kv.store(layout, tokens, payload)
-            assert kv.lookup(layout, tokens).blocks == PAGES
-            one = median_ms(lambda: kv.lookup(layout, tokens), args.rounds)
+        # The same prompt as one lookup: 1,024 blocks of 64 tokens, one request.
+        kv = kvtier.Client(url)
+        layout = kv.register_layout("bench/prompt", "bf16", PAGE, LAYERS, HEADS, DIM)
+        payload = bytes(layout.block_bytes * PAGES)
+        kv.store(layout, tokens, payload)
+        assert kv.lookup(layout, tokens).blocks == PAGES
+        one = median_ms(lambda: kv.lookup(layout, tokens), args.rounds)
 
-            # What a lookup per page (the backend before batching) costs.
-            pool_layout = backend._pool(PoolName.KV).layout
-            words = [_words(k) for k in keys]
-            per_page = median_ms(lambda: [kv.lookup(pool_layout, w) for w in words], max(3, args.rounds // 5))
-            rows = [
-                row("py.sglang.batch_exists.ms", batch, one,
-                    f"one lookup of the same prompt ({PAGES} blocks of {PAGE} tokens); a lookup per page took {per_page:.1f} ms"),
-            ]
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+        # What a lookup per page (the backend before batching) costs.
+        pool_layout = backend._pool(PoolName.KV).layout
+        words = [_words(k) for k in keys]
+        per_page = median_ms(lambda: [kv.lookup(pool_layout, w) for w in words], max(3, args.rounds // 5))
+        rows = [
+            row("py.sglang.batch_exists.ms", batch, one,
+                f"one lookup of the same prompt ({PAGES} blocks of {PAGE} tokens); a lookup per page took {per_page:.1f} ms"),
+        ]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from served import kvtier_serve
 
 PREFIX = 2048
 BLOCK = 32
@@ -155,6 +156,10 @@ def run_engine(model: Path, url: str, mode: str, n: int) -> str:
     return done.stdout
 
 
+def batches_of(out: str) -> list[dict]:
+    return [json.loads(l[6:]) for l in out.splitlines() if l.startswith("BATCH ")]
+
+
 def pairs_of(out: str) -> list[dict]:
     pairs = [json.loads(l[5:]) for l in out.splitlines() if l.startswith("PAIR ")]
     assert pairs and all(p["cold_cached"] == 0 and p["hit_cached"] == PREFIX for p in pairs), pairs
@@ -171,38 +176,15 @@ def main() -> None:
     if args.engine:
         engine_main(args.engine[0], args.engine[1], args.engine[2], int(args.engine[3]))
         return
-    kvtier_bin = os.environ.get("KVTIER_BIN", "target/release/kvtier")
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
         make_model(model)
-        server = subprocess.Popen(
-            [kvtier_bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(Path(tmp) / "kv"),
-             "--ram", "2GiB", "--set", "ssd.enabled=false"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        try:
-            url = None
-            assert server.stdout is not None
-            for line in server.stdout:
-                found = re.search(r"listening on (http://\S+)", line)
-                if found:
-                    url = found.group(1)
-                    break
-            assert url, "kvtier serve did not start"
+        with kvtier_serve(Path(tmp) / "kv", "2GiB") as url:
             plain = pairs_of(run_engine(model, url, "pairs", args.pairs))
             chunked = pairs_of(run_engine(model, url, "chunked", args.pairs))
-            batches = [
-                json.loads(l[6:]) for l in run_engine(model, url, "batches", args.batches).splitlines() if l.startswith("BATCH ")
-            ]
-            noop = [
-                json.loads(l[6:]) for l in run_engine(model, "noop", "batches", args.batches).splitlines() if l.startswith("BATCH ")
-            ]
-            without = [
-                json.loads(l[6:]) for l in run_engine(model, "none", "batches", args.batches).splitlines() if l.startswith("BATCH ")
-            ]
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+            batches = batches_of(run_engine(model, url, "batches", args.batches))
+            noop = batches_of(run_engine(model, "noop", "batches", args.batches))
+            without = batches_of(run_engine(model, "none", "batches", args.batches))
     assert all(b["cached"] == 0 for b in batches + noop + without), (batches, noop, without)
     cold = statistics.median(p["cold"] for p in plain)
     hit = statistics.median(p["hit"] for p in plain)

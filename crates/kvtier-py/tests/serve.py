@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,14 +27,18 @@ def kvtier_binary() -> str:
 class Server:
     """`kvtier serve` on an ephemeral loopback port."""
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(
+        self, data_dir: Path, *extra: str, binary: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """``binary``: the program to run (default: this checkout's build); ``env``: its
+        whole environment (default: the tests', without ``KVTIER_CONFIG``)."""
         self.process = subprocess.Popen(
-            [kvtier_binary(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+            [binary or kvtier_binary(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
              "--ram", "256MiB", "--set", "ssd.min_free=0", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
+            env=env if env is not None else {k: v for k, v in os.environ.items() if k != "KVTIER_CONFIG"},
         )
         self.url: str | None = None
         # With kv_events.endpoint set: where events are published (ports filled in).
@@ -82,3 +87,28 @@ def env_dir(variable: str, prefix: str) -> Iterator[str]:
         else:
             os.environ[variable] = before
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cache_of(kind: str, data_dir: Path) -> Iterator[Any]:
+    """A ``kvtier.Cache`` of each kind a caller reaches: ``engine`` (in this process, RAM
+    only), ``shared-arena`` (a ``kvtier serve`` on ``data_dir`` through its shared arena),
+    ``http`` (the same server over HTTP only); closed, and the server stopped, after."""
+    import kvtier
+
+    if kind == "engine":
+        engine = kvtier.Engine({"ram": "64MiB", "ssd": {"enabled": False}})
+        try:
+            yield engine
+        finally:
+            engine.close()
+        return
+    server = Server(data_dir, "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
+    try:
+        client = kvtier.Client(server.url, shm=data_dir / "kvtier.sock" if kind == "shared-arena" else None)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import kvtier  # noqa: E402
 import kvtier.hf  # noqa: E402
-from serve import Server  # noqa: E402
+from serve import cache_of  # noqa: E402
 from tiny_llama import BT, load_model, prompt, save_model, split_reference, tiny_llama_config, wait_for_blocks  # noqa: E402
 
 
@@ -28,17 +28,8 @@ def model(model_dir):
 
 @pytest.fixture(params=["engine", "shared-arena", "http"])
 def kv(request, tmp_path):
-    if request.param == "engine":
-        c = kvtier.Engine({"ram": "64MiB", "ssd": {"enabled": False}})
+    with cache_of(request.param, tmp_path / "data") as c:
         yield c
-        c.close()
-    else:
-        s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
-        shm = tmp_path / "data" / "kvtier.sock" if request.param == "shared-arena" else None
-        c = kvtier.Client(s.url, shm=shm)
-        yield c
-        c.close()
-        s.stop()
 
 
 def test_a_restored_prefix_gives_the_split_prefills_logits_bit_for_bit(kv, model):

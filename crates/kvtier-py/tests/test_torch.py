@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import kvtier  # noqa: E402
 import kvtier.torch as kt  # noqa: E402
-from serve import Server  # noqa: E402
+from serve import Server, cache_of  # noqa: E402
 
 BS, HEADS, DIM, LAYERS = 16, 2, 64, 4
 
@@ -31,19 +31,8 @@ def block_bytes_of(paged, page):
 
 @pytest.fixture(params=["engine", "shared-arena", "http"])
 def cache(request, tmp_path):
-    if request.param == "engine":
-        c = kvtier.Engine({"ram": "64MiB", "ssd": {"enabled": False}})
+    with cache_of(request.param, tmp_path / "data") as c:
         yield c
-        c.close()
-    else:
-        s = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--set", "shm.enabled=true")
-        if request.param == "http":
-            c = kvtier.Client(s.url)
-        else:
-            c = kvtier.Client(s.url, shm=tmp_path / "data" / "kvtier.sock")
-        yield c
-        c.close()
-        s.stop()
 
 
 def test_vllm_shaped_pages_round_trip_byte_exact(cache):

@@ -7,13 +7,12 @@ package without the binary says so instead of failing obscurely."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import urllib.request
 import zipfile
 
-from serve import ROOT
+from serve import ROOT, Server
 
 
 def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
@@ -39,23 +38,10 @@ def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
     )
     # Only the environment and the system's directories: no cargo, no target/.
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    server = subprocess.Popen(
-        ["kvtier", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), "--ram", "64MiB",
-         "--set", "ssd.min_free=0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # `kvtier` as the environment's PATH finds it: the wheel's command.
+    server = Server(tmp_path / "data", binary="kvtier", env=env)
     try:
-        url = None
-        assert server.stdout is not None
-        for line in server.stdout:
-            found = re.search(r"listening on (http://\S+)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url, server.stderr.read() if server.stderr else ""
+        url = server.url
         with urllib.request.urlopen(f"{url}/health", timeout=10) as answer:
             assert answer.status == 200
         # The installed package talks to the installed server.
@@ -74,8 +60,7 @@ def test_a_fresh_environment_gets_kvtier_serve_from_the_wheel(tmp_path):
         assert ran.returncode == 0, ran.stderr
         assert ran.stdout.strip().startswith(str(venv)), ran.stdout
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop()
     # The binary gone (a source build has none): the command says what to do.
     (venv_package,) = (venv / "lib").glob("python3*/site-packages/kvtier/_bin/kvtier")
     venv_package.unlink()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,18 +61,9 @@ def models(tmp_path_factory):
     return a, b
 
 
-def engine(
-    model: Path,
-    url: str | None,
-    dtype: str = "bfloat16",
-    between=None,
-    salt: str | None = None,
-    prompt: int = PROMPT,
-    env: dict[str, str] | None = None,
-) -> dict:
-    """One engine run; its result. ``between`` runs once the engine is up, before it
-    generates; ``salt`` is the prompt's cache salt; ``env``, engine_run.py's switches."""
-    out = run_engine(model, url, dtype, between, salt, prompt, env)
+def engine(model: Path, url: str | None, **run: Any) -> dict:
+    """One engine run (``run_engine``'s arguments); its result."""
+    out = run_engine(model, url, **run)
     line = next(l for l in out.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 
@@ -94,7 +86,9 @@ def run_engine(
     prompt: int = PROMPT,
     env: dict[str, str] | None = None,
 ) -> str:
-    """Runs engine_run.py (see ``engine``); its standard output."""
+    """Runs engine_run.py; its standard output. ``between`` runs once the engine is up,
+    before it generates; ``salt`` is the prompt's cache salt; ``env``, engine_run.py's
+    switches."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
     env.pop("KVTIER_TEST_CACHE_SALT", None)
     if salt is not None:
