@@ -6,6 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod bounded;
+pub use bounded::{Limit, ParseError, ParseLimits, parse_within};
+
 /// Content type of a load response (block frames).
 pub const BLOCKS_CONTENT_TYPE: &str = "application/vnd.kvtier.blocks";
 /// Content type of a store or snapshot-put request (JSON head, then payload bytes).
@@ -129,13 +132,25 @@ pub struct PromptSpec {
     /// Layout digest (hex).
     pub layout: String,
     /// Token ids.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounded::tokens"
+    )]
     pub tokens: Vec<u32>,
     /// Token ids as base64 of little-endian `u32`s (instead of `tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded::tokens_b64"
+    )]
     pub tokens_b64: Option<String>,
     /// Per-block extra keys.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounded::per_block"
+    )]
     pub extra_keys: Vec<BlockExtraKeys>,
 }
 
@@ -226,6 +241,7 @@ pub struct BatchSpec {
     /// Layout digest (hex).
     pub layout: String,
     /// Each prompt's tokens as base64 of little-endian `u32`s ([`tokens_to_b64`]).
+    #[serde(deserialize_with = "bounded::batch_prompts")]
     pub prompts: Vec<String>,
 }
 
@@ -263,9 +279,14 @@ pub struct CheckpointSpec {
     /// Layout digest (hex).
     pub layout: String,
     /// The prompt's tokens (at least `blocks` whole blocks of them).
+    #[serde(deserialize_with = "bounded::tokens")]
     pub tokens: Vec<u32>,
     /// Per-block extra keys.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounded::per_block"
+    )]
     pub extra_keys: Vec<BlockExtraKeys>,
     /// Whole blocks of the prompt the state was reached after.
     pub blocks: usize,
@@ -308,7 +329,11 @@ pub struct LoadRequest {
     /// The handles are this many chains, of these many blocks each, every one from the
     /// layout's root (the blocks of many short prompts, as SGLang's pages are, in one
     /// load); the blocks come back for the leading chains found whole. Absent: one chain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded::per_block_opt"
+    )]
     pub chains: Option<Vec<u32>>,
 }
 
@@ -340,6 +365,7 @@ pub struct SnapshotSpec {
     /// Layout digest (hex).
     pub layout: String,
     /// The exact token prefix the state was reached after.
+    #[serde(deserialize_with = "bounded::tokens")]
     pub tokens: Vec<u32>,
     /// Optional session key, hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -343,6 +343,11 @@ pub struct Settings {
     pub max_tokens: usize,
     /// Largest request body accepted.
     pub max_body: ByteSize,
+    /// Largest JSON request body (lookups, loads, layouts, batches of lookups) and JSON
+    /// head of an upload: JSON is parsed whole, so it gets a limit of its own, well below
+    /// `max_body` (which block payloads need). The default holds a `max_tokens` prompt as a
+    /// JSON array many times over.
+    pub max_json: ByteSize,
     /// Threads answering requests; 0 picks half the cores, at least one. Engine work that
     /// may block (SSD reads and writes) runs on a separate blocking pool.
     pub workers: usize,
@@ -388,6 +393,7 @@ impl Default for Settings {
             ram_lock: false,
             max_tokens: kvtier_core::DEFAULT_MAX_TOKENS,
             max_body: ByteSize(1 << 30),
+            max_json: ByteSize(64 << 20),
             workers: 0,
             store_nice: 19,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
@@ -519,6 +525,9 @@ impl Settings {
         if self.max_body.0 < 1024 {
             return Err(Error::invalid("max_body must be at least 1KiB"));
         }
+        if self.max_json.0 < 1024 {
+            return Err(Error::invalid("max_json must be at least 1KiB"));
+        }
         if self.max_connections == 0 {
             return Err(Error::invalid("max_connections must be at least 1"));
         }
@@ -554,6 +563,18 @@ impl Settings {
                 "kv_events.replay_endpoint needs kv_events.endpoint",
             ));
         }
+        // A withdrawn object is deleted after the grace: a shorter grace than the remote
+        // read deadline could delete it under a read that started before the withdrawal.
+        if let Some(grace) = self.cluster.gc_grace
+            && grace.0 < self.remote.deadline.0
+        {
+            return Err(Error::invalid(format!(
+                "cluster.gc_grace ({grace}) must be at least remote.deadline ({}): a read \
+                 that started before an object was withdrawn may run that long, and the \
+                 object must outlive it",
+                self.remote.deadline
+            )));
+        }
         for (name, d) in [
             ("header_timeout", self.header_timeout),
             ("body_timeout", self.body_timeout),
@@ -586,6 +607,23 @@ mod tests {
         // An unset setting is left out, and reads back unset.
         assert!(!text.contains("admin_token"), "{text}");
         assert_eq!(back.auth.admin_token, None);
+    }
+
+    #[test]
+    fn a_gc_grace_shorter_than_the_remote_read_deadline_is_refused() {
+        let mut s = Settings::default();
+        s.remote.deadline = HumanDuration(Duration::from_secs(2));
+        for refused in [Duration::ZERO, Duration::from_millis(1999)] {
+            s.cluster.gc_grace = Some(HumanDuration(refused));
+            let e = s.validate().unwrap_err();
+            assert!(e.message().contains("cluster.gc_grace"), "{e}");
+        }
+        for accepted in [Duration::from_secs(2), Duration::from_secs(30)] {
+            s.cluster.gc_grace = Some(HumanDuration(accepted));
+            s.validate().unwrap();
+        }
+        s.cluster.gc_grace = None; // the default: the deadline plus an allowance
+        s.validate().unwrap();
     }
 
     #[test]

@@ -560,7 +560,12 @@ fn only_the_owner_deletes_through_the_admin_api() {
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     let proxy = CountingProxy::start(&gateway.endpoint);
-    let grace = ["--set", "cluster.gc_grace=1s"];
+    let grace = [
+        "--set",
+        "cluster.gc_grace=1s",
+        "--set",
+        "remote.deadline=1s",
+    ];
     let a = replica(dir.path(), "a", &proxy.url, &etcd.url(), &grace);
     let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &grace);
     let rt = runtime();

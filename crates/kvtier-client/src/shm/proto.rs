@@ -210,6 +210,24 @@ impl Frame {
             message: format!("the message's head is not what its op needs: {e}"),
         })
     }
+
+    /// The head of a request as `T`, its prompt's tokens counted as they are parsed (see
+    /// [`crate::wire::parse_within`]).
+    pub fn head_within<T: DeserializeOwned>(
+        &self,
+        limits: crate::wire::ParseLimits,
+    ) -> Result<T, ErrorDetail> {
+        crate::wire::parse_within(&self.head, limits).map_err(|e| match e {
+            crate::wire::ParseError::Malformed(e) => ErrorDetail {
+                code: "bad_head".into(),
+                message: format!("the message's head is not what its op needs: {e}"),
+            },
+            crate::wire::ParseError::OverLimit { message, .. } => ErrorDetail {
+                code: kvtier_core::ErrorKind::Invalid.name().into(),
+                message,
+            },
+        })
+    }
 }
 
 /// Status byte of an answer.

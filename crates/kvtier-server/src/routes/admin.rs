@@ -67,7 +67,7 @@ pub async fn ssd(
     State(app): State<Arc<AppState>>,
     body: Body,
 ) -> Result<Json<SsdAdminAnswer>, ApiError> {
-    let req: SsdAdmin = input::json(&read_body(body, ADMIN_BODY_LIMIT).await?)?;
+    let req: SsdAdmin = input::json(&app, &read_body(body, ADMIN_BODY_LIMIT).await?)?;
     let _one_at_a_time = app.admin.lock().await;
     let next = next_settings(&app.node.settings.read().ssd, &req)?;
     let worker = app.clone();
@@ -146,7 +146,7 @@ pub async fn cluster_withdraw(
     struct Request {
         object: String,
     }
-    let req: Request = input::json(&read_body(body, ADMIN_BODY_LIMIT).await?)?;
+    let req: Request = input::json(&app, &read_body(body, ADMIN_BODY_LIMIT).await?)?;
     let cluster = app
         .node
         .cluster

@@ -16,7 +16,7 @@ use kvtier_client::wire::{
 };
 
 use super::data::{asked_ack, prompt_of};
-use super::input::{self, blocking, read_body};
+use super::input::{self, blocking};
 use super::upload::{self, BodyChunks};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -73,7 +73,7 @@ pub async fn lookup_batch(
     State(app): App,
     body: Body,
 ) -> Result<Json<BatchLookupAnswer>, ApiError> {
-    let spec: BatchSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let spec: BatchSpec = input::json_body(&app, body).await?;
     let prompts = prompts_of(&app, &spec)?;
     let hits = prompts
         .iter()
@@ -96,7 +96,7 @@ pub async fn store_batch(
         Ok(ack) => ack,
         Err(e) => return Err(chunks.refuse(e).await),
     };
-    let (spec, first): (BatchSpec, Bytes) = match upload::read_head(&mut chunks).await {
+    let (spec, first): (BatchSpec, Bytes) = match upload::read_head(&app, &mut chunks).await {
         Ok(head) => head,
         Err(e) => return Err(chunks.refuse(e).await),
     };

@@ -28,7 +28,7 @@ pub(super) fn limit(app: &AppState) -> u64 {
 
 /// `POST /v1/layouts`: registers a layout (idempotent).
 pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutInfo>, ApiError> {
-    let spec: LayoutSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let spec: LayoutSpec = input::json_body(&app, body).await?;
     let key = spec
         .to_key()
         .map_err(|e| ApiError::bad(e.code, e.message))?;
@@ -77,12 +77,12 @@ pub(crate) fn prompt_of(
 /// The body is JSON, or (content type `application/vnd.kvtier.upload`) a JSON head
 /// without tokens followed by the tokens as little-endian `u32`s — the cheapest form.
 pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let body = read_body(body, limit(&app)).await?;
+    let body = read_body(body, input::json_limit(&app)).await?;
     let binary = headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes() == UPLOAD_CONTENT_TYPE.as_bytes());
     let spec: PromptSpec = if binary {
-        let (mut spec, raw): (PromptSpec, Bytes) = upload(&body)?;
+        let (mut spec, raw): (PromptSpec, Bytes) = upload(&app, &body)?;
         if !spec.tokens.is_empty() || spec.tokens_b64.is_some() || !raw.len().is_multiple_of(4) {
             return Err(ApiError::bad(
                 "bad_tokens",
@@ -95,7 +95,7 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
             .collect();
         spec
     } else {
-        input::json(&body)?
+        input::json(&app, &body)?
     };
     let prompt = prompt_of(&app, &spec)?;
     let found = app.engine.lookup(&prompt);
@@ -132,7 +132,7 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
 
 /// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.
 pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
-    let req: LoadRequest = input::json(&read_body(body, limit(&app)).await?)?;
+    let req: LoadRequest = input::json_body(&app, body).await?;
     let layout = known_layout(&app, &req.layout)?;
     if !req.handles.len().is_multiple_of(HANDLE_HEX_LEN) {
         return Err(ApiError::bad(
@@ -204,9 +204,12 @@ pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
 }
 
 /// Splits an upload body into its JSON head and payload bytes.
-pub(super) fn upload<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Bytes), ApiError> {
+pub(super) fn upload<T: serde::de::DeserializeOwned>(
+    app: &AppState,
+    body: &Bytes,
+) -> Result<(T, Bytes), ApiError> {
     let (head, payload) = frame::split_upload(body).map_err(|e| ApiError::bad("bad_upload", e))?;
-    let head = input::json(head)?;
+    let head = input::json(app, head)?;
     let start = body.len() - payload.len();
     Ok((head, body.slice(start..)))
 }
@@ -253,7 +256,7 @@ pub async fn store(
         Ok(ack) => ack,
         Err(e) => return Err(chunks.refuse(e).await),
     };
-    let (spec, first): (PromptSpec, Bytes) = match upload::read_head(&mut chunks).await {
+    let (spec, first): (PromptSpec, Bytes) = match upload::read_head(&app, &mut chunks).await {
         Ok(head) => head,
         Err(e) => return Err(chunks.refuse(e).await),
     };
@@ -331,7 +334,7 @@ fn session(spec: &SnapshotSpec) -> Result<Option<Vec<u8>>, ApiError> {
 /// `PUT /v1/snapshot`: recurrent state after exactly these tokens.
 pub async fn snapshot_put(State(app): App, body: Body) -> Result<Response, ApiError> {
     let body = read_body(body, limit(&app)).await?;
-    let (spec, blob): (SnapshotSpec, Bytes) = upload(&body)?;
+    let (spec, blob): (SnapshotSpec, Bytes) = upload(&app, &body)?;
     let layout = known_layout(&app, &spec.layout)?;
     let session = session(&spec)?;
     let engine = app.engine.clone();
@@ -356,7 +359,7 @@ pub(super) fn put_answer(outcome: kvtier_core::snapshot::SnapshotPut) -> Respons
 
 /// `POST /v1/snapshot/get`: the state stored for exactly these tokens, or 404.
 pub async fn snapshot_get(State(app): App, body: Body) -> Result<Response, ApiError> {
-    let spec: SnapshotSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let spec: SnapshotSpec = input::json_body(&app, body).await?;
     let layout = known_layout(&app, &spec.layout)?;
     let session = session(&spec)?;
     let engine = app.engine.clone();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::StatusCode;
 use bytes::{Bytes, BytesMut};
-use kvtier_client::wire::BlockExtraKeys;
+use kvtier_client::wire::{BlockExtraKeys, Limit, ParseError, ParseLimits, parse_within};
 use kvtier_core::{BlockHash, ExtraKeys, Layout, LayoutDigest};
 use serde::de::DeserializeOwned;
 
@@ -14,46 +14,88 @@ use super::upload::BodyChunks;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Buffers reserved ahead of the bytes that arrived are at most this large, whatever
-/// length the client announces: memory follows the bytes actually received.
-const RESERVE_AHEAD: u64 = 16 << 20;
+/// A buffer reserved for an announced length is at most this large, whatever length the
+/// client announces (past it the buffer grows as bytes arrive). The default JSON limit:
+/// any JSON body is read into one buffer of exactly its size.
+const RESERVE_AHEAD: u64 = 64 << 20;
 
 /// Reads the whole body, refusing more than `limit` bytes (413, before reading anything
 /// when the announced length is already over), bodies that do not arrive within the body
 /// timeout (408) and cut-off bodies (400).
 ///
-/// The bytes are gathered into one buffer as they arrive, so a request holds at most
-/// `limit` bytes (plus one chunk) however it sends them. Stores do not come here: they
-/// read their payload straight into per-block buffers (see `upload`).
+/// A request holds little more than its bytes at any time: an announced body is copied
+/// into one buffer of its length as it arrives; a chunked one is kept chunk by chunk and
+/// joined once at the end (a buffer grown by doubling held up to three times the body).
+/// One chunk needs no copy. Stores do not come here: they read their payload straight
+/// into per-block buffers (see `upload`).
 pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
     let mut chunks = BodyChunks::new(body, limit)?;
-    let announced = chunks.announced().unwrap_or(0);
-    let mut first: Option<Bytes> = None;
+    let Some(announced) = chunks.announced() else {
+        let mut parts = Vec::new();
+        while let Some(chunk) = chunks.next().await? {
+            parts.push(chunk);
+        }
+        if parts.len() <= 1 {
+            return Ok(parts.pop().unwrap_or_default());
+        }
+        let mut buf = BytesMut::with_capacity(chunks.received() as usize);
+        for p in parts {
+            buf.extend_from_slice(&p);
+        }
+        return Ok(buf.freeze());
+    };
     let mut buf = BytesMut::new();
     while let Some(chunk) = chunks.next().await? {
-        // One chunk needs no copy; from the second on, chunks are gathered.
-        match first.take() {
-            None if buf.is_empty() => first = Some(chunk),
-            held => {
-                if buf.is_empty() {
-                    let total = chunks.received();
-                    let expected = announced.max(total).min(total + RESERVE_AHEAD);
-                    buf.reserve(expected as usize);
-                }
-                if let Some(h) = held {
-                    buf.extend_from_slice(&h);
-                }
-                buf.extend_from_slice(&chunk);
-            }
+        if buf.is_empty() && chunk.len() as u64 == announced {
+            return Ok(chunk);
         }
+        if buf.capacity() == 0 {
+            buf.reserve(announced.min(RESERVE_AHEAD) as usize);
+        }
+        buf.extend_from_slice(&chunk);
     }
-    Ok(first.unwrap_or_else(|| buf.freeze()))
+    Ok(buf.freeze())
 }
 
-/// Parses JSON, naming what was wrong.
-pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad("bad_json", format!("malformed JSON: {e}")))
+/// The largest JSON request body: `max_json`, and never more than `max_body`.
+pub fn json_limit(app: &AppState) -> u64 {
+    let s = app.node.settings.read();
+    s.max_json.0.min(s.max_body.0)
+}
+
+/// What a request's JSON may hold, checked while it is parsed.
+pub fn parse_limits(app: &AppState) -> ParseLimits {
+    ParseLimits {
+        max_tokens: app.node.settings.read().max_tokens,
+    }
+}
+
+/// Parses a request's JSON, naming what was wrong. Token lists and the other bounded
+/// fields are refused at the first item over the limit (see `kvtier_client::wire::bounded`),
+/// so no request grows past its body while it is parsed.
+pub fn json<T: DeserializeOwned>(app: &AppState, bytes: &[u8]) -> Result<T, ApiError> {
+    parse_within(bytes, parse_limits(app)).map_err(|e| match e {
+        ParseError::Malformed(e) => ApiError::bad("bad_json", format!("malformed JSON: {e}")),
+        // As the same prompt's refusal after parsing is (the engine's `max_tokens`).
+        ParseError::OverLimit {
+            limit: Limit::Tokens,
+            message,
+        } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            kvtier_core::ErrorKind::Invalid.name(),
+            message,
+        ),
+        ParseError::OverLimit {
+            limit: Limit::Prompts,
+            message,
+        } => ApiError::bad("too_many_prompts", message),
+    })
+}
+
+/// Reads a JSON request body within [`json_limit`] and parses it ([`json`]).
+pub async fn json_body<T: DeserializeOwned>(app: &AppState, body: Body) -> Result<T, ApiError> {
+    let bytes = read_body(body, json_limit(app)).await?;
+    json(app, &bytes)
 }
 
 /// Decodes hex of any length.

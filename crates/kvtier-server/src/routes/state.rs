@@ -25,7 +25,7 @@ type App = State<Arc<AppState>>;
 /// layout without state groups; 507 when the checkpoint bucket could not make room.
 pub async fn checkpoint_put(State(app): App, body: Body) -> Result<Response, ApiError> {
     let body = read_body(body, limit(&app)).await?;
-    let (spec, state): (CheckpointSpec, Bytes) = upload(&body)?;
+    let (spec, state): (CheckpointSpec, Bytes) = upload(&app, &body)?;
     let prompt = prompt_of(
         &app,
         &PromptSpec {
@@ -47,7 +47,7 @@ pub async fn checkpoint_put(State(app): App, body: Body) -> Result<Response, Api
 /// the state. All or nothing: when a part cannot be read in full, `tokens` is 0 and no
 /// bytes follow (the caller computes the prompt).
 pub async fn restore(State(app): App, body: Body) -> Result<Response, ApiError> {
-    let spec: PromptSpec = input::json(&read_body(body, limit(&app)).await?)?;
+    let spec: PromptSpec = input::json_body(&app, body).await?;
     let prompt = prompt_of(&app, &spec)?;
     let block_bytes = prompt.layout().block_bytes();
     let engine = app.engine.clone();

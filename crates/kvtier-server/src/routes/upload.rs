@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::input;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Payload bytes a store copies before it lets other requests on its thread run.
 const YIELD_EVERY: usize = 1 << 20;
@@ -115,15 +116,21 @@ fn too_large(limit: u64) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
-        format!("the request body is larger than the limit of {limit} bytes (max_body)"),
+        format!(
+            "the request body is larger than the limit of {limit} bytes (max_body; max_json for \
+             a JSON body)"
+        ),
     )
 }
 
 /// Reads an upload's head (the 12-byte frame, then the JSON head) and returns the head with
 /// the payload bytes that arrived in the same chunk (not copied).
 pub async fn read_head<T: DeserializeOwned>(
+    app: &AppState,
     chunks: &mut BodyChunks,
 ) -> Result<(T, Bytes), ApiError> {
+    // The head is JSON: bounded as JSON bodies are (and by the body's own limit).
+    let head_limit = input::json_limit(app).min(chunks.limit);
     let bad = |m: String| ApiError::bad("bad_upload", m);
     let mut head: Vec<u8> = Vec::with_capacity(256);
     // The frame first; once it is read, how long the JSON head is.
@@ -150,15 +157,21 @@ pub async fn read_head<T: DeserializeOwned>(
             if !framed {
                 framed = true;
                 let json_len = frame::upload_json_len(&head).map_err(bad)?;
-                // The head is part of the body, so the body limit bounds it too.
                 need = 12usize.saturating_add(json_len);
-                if need as u64 > chunks.limit {
-                    return Err(too_large(chunks.limit));
+                if json_len as u64 > head_limit {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "body_too_large",
+                        format!(
+                            "the upload's JSON head is {json_len} bytes; at most {head_limit} \
+                             (max_json)"
+                        ),
+                    ));
                 }
                 head.reserve(json_len);
                 continue;
             }
-            return Ok((input::json(&head[12..])?, chunk));
+            return Ok((input::json(app, &head[12..])?, chunk));
         }
     }
 }

@@ -156,6 +156,13 @@ impl Session {
         )
     }
 
+    /// A request's head, parsed within the server's limits.
+    fn head<T: serde::de::DeserializeOwned>(&self, frame: &Frame) -> Result<T, ErrorDetail> {
+        frame.head_within(kvtier_client::wire::ParseLimits {
+            max_tokens: self.limits.max_tokens,
+        })
+    }
+
     fn handle(&mut self, frame: &Frame) -> Answer {
         let op = Op::from_byte(frame.kind)
             .ok_or_else(|| refuse("bad_op", format!("op byte {}", frame.kind)))?;
@@ -166,10 +173,10 @@ impl Session {
             ));
         }
         match op {
-            Op::Hello => self.hello(frame.head()?),
-            Op::Load => self.load(frame.head()?, &frame.tail),
+            Op::Hello => self.hello(self.head(frame)?),
+            Op::Load => self.load(self.head(frame)?, &frame.tail),
             Op::Release => {
-                let Id { id } = frame.head()?;
+                let Id { id } = self.head(frame)?;
                 let (_, bytes) = self.leases.remove(&id).ok_or_else(|| {
                     refuse(
                         "unknown_lease",
@@ -180,10 +187,10 @@ impl Session {
                 ShmStats::sub(&SHM.leased_bytes, bytes);
                 Ok((b"{}".to_vec(), Vec::new()))
             }
-            Op::Reserve => self.reserve(frame.head()?),
-            Op::Commit => self.commit(frame.head()?, &frame.tail),
+            Op::Reserve => self.reserve(self.head(frame)?),
+            Op::Commit => self.commit(self.head(frame)?, &frame.tail),
             Op::Cancel => {
-                let Id { id } = frame.head()?;
+                let Id { id } = self.head(frame)?;
                 let r = self.take(id)?;
                 self.free(&r);
                 self.end(id, Ended::Cancelled);
