@@ -31,4 +31,4 @@ pub use args::ServeArgs;
 pub use cache::{BlockLease, BlockReservation, Cache, CacheLayout, Deadlines, Hit};
 pub use components::Components;
 pub use node::{Node, cluster_endpoints, remote_config};
-pub use settings::Settings;
+pub use settings::{AuthSettings, Settings, TenantToken};

@@ -308,16 +308,58 @@ impl Default for ShmSettings {
     }
 }
 
-/// Bearer tokens.
+/// Bearer tokens, each with its scope: the admin token the admin endpoints; the data
+/// token every tenant's data; a tenant token only the layouts of its tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
     /// Token the admin endpoints require (without one they are disabled).
     pub admin_token: Option<String>,
-    /// Token the data endpoints require (default: none required).
+    /// Token of the data endpoints for every tenant (default: none required, unless
+    /// tenant tokens are set).
     pub data_token: Option<String>,
+    /// Tokens scoped to one tenant each, by tenant name (`[auth.tenants.NAME]`): such a
+    /// token reaches only its tenant's layouts, and a layout registered with it gets the
+    /// tenant's salt, a salt the request gives nested under it (docs/API.md, "Tokens").
+    pub tenants: BTreeMap<String, TenantToken>,
     /// Listen on a non-loopback address without tokens.
     pub allow_insecure_listen: bool,
+}
+
+impl AuthSettings {
+    /// Whether the data endpoints require a token: the data token or a tenant's.
+    pub fn data_guarded(&self) -> bool {
+        self.data_token.is_some() || !self.tenants.is_empty()
+    }
+}
+
+/// One tenant's scoped token (`[auth.tenants.NAME]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantToken {
+    /// The bearer token (at least 16 characters, distinct from every other token).
+    pub token: String,
+    /// The tenant salt, hex: every layout this token reaches carries it (alone or with a
+    /// caller's salt nested under it); no two tenants' salts begin with one another.
+    pub salt: String,
+}
+
+impl TenantToken {
+    /// The salt's bytes, or why it is not a salt.
+    pub fn salt_bytes(&self) -> Result<Vec<u8>, String> {
+        let s = self.salt.as_bytes();
+        if s.is_empty() || !s.len().is_multiple_of(2) {
+            return Err(format!("`{}` is not hex of at least one byte", self.salt));
+        }
+        s.chunks(2)
+            .map(|d| {
+                std::str::from_utf8(d)
+                    .ok()
+                    .and_then(|d| u8::from_str_radix(d, 16).ok())
+                    .ok_or_else(|| format!("`{}` is not hex", self.salt))
+            })
+            .collect()
+    }
 }
 
 /// Everything `kvtier serve` can be told.
@@ -477,15 +519,63 @@ impl Settings {
                 *t = Some("<redacted>".into());
             }
         }
+        for tenant in shown.auth.tenants.values_mut() {
+            tenant.token = "<redacted>".into();
+        }
         toml::to_string(&shown).map_err(|e| {
             Error::new(ErrorKind::Internal, "cannot print the settings as TOML").with_source(e)
         })
     }
 
+    /// Every token long enough and different from every other (a token names one scope),
+    /// every tenant's salt hex and its own.
+    fn check_tokens(&self) -> Result<(), Error> {
+        let a = &self.auth;
+        let mut tokens: Vec<(String, &str)> = [
+            ("the admin token".to_string(), &a.admin_token),
+            ("the data token".to_string(), &a.data_token),
+        ]
+        .into_iter()
+        .filter_map(|(name, t)| t.as_deref().map(|t| (name, t)))
+        .collect();
+        let mut salts: Vec<(Vec<u8>, &str)> = Vec::new();
+        for (name, tenant) in &a.tenants {
+            tokens.push((format!("tenant {name}'s token"), &tenant.token));
+            let salt = tenant
+                .salt_bytes()
+                .map_err(|e| Error::invalid(format!("auth.tenants.{name}.salt: {e}")))?;
+            // A tenant reaches its salt and salts nested under it (`salt/…`): no tenant's
+            // salt may begin with another's.
+            if let Some((_, other)) = salts
+                .iter()
+                .find(|(s, _)| s.starts_with(&salt) || salt.starts_with(s))
+            {
+                return Err(Error::invalid(format!(
+                    "tenants {other} and {name} have salts one of which begins with the \
+                     other: each tenant's layouts must be its own"
+                )));
+            }
+            salts.push((salt, name));
+        }
+        for (i, (name, t)) in tokens.iter().enumerate() {
+            if t.len() < 16 {
+                return Err(Error::invalid(format!(
+                    "{name} must be at least 16 characters"
+                )));
+            }
+            if let Some((other, _)) = tokens[..i].iter().find(|(_, u)| u == t) {
+                return Err(Error::invalid(format!(
+                    "{other} and {name} are the same: a token names one scope"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses settings the server must not run with (`Invalid`).
     pub fn validate(&self) -> Result<(), Error> {
         let open = !self.listen.ip().is_loopback();
-        let tokens = self.auth.admin_token.is_some() && self.auth.data_token.is_some();
+        let tokens = self.auth.admin_token.is_some() && self.auth.data_guarded();
         if open && !tokens && !self.auth.allow_insecure_listen {
             return Err(Error::invalid(format!(
                 "refusing to listen on {} (not a loopback address) without an admin token \
@@ -494,16 +584,7 @@ impl Settings {
                 self.listen
             )));
         }
-        for (name, t) in [
-            ("admin token", &self.auth.admin_token),
-            ("data token", &self.auth.data_token),
-        ] {
-            if t.as_deref().is_some_and(|t| t.len() < 16) {
-                return Err(Error::invalid(format!(
-                    "the {name} must be at least 16 characters"
-                )));
-            }
-        }
+        self.check_tokens()?;
         if self.ram.0 == 0 {
             return Err(Error::invalid("ram must be larger than 0"));
         }
@@ -607,6 +688,23 @@ mod tests {
         // An unset setting is left out, and reads back unset.
         assert!(!text.contains("admin_token"), "{text}");
         assert_eq!(back.auth.admin_token, None);
+    }
+
+    #[test]
+    fn tenant_tokens_are_redacted_when_the_settings_are_printed() {
+        let mut s = Settings::default();
+        s.auth.tenants.insert(
+            "acme".into(),
+            TenantToken {
+                token: "acme-secret-token-0001".into(),
+                salt: "ac01".into(),
+            },
+        );
+        s.validate().unwrap();
+        let text = s.to_toml_redacted().unwrap();
+        assert!(!text.contains("acme-secret-token-0001"), "{text}");
+        assert!(text.contains("[auth.tenants.acme]"), "{text}");
+        assert!(text.contains("salt = \"ac01\""), "{text}");
     }
 
     #[test]

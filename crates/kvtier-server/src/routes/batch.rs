@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use bytes::Bytes;
 use kvtier_client::wire::{
     BatchLookupAnswer, BatchSpec, BatchStoreAnswer, LookupAnswer, MAX_BATCH_PROMPTS, PromptSpec,
     StateHit, StoreAnswer, tokens_from_b64,
 };
 
+use super::auth::Scope;
 use super::data::{asked_ack, prompt_of};
 use super::input::{self, blocking};
 use super::upload::{self, BodyChunks};
@@ -29,7 +30,11 @@ fn limit(app: &AppState) -> u64 {
 
 /// The prompts of a batch, checked: at most [`MAX_BATCH_PROMPTS`] of them, each a prompt
 /// a single call would take.
-fn prompts_of(app: &AppState, spec: &BatchSpec) -> Result<Vec<kvtier_core::Prompt>, ApiError> {
+fn prompts_of(
+    app: &AppState,
+    scope: &Scope,
+    spec: &BatchSpec,
+) -> Result<Vec<kvtier_core::Prompt>, ApiError> {
     if spec.prompts.len() > MAX_BATCH_PROMPTS {
         return Err(ApiError::bad(
             "too_many_prompts",
@@ -45,7 +50,7 @@ fn prompts_of(app: &AppState, spec: &BatchSpec) -> Result<Vec<kvtier_core::Promp
         .map(|(i, b64)| {
             let tokens = tokens_from_b64(b64)
                 .map_err(|e| ApiError::bad("bad_tokens", format!("prompt {i}: {e}")))?;
-            prompt_of(app, &PromptSpec::new(spec.layout.clone(), tokens))
+            prompt_of(app, scope, &PromptSpec::new(spec.layout.clone(), tokens))
         })
         .collect()
 }
@@ -71,10 +76,11 @@ fn answer_of(found: &kvtier_core::Lookup) -> LookupAnswer {
 /// `POST /v1/lookup/batch`: each prompt's cached prefix, from memory.
 pub async fn lookup_batch(
     State(app): App,
+    Extension(scope): Extension<Scope>,
     body: Body,
 ) -> Result<Json<BatchLookupAnswer>, ApiError> {
     let spec: BatchSpec = input::json_body(&app, body).await?;
-    let prompts = prompts_of(&app, &spec)?;
+    let prompts = prompts_of(&app, &scope, &spec)?;
     let hits = prompts
         .iter()
         .map(|p| answer_of(&app.engine.lookup(p)))
@@ -88,6 +94,7 @@ pub async fn lookup_batch(
 /// (`?durability=`).
 pub async fn store_batch(
     State(app): App,
+    Extension(scope): Extension<Scope>,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Json<BatchStoreAnswer>, ApiError> {
@@ -100,7 +107,7 @@ pub async fn store_batch(
         Ok(head) => head,
         Err(e) => return Err(chunks.refuse(e).await),
     };
-    let prompts = match prompts_of(&app, &spec) {
+    let prompts = match prompts_of(&app, &scope, &spec) {
         Ok(p) => p,
         Err(e) => return Err(chunks.refuse(e).await),
     };

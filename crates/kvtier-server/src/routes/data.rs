@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use kvtier_client::wire::{
     SnapshotSpec, StoreAnswer, UPLOAD_CONTENT_TYPE,
 };
 
+use super::auth::Scope;
 use super::input::{self, blocking, known_layout, read_body};
 use super::upload::{self, BodyChunks};
 use crate::error::ApiError;
@@ -27,11 +28,17 @@ pub(super) fn limit(app: &AppState) -> u64 {
 }
 
 /// `POST /v1/layouts`: registers a layout (idempotent).
-pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutInfo>, ApiError> {
+pub async fn register_layout(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Json<LayoutInfo>, ApiError> {
     let spec: LayoutSpec = input::json_body(&app, body).await?;
-    let key = spec
+    let mut key = spec
         .to_key()
         .map_err(|e| ApiError::bad(e.code, e.message))?;
+    // A tenant's token gives the salt: the layout is the tenant's whatever was asked.
+    key.tenant_salt = scope.salt_for(std::mem::take(&mut key.tenant_salt));
     let layout = app.engine.register_layout(key).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -62,9 +69,10 @@ pub async fn register_layout(State(app): App, body: Body) -> Result<Json<LayoutI
 /// The prompt a request names: its layout, tokens (either form) and extra keys.
 pub(crate) fn prompt_of(
     app: &AppState,
+    scope: &Scope,
     spec: &PromptSpec,
 ) -> Result<kvtier_core::Prompt, ApiError> {
-    let layout = known_layout(app, &spec.layout)?;
+    let layout = known_layout(app, scope, &spec.layout)?;
     let tokens = spec
         .token_ids()
         .map_err(|e| ApiError::bad("bad_tokens", e))?;
@@ -76,7 +84,12 @@ pub(crate) fn prompt_of(
 ///
 /// The body is JSON, or (content type `application/vnd.kvtier.upload`) a JSON head
 /// without tokens followed by the tokens as little-endian `u32`s — the cheapest form.
-pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn lookup(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read_body(body, input::json_limit(&app)).await?;
     let binary = headers
         .get(header::CONTENT_TYPE)
@@ -97,7 +110,7 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
     } else {
         input::json(&app, &body)?
     };
-    let prompt = prompt_of(&app, &spec)?;
+    let prompt = prompt_of(&app, &scope, &spec)?;
     let found = app.engine.lookup(&prompt);
     // The answer is written directly: its strings hold only hex digits and tier letters,
     // which JSON needs no escaping for (a serializer scanned them byte by byte).
@@ -131,9 +144,13 @@ pub async fn lookup(State(app): App, headers: HeaderMap, body: Body) -> Result<R
 }
 
 /// `POST /v1/load`: the blocks named by lookup handles, in one framed binary stream.
-pub async fn load(State(app): App, body: Body) -> Result<Response, ApiError> {
+pub async fn load(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let req: LoadRequest = input::json_body(&app, body).await?;
-    let layout = known_layout(&app, &req.layout)?;
+    let layout = known_layout(&app, &scope, &req.layout)?;
     if !req.handles.len().is_multiple_of(HANDLE_HEX_LEN) {
         return Err(ApiError::bad(
             "bad_handles",
@@ -247,6 +264,7 @@ pub(super) fn asked_ack(uri: &axum::http::Uri) -> Result<Option<kvtier_core::Ack
 /// server's default promises, whichever is stronger.
 pub async fn store(
     State(app): App,
+    Extension(scope): Extension<Scope>,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
@@ -260,7 +278,7 @@ pub async fn store(
         Ok(head) => head,
         Err(e) => return Err(chunks.refuse(e).await),
     };
-    store_payload(app, ack, spec, chunks, first).await
+    store_payload(app, &scope, ack, spec, chunks, first).await
 }
 
 /// A store of the payload still to come in `chunks` (after `first`), for the prompt
@@ -268,12 +286,13 @@ pub async fn store(
 /// read straight into the blocks' own buffers, which the engine keeps without a copy.
 pub(super) async fn store_payload(
     app: Arc<AppState>,
+    scope: &Scope,
     ack: Option<kvtier_core::Ack>,
     spec: PromptSpec,
     mut chunks: BodyChunks,
     first: Bytes,
 ) -> Result<Json<StoreAnswer>, ApiError> {
-    let prompt = match prompt_of(&app, &spec) {
+    let prompt = match prompt_of(&app, scope, &spec) {
         Ok(p) => p,
         // Answered before the payload was read: read it anyway, so the answer is not lost
         // to a connection reset (and is 413 if the payload is over the limit).
@@ -332,10 +351,14 @@ fn session(spec: &SnapshotSpec) -> Result<Option<Vec<u8>>, ApiError> {
 }
 
 /// `PUT /v1/snapshot`: recurrent state after exactly these tokens.
-pub async fn snapshot_put(State(app): App, body: Body) -> Result<Response, ApiError> {
+pub async fn snapshot_put(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read_body(body, limit(&app)).await?;
     let (spec, blob): (SnapshotSpec, Bytes) = upload(&app, &body)?;
-    let layout = known_layout(&app, &spec.layout)?;
+    let layout = known_layout(&app, &scope, &spec.layout)?;
     let session = session(&spec)?;
     let engine = app.engine.clone();
     let outcome = blocking(move || {
@@ -358,9 +381,13 @@ pub(super) fn put_answer(outcome: kvtier_core::snapshot::SnapshotPut) -> Respons
 }
 
 /// `POST /v1/snapshot/get`: the state stored for exactly these tokens, or 404.
-pub async fn snapshot_get(State(app): App, body: Body) -> Result<Response, ApiError> {
+pub async fn snapshot_get(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let spec: SnapshotSpec = input::json_body(&app, body).await?;
-    let layout = known_layout(&app, &spec.layout)?;
+    let layout = known_layout(&app, &scope, &spec.layout)?;
     let session = session(&spec)?;
     let engine = app.engine.clone();
     let got = blocking(move || {
@@ -387,9 +414,10 @@ pub async fn snapshot_get(State(app): App, body: Body) -> Result<Response, ApiEr
 /// `DELETE /v1/layouts/{layout}`: every block of a layout, in every tier.
 pub async fn delete_layout(
     State(app): App,
+    Extension(scope): Extension<Scope>,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    let layout = known_layout(&app, &digest)?;
+    let layout = known_layout(&app, &scope, &digest)?;
     let engine = app.engine.clone();
     let removed = blocking(move || Ok(engine.delete_namespace(layout.digest())?)).await?;
     Ok(Json(serde_json::json!({ "removed_blocks": removed })).into_response())

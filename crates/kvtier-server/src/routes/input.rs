@@ -10,6 +10,7 @@ use kvtier_client::wire::{BlockExtraKeys, Limit, ParseError, ParseLimits, parse_
 use kvtier_core::{BlockHash, ExtraKeys, Layout, LayoutDigest};
 use serde::de::DeserializeOwned;
 
+use super::auth::Scope;
 use super::upload::BodyChunks;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -135,16 +136,23 @@ pub fn block_hash(s: &str) -> Result<BlockHash, ApiError> {
     hex16("block handle", s).map(BlockHash)
 }
 
-/// A registered layout, or 404 `unknown_layout`.
-pub fn known_layout(app: &AppState, digest_hex: &str) -> Result<Arc<Layout>, ApiError> {
+/// A registered layout within `scope`; 404 `unknown_layout`, or 403 `wrong_tenant` for
+/// another tenant's layout.
+pub fn known_layout(
+    app: &AppState,
+    scope: &Scope,
+    digest_hex: &str,
+) -> Result<Arc<Layout>, ApiError> {
     let digest = LayoutDigest(hex16("layout", digest_hex)?);
-    app.engine.layout(digest).map_err(|_| {
+    let layout = app.engine.layout(digest).map_err(|_| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_layout",
             format!("layout {digest_hex} is not registered (POST /v1/layouts first)"),
         )
-    })
+    })?;
+    scope.admits(&layout)?;
+    Ok(layout)
 }
 
 /// Per-block extra keys from the wire.

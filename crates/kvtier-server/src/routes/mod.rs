@@ -1,7 +1,9 @@
-//! The router: data endpoints (optionally behind the data token), admin endpoints (behind
-//! the admin token), health; every request timed into the latency histograms.
+//! The router: data endpoints (optionally behind the data token or a tenant's token),
+//! admin endpoints (behind the admin token), health; every request timed into the latency
+//! histograms.
 
 mod admin;
+pub(crate) mod auth;
 mod batch;
 mod data;
 pub(crate) mod input;
@@ -17,11 +19,12 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{delete, get, post, put};
 
+use self::auth::{Guard, authorize};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -29,63 +32,6 @@ use crate::state::AppState;
 // same way from either.
 pub(crate) use data::prompt_of;
 pub(crate) use input::known_layout;
-
-/// What a group of routes requires: the data routes a token if one is configured; the
-/// admin routes the admin token, and are disabled without one. Tokens are fixed for the
-/// server's life, so they are read once, when the router is built.
-#[derive(Clone)]
-enum Guard {
-    Open,
-    Token(Arc<str>),
-    Disabled,
-}
-
-/// Compares in time independent of where the strings differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn authorize(State(guard): State<Guard>, req: Request, next: Next) -> Response {
-    let wanted = match &guard {
-        Guard::Open => return next.run(req).await,
-        Guard::Token(t) => t,
-        Guard::Disabled => {
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                "admin_disabled",
-                "admin endpoints are disabled: no admin token is configured (admin_token)",
-            )
-            .into_response();
-        }
-    };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
-        Some(_) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            "bad_token",
-            "the bearer token is not valid here",
-        )
-        .into_response(),
-        None => {
-            let mut resp = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "token_required",
-                "this endpoint requires `Authorization: Bearer <token>`",
-            )
-            .into_response();
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
-            resp
-        }
-    }
-}
 
 async fn timed(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let endpoint = req
@@ -109,17 +55,13 @@ async fn not_found() -> ApiError {
 
 /// All routes over `app`.
 pub fn router(app: Arc<AppState>) -> Router {
-    let (data_guard, admin_guard) = {
+    let (data_guard, counters_guard, admin_guard) = {
         let auth = &app.node.settings.read().auth;
-        let data = auth
-            .data_token
-            .as_deref()
-            .map_or(Guard::Open, |t| Guard::Token(t.into()));
-        let admin = auth
-            .admin_token
-            .as_deref()
-            .map_or(Guard::Disabled, |t| Guard::Token(t.into()));
-        (data, admin)
+        (
+            Guard::data(auth, true),
+            Guard::data(auth, false),
+            Guard::admin(auth),
+        )
     };
     let data = Router::new()
         .route("/v1/layouts", post(data::register_layout))
@@ -134,9 +76,12 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/snapshot/get", post(data::snapshot_get))
         .route("/v1/checkpoint", put(state::checkpoint_put))
         .route("/v1/restore", post(state::restore))
+        .route_layer(middleware::from_fn_with_state(data_guard, authorize));
+    // Every tenant's counters: the all-tenants scope only.
+    let counters = Router::new()
         .route("/v1/stats", get(data::stats))
         .route("/metrics", get(ops::metrics))
-        .route_layer(middleware::from_fn_with_state(data_guard, authorize));
+        .route_layer(middleware::from_fn_with_state(counters_guard, authorize));
     let admin = Router::new()
         .route("/admin/ssd", post(admin::ssd))
         .route("/admin/flush", post(admin::flush))
@@ -144,6 +89,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(admin_guard, authorize));
     Router::new()
         .merge(data)
+        .merge(counters)
         .merge(admin)
         .route("/health", get(ops::health))
         .route("/healthz", get(ops::healthz))

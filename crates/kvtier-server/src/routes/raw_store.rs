@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::Uri;
 use bytes::Bytes;
 use kvtier_client::wire::{PromptSpec, StoreAnswer};
 
+use super::auth::Scope;
 use super::data;
 use super::upload::BodyChunks;
 use crate::error::ApiError;
@@ -62,6 +63,7 @@ fn parse_query(query: Option<&str>) -> Result<(PromptSpec, String), ApiError> {
 /// `POST /v1/store/raw`: the body is the payload (whole blocks, block 0 first).
 pub async fn store_raw(
     State(app): State<Arc<AppState>>,
+    Extension(scope): Extension<Scope>,
     uri: Uri,
     body: Body,
 ) -> Result<Json<StoreAnswer>, ApiError> {
@@ -78,7 +80,7 @@ pub async fn store_raw(
         Ok(q) => q,
         Err(e) => return Err(chunks.refuse(e).await),
     };
-    data::store_payload(app, ack, spec, chunks, Bytes::new()).await
+    data::store_payload(app, &scope, ack, spec, chunks, Bytes::new()).await
 }
 
 #[cfg(test)]

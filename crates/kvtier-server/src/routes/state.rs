@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kvtier_client::wire::frame;
 use kvtier_client::wire::{CheckpointSpec, PromptSpec, RestoreHead, UPLOAD_CONTENT_TYPE};
 
+use super::auth::Scope;
 use super::data::{limit, prompt_of, put_answer, upload};
 use super::input::{self, blocking, read_body};
 use crate::error::ApiError;
@@ -23,11 +24,16 @@ type App = State<Arc<AppState>>;
 /// prompt (an upload: the JSON head, then the state's bytes). Refused (400) off the
 /// layout's checkpoint boundaries, at any size but the layout's state size, and for a
 /// layout without state groups; 507 when the checkpoint bucket could not make room.
-pub async fn checkpoint_put(State(app): App, body: Body) -> Result<Response, ApiError> {
+pub async fn checkpoint_put(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read_body(body, limit(&app)).await?;
     let (spec, state): (CheckpointSpec, Bytes) = upload(&app, &body)?;
     let prompt = prompt_of(
         &app,
+        &scope,
         &PromptSpec {
             layout: spec.layout,
             tokens: spec.tokens,
@@ -46,9 +52,13 @@ pub async fn checkpoint_put(State(app): App, body: Body) -> Result<Response, Api
 /// answer is an upload-framed body: a [`RestoreHead`], then the blocks back to back, then
 /// the state. All or nothing: when a part cannot be read in full, `tokens` is 0 and no
 /// bytes follow (the caller computes the prompt).
-pub async fn restore(State(app): App, body: Body) -> Result<Response, ApiError> {
+pub async fn restore(
+    State(app): App,
+    Extension(scope): Extension<Scope>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let spec: PromptSpec = input::json_body(&app, body).await?;
-    let prompt = prompt_of(&app, &spec)?;
+    let prompt = prompt_of(&app, &scope, &spec)?;
     let block_bytes = prompt.layout().block_bytes();
     let engine = app.engine.clone();
     let restored = blocking(move || {

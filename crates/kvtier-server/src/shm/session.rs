@@ -16,6 +16,9 @@ use kvtier_client::shm::proto::{
 };
 use kvtier_client::wire::{ErrorDetail, HANDLE_HEX_LEN, StoreAnswer};
 use kvtier_core::arena::BlockBuf;
+
+// The socket's file mode is its guard: a client that can open it acts for every tenant.
+use crate::routes::auth::Scope;
 use kvtier_core::{Ack, BlockHash, Engine, Prompt, StoreOptions};
 
 use super::staging::Staging;
@@ -247,7 +250,8 @@ impl Session {
     }
 
     fn load(&mut self, head: LoadHead, tail: &[u8]) -> Answer {
-        let layout = crate::routes::known_layout(&self.app, &head.layout).map_err(from_api)?;
+        let layout =
+            crate::routes::known_layout(&self.app, &Scope::All, &head.layout).map_err(from_api)?;
         let width = HANDLE_HEX_LEN / 2;
         if !tail.len().is_multiple_of(width) {
             return Err(refuse(
@@ -321,7 +325,8 @@ impl Session {
     }
 
     fn reserve(&mut self, head: ReserveHead) -> Answer {
-        let prompt = crate::routes::prompt_of(&self.app, &head.prompt).map_err(from_api)?;
+        let prompt =
+            crate::routes::prompt_of(&self.app, &Scope::All, &head.prompt).map_err(from_api)?;
         let first = head.first_block as usize;
         let count = head.blocks as usize;
         if count == 0 || first.saturating_add(count) > prompt.num_blocks() {
