@@ -17,6 +17,7 @@
 # - a font for the demo's chart labels (fonts-dejavu-core);
 # - third-party S3 clients and a server for the S3 tests and the `s3.*` bench rows:
 #   boto3, the AWS CLI and moto's server (pip: boto3 awscli 'moto[server]');
+# - libsodium-dev: the KV-event sockets' CURVE (libzmq is built against it, statically);
 # - for cluster mode (crates/kvtier-meta): protobuf-compiler (etcd-client's build compiles
 #   etcd's protocol) and etcd-server (the cluster tests start their own members on free
 #   loopback ports; a system etcd the package may start is never used or stopped).
@@ -45,6 +46,9 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+# libsodium's static library and headers: libzmq is built with CURVE against it (private
+# KV events, crates/kvtier-events/build.rs).
+[[ -f /usr/include/sodium.h ]] || need_apt+=(libsodium-dev)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 

@@ -24,13 +24,15 @@
 //!   publisher re-lists (`AllBlocksCleared` and the listing) instead of publishing a view
 //!   with holes.
 
+mod access;
 mod config;
 mod publisher;
 mod sockets;
 mod translate;
 pub mod wire;
+pub mod zmq;
 
-pub use config::KvEventsConfig;
+pub use config::{CurveConfig, KvEventsConfig};
 pub use publisher::{BoundSockets, KvEventPublisher, PublisherStats, StatsReader};
 pub use sockets::EPOCH_SHIFT;
 pub use translate::Medium;

@@ -15,10 +15,12 @@ use kvtier_core::tier::TierKind;
 use kvtier_core::{Engine, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 
+use crate::access::{self, Zap};
 use crate::config::KvEventsConfig;
 use crate::sockets::{Shared, SocketLoop, next_epoch};
 use crate::translate::Translator;
 use crate::wire::WireEvent;
+use crate::zmq::{self, Context, Socket, ZmqError};
 
 /// Events in one published batch, at most (a listing of a large index spans many).
 const MAX_BATCH_EVENTS: usize = 1024;
@@ -74,6 +76,8 @@ pub struct PublisherStats {
     pub relistings: u64,
     /// Empty batches sent because a subscriber subscribed (so it learns the sequence).
     pub welcomes: u64,
+    /// CURVE handshakes refused: a client whose key is not allowed.
+    pub refused_clients: u64,
 }
 
 impl PublisherStats {
@@ -92,6 +96,7 @@ impl PublisherStats {
         Counter { name: "missed", family: "kv_events_missed", label: None, help: "Residency events the engine dropped because the publisher fell behind", kind: C, read: |s| s.missed },
         Counter { name: "relistings", family: "kv_events_relistings", label: None, help: "Listings sent (one per epoch, one after every miss)", kind: C, read: |s| s.relistings },
         Counter { name: "welcomes", family: "kv_events_welcomes", label: None, help: "Empty batches sent to teach a new subscriber the sequence", kind: C, read: |s| s.welcomes },
+        Counter { name: "refused_clients", family: "kv_events_refused_clients", label: None, help: "CURVE handshakes refused: the client's key is not allowed", kind: C, read: |s| s.refused_clients },
     ];
 
     /// Every counter as registry samples (`kvtier_core::registry`), from [`Self::COUNTERS`].
@@ -102,15 +107,17 @@ impl PublisherStats {
     }
 }
 
-fn socket_error(what: String) -> impl FnOnce(zmq::Error) -> Error {
+fn socket_error(what: String) -> impl FnOnce(ZmqError) -> Error {
     move |e| Error::new(ErrorKind::Invalid, what).with_source(e)
 }
 
 /// The sockets of a publisher, bound (or connected) and not yet publishing: binding comes
 /// first so that a taken port fails a start before anything is opened.
 pub struct BoundSockets {
-    publisher: zmq::Socket,
-    replay: Option<zmq::Socket>,
+    publisher: Socket,
+    replay: Option<Socket>,
+    /// Declared after the sockets it authenticates: dropped after them.
+    zap: Option<Zap>,
     endpoint: String,
     replay_endpoint: Option<String>,
     config: KvEventsConfig,
@@ -139,7 +146,19 @@ impl KvEventPublisher {
         if config.hwm < 0 {
             return Err(Error::invalid("the KV-event high-water mark must be ≥ 0"));
         }
-        let ctx = zmq::Context::new();
+        access::check(config)?;
+        let ctx = Context::new().map_err(socket_error("cannot start ZeroMQ".into()))?;
+        // The ZAP handler first: a CURVE socket never exists without it.
+        let zap = match &config.curve {
+            None => None,
+            Some(curve) => Some(Zap::bind(&ctx, &curve.clients).map_err(socket_error(
+                "cannot start the KV events' authentication handler".into(),
+            ))?),
+        };
+        let secure = |socket: &Socket| match &config.curve {
+            None => Ok(()),
+            Some(curve) => socket.set_curve_server(&curve.secret_key, access::ZAP_DOMAIN),
+        };
         // XPUB: on the wire a PUB socket, but it also hands up each new subscription, which
         // is answered with an empty batch (see `SocketLoop`).
         let publisher = ctx
@@ -149,6 +168,7 @@ impl KvEventPublisher {
             .set_sndhwm(config.hwm)
             .and_then(|()| publisher.set_xpub_verbose(true))
             .and_then(|()| publisher.set_linger(LINGER_MS))
+            .and_then(|()| secure(&publisher))
             .map_err(socket_error("cannot configure the KV-event socket".into()))?;
         let endpoint = if config.connect {
             publisher
@@ -174,6 +194,7 @@ impl KvEventPublisher {
                     .set_sndhwm(room)
                     .and_then(|()| replay.set_router_mandatory(true))
                     .and_then(|()| replay.set_linger(LINGER_MS))
+                    .and_then(|()| secure(&replay))
                     .map_err(socket_error(
                         "cannot configure the KV-event replay socket".into(),
                     ))?;
@@ -184,6 +205,7 @@ impl KvEventPublisher {
         Ok(BoundSockets {
             publisher,
             replay,
+            zap,
             endpoint,
             replay_endpoint,
             config: config.clone(),
@@ -201,6 +223,7 @@ impl KvEventPublisher {
         let BoundSockets {
             publisher,
             replay,
+            zap,
             endpoint,
             replay_endpoint,
             config,
@@ -213,6 +236,7 @@ impl KvEventPublisher {
         let sockets = SocketLoop {
             publisher,
             replay,
+            zap,
             topic: config.topic.as_bytes().to_vec(),
             buffer_steps: config.buffer_steps,
             clock,
@@ -298,6 +322,7 @@ impl StatsReader {
             missed: get(&s.missed),
             relistings: get(&s.relistings),
             welcomes: get(&s.welcomes),
+            refused_clients: get(&s.refused_clients),
         }
     }
 }
@@ -314,15 +339,11 @@ impl Drop for KvEventPublisher {
 }
 
 /// Binds `socket` to `at` and says where it is bound (a port of 0 or `*` filled in).
-fn bind(socket: &zmq::Socket, at: &str) -> Result<String> {
+fn bind(socket: &Socket, at: &str) -> Result<String> {
     socket
         .bind(at)
         .map_err(socket_error(format!("cannot bind KV events to {at}")))?;
-    Ok(socket
-        .get_last_endpoint()
-        .ok()
-        .and_then(|r| r.ok())
-        .unwrap_or_else(|| at.to_string()))
+    Ok(socket.last_endpoint().unwrap_or_else(|_| at.to_string()))
 }
 
 /// The engine observer: residency events → wire events → the sockets' thread.

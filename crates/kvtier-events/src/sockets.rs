@@ -10,7 +10,9 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kvtier_core::clock::Clock;
 
+use crate::access::Zap;
 use crate::wire::{WireEvent, encode_batch};
+use crate::zmq::Socket;
 
 /// vLLM's end-of-replay marker: sequence −1.
 const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
@@ -92,6 +94,7 @@ pub(crate) struct Shared {
     pub missed: AtomicU64,
     pub relistings: AtomicU64,
     pub welcomes: AtomicU64,
+    pub refused_clients: AtomicU64,
     /// Set when an epoch is half used (or, as a last resort, ran out): the observer re-lists
     /// before its next batch, and that listing opens a new epoch.
     pub relist: AtomicBool,
@@ -99,8 +102,10 @@ pub(crate) struct Shared {
 
 /// What the thread owns.
 pub(crate) struct SocketLoop {
-    pub publisher: zmq::Socket,
-    pub replay: Option<zmq::Socket>,
+    pub publisher: Socket,
+    pub replay: Option<Socket>,
+    /// The CURVE handshakes' judge; dropped after the sockets it authenticates.
+    pub zap: Option<Zap>,
     pub topic: Vec<u8>,
     pub buffer_steps: usize,
     pub clock: Arc<dyn Clock>,
@@ -129,6 +134,12 @@ impl SocketLoop {
                 self.publish(seq, &[], &mut buffer);
             }
             self.serve_replays(&buffer);
+            if let Some(zap) = &self.zap {
+                let refused = zap.serve();
+                self.shared
+                    .refused_clients
+                    .fetch_add(refused, Ordering::Relaxed);
+            }
         }
     }
 
@@ -139,10 +150,10 @@ impl SocketLoop {
     /// before a subscription).
     fn new_subscriber(&self) -> bool {
         let mut any = false;
-        while self.publisher.poll(zmq::POLLIN, 0).unwrap_or(0) > 0 {
-            match self.publisher.recv_bytes(zmq::DONTWAIT) {
+        while self.publisher.readable(0).unwrap_or(false) {
+            match self.publisher.recv_multipart(true) {
                 // 1 = subscribe, 0 = unsubscribe, then the topic prefix.
-                Ok(m) => any |= m.first() == Some(&1),
+                Ok(m) => any |= m.first().and_then(|f| f.first()) == Some(&1),
                 Err(_) => break,
             }
         }
@@ -158,7 +169,7 @@ impl SocketLoop {
         let frames: [&[u8]; 3] = [&self.topic, &seq.to_be_bytes(), &payload];
         // A PUB socket never blocks: a subscriber over its high-water mark misses the
         // message (and can ask for a replay); an error here is the socket's own.
-        if let Err(e) = self.publisher.send_multipart(frames, zmq::DONTWAIT) {
+        if let Err(e) = self.publisher.send_multipart(frames, true) {
             self.shared.send_failures.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(error = %e, seq, "a KV-event batch was not published");
         }
@@ -179,8 +190,8 @@ impl SocketLoop {
         let Some(replay) = &self.replay else {
             return;
         };
-        while replay.poll(zmq::POLLIN, 0).unwrap_or(0) > 0 {
-            let Ok(frames) = replay.recv_multipart(zmq::DONTWAIT) else {
+        while replay.readable(0).unwrap_or(false) {
+            let Ok(frames) = replay.recv_multipart(true) else {
                 return;
             };
             let start = match frames.as_slice() {
@@ -202,13 +213,13 @@ impl SocketLoop {
             let id = &frames[0];
             for (seq, payload) in buffer.iter().filter(|(seq, _)| *seq >= start) {
                 let reply: [&[u8]; 5] = [id, b"", &self.topic, &seq.to_be_bytes(), payload];
-                if replay.send_multipart(reply, zmq::DONTWAIT).is_err() {
+                if replay.send_multipart(reply, true).is_err() {
                     break;
                 }
                 self.shared.replayed_batches.fetch_add(1, Ordering::Relaxed);
             }
             let end: [&[u8]; 5] = [id, b"", b"", &END_SEQ, b""];
-            let _ = replay.send_multipart(end, zmq::DONTWAIT);
+            let _ = replay.send_multipart(end, true);
         }
     }
 }

@@ -175,10 +175,12 @@ impl Node {
         }
         // Bound first: a taken port fails the start before any tier is opened.
         let kv_sockets = if settings.kv_events.enabled() {
+            let config = settings.kv_events.config()?;
+            config.check_access()?;
             Some(
                 // `Unavailable` whatever the socket library says (it calls a taken port
                 // and an endpoint it cannot parse alike): the address cannot be had now.
-                kvtier_events::KvEventPublisher::bind(&settings.kv_events.config())
+                kvtier_events::KvEventPublisher::bind(&config)
                     .map_err(|e| Error::new(ErrorKind::Unavailable, "KV events").with_source(e))?,
             )
         } else {

@@ -211,8 +211,8 @@ impl ClusterSettings {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvEventsSettings {
-    /// The PUB socket's ZeroMQ endpoint, e.g. `tcp://*:5557` (port 0: any free port).
-    /// Empty: no events.
+    /// The PUB socket's ZeroMQ endpoint, e.g. `tcp://127.0.0.1:5557` (port 0: any free
+    /// port); beyond this host (`tcp://*:5557`) only with CURVE. Empty: no events.
     pub endpoint: String,
     /// Connect to `endpoint` (a router's bound SUB socket) instead of binding it.
     pub connect: bool,
@@ -227,6 +227,12 @@ pub struct KvEventsSettings {
     /// Residency events queued for the publisher; when it falls further behind it
     /// re-lists everything instead.
     pub queue_len: usize,
+    /// The sockets' CURVE secret key (Z85, 40 characters; `kvtier keys` makes a pair):
+    /// with it both sockets encrypt, only `curve_clients` may connect, and the endpoints
+    /// may reach beyond this host. Without it: plaintext, on this host only.
+    pub curve_secret_key: Option<String>,
+    /// Public keys (Z85) of the clients allowed to subscribe and ask for replays.
+    pub curve_clients: Vec<String>,
 }
 
 impl Default for KvEventsSettings {
@@ -241,6 +247,8 @@ impl Default for KvEventsSettings {
             buffer_steps: c.buffer_steps,
             hwm: u32::try_from(c.hwm).unwrap_or(0),
             queue_len: c.queue_len,
+            curve_secret_key: None,
+            curve_clients: Vec::new(),
         }
     }
 }
@@ -251,9 +259,33 @@ impl KvEventsSettings {
         !self.endpoint.trim().is_empty()
     }
 
-    /// The publisher's configuration.
-    pub fn config(&self) -> kvtier_events::KvEventsConfig {
-        kvtier_events::KvEventsConfig {
+    /// The publisher's configuration; `Invalid` for a key that is not 40 characters of
+    /// Z85, or client keys without a secret key.
+    pub fn config(&self) -> Result<kvtier_events::KvEventsConfig, Error> {
+        let key = |what: &str, text: &str| {
+            kvtier_events::zmq::z85_decode_key(text.trim()).ok_or_else(|| {
+                Error::invalid(format!(
+                    "kv_events.{what}: not a CURVE key (40 characters of Z85)"
+                ))
+            })
+        };
+        let curve = match &self.curve_secret_key {
+            None if self.curve_clients.is_empty() => None,
+            None => {
+                return Err(Error::invalid(
+                    "kv_events.curve_clients needs kv_events.curve_secret_key",
+                ));
+            }
+            Some(secret) => Some(kvtier_events::CurveConfig {
+                secret_key: key("curve_secret_key", secret)?,
+                clients: self
+                    .curve_clients
+                    .iter()
+                    .map(|c| key("curve_clients", c))
+                    .collect::<Result<_, _>>()?,
+            }),
+        };
+        Ok(kvtier_events::KvEventsConfig {
             endpoint: self.endpoint.trim().to_string(),
             connect: self.connect,
             replay_endpoint: self.replay_endpoint.clone(),
@@ -261,7 +293,8 @@ impl KvEventsSettings {
             buffer_steps: self.buffer_steps,
             hwm: i32::try_from(self.hwm).unwrap_or(i32::MAX),
             queue_len: self.queue_len,
-        }
+            curve,
+        })
     }
 }
 
@@ -514,6 +547,7 @@ impl Settings {
             &mut shown.auth.admin_token,
             &mut shown.auth.data_token,
             &mut shown.remote.secret_key,
+            &mut shown.kv_events.curve_secret_key,
         ] {
             if t.is_some() {
                 *t = Some("<redacted>".into());
@@ -633,6 +667,8 @@ impl Settings {
             }
         }
         if self.kv_events.enabled() {
+            // Plaintext events stay on this host; the keys are well formed.
+            self.kv_events.config()?.check_access()?;
             if self.kv_events.buffer_steps == 0 {
                 return Err(Error::invalid("kv_events.buffer_steps must be at least 1"));
             }
@@ -691,7 +727,7 @@ mod tests {
     }
 
     #[test]
-    fn tenant_tokens_are_redacted_when_the_settings_are_printed() {
+    fn tenant_tokens_and_the_curve_key_are_redacted_when_the_settings_are_printed() {
         let mut s = Settings::default();
         s.auth.tenants.insert(
             "acme".into(),
@@ -700,9 +736,12 @@ mod tests {
                 salt: "ac01".into(),
             },
         );
+        s.kv_events.endpoint = "tcp://127.0.0.1:0".into();
+        s.kv_events.curve_secret_key = Some("R2QG^qS$!VZM?:U0olh&}X]]IoH*gH!q7DDIrx*)".into());
         s.validate().unwrap();
         let text = s.to_toml_redacted().unwrap();
         assert!(!text.contains("acme-secret-token-0001"), "{text}");
+        assert!(!text.contains("R2QG^qS"), "{text}");
         assert!(text.contains("[auth.tenants.acme]"), "{text}");
         assert!(text.contains("salt = \"ac01\""), "{text}");
     }

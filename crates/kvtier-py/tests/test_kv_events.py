@@ -234,7 +234,9 @@ def test_bad_settings_and_a_taken_port_are_clear_errors(tmp_path):
         taken = kv.kv_events()["endpoint"]
         with pytest.raises(kvtier.UnavailableError, match="cannot bind KV events"):
             engine(tmp_path / "b", endpoint=taken, replay=None)
-        with pytest.raises(kvtier.UnavailableError, match="cannot bind KV events"):
+        # An unknown transport is not known to stay on this host: refused as plaintext
+        # beyond it would be.
+        with pytest.raises(kvtier.InvalidError, match="could be read from another host"):
             engine(tmp_path / "c", endpoint="bogus://x", replay=None)
     with kvtier.Engine({"data_dir": str(tmp_path), "ssd": {"enabled": False}}) as off:
         assert off.kv_events() is None
@@ -333,3 +335,48 @@ def test_the_remote_tier_is_its_own_medium_and_remote_locality(tmp_path):
     finally:
         gateway.terminate()
         gateway.wait(timeout=30)
+
+
+def test_beyond_this_host_only_curve_and_only_listed_routers_read_the_events(tmp_path):
+    """The events carry every tenant's token ids: plaintext on an address another host can
+    reach is refused at start; with CURVE, a router whose key is listed reads them and one
+    without CURVE, or with another key, receives nothing at all."""
+    with pytest.raises(kvtier.KvtierError, match="CURVE"):
+        engine(tmp_path / "open", endpoint="tcp://0.0.0.0:0", replay=None)
+    server_public, server_secret = zmq.curve_keypair()
+    router_public, router_secret = zmq.curve_keypair()
+    other_public, other_secret = zmq.curve_keypair()
+    settings = {"curve_secret_key": server_secret.decode(), "curve_clients": [router_public.decode()]}
+    ctx = zmq.Context()
+    with engine(tmp_path / "curve", **settings) as kv:
+        at = kv.kv_events()["endpoint"]
+
+        def subscriber(keys):
+            sub = ctx.socket(zmq.SUB)
+            sub.linger = 0
+            if keys:
+                sub.curve_serverkey = server_public
+                sub.curve_publickey, sub.curve_secretkey = keys
+            sub.connect(at)
+            sub.subscribe(b"")
+            return sub
+
+        router = subscriber((router_public, router_secret))
+        stranger = subscriber((other_public, other_secret))
+        plain = subscriber(None)
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        layout = layout_of(kv)
+        assert router.poll(10_000), "the listed router was not welcomed"
+        seen = []
+        deadline = time.monotonic() + 20
+        kv.store(layout, tokens(5, 2), payload(layout, 5, 2))
+        while not any(isinstance(e, BlockStored) for e in seen) and time.monotonic() < deadline:
+            if router.poll(1000):
+                _topic, _seq, body = router.recv_multipart()
+                seen.extend(decoder.decode(body).events)
+        stored = [e for e in seen if isinstance(e, BlockStored)]
+        assert stored and stored[0].token_ids == tokens(5, 2)
+        # Nothing reached the others: not the welcome, not the store.
+        assert not stranger.poll(500) and not plain.poll(500)
+        assert kv.stats()["kv_events_refused_clients"] >= 1
+    ctx.destroy(linger=0)

@@ -42,6 +42,10 @@ enum Command {
     Cluster(crate::cluster::ClusterArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
+    /// Make a CURVE key pair for the KV-event sockets (docs/kv-events.md): the secret key
+    /// goes into the server's `kv_events.curve_secret_key` (or a client's settings), the
+    /// public key to the other side. Printed as TOML-ready Z85.
+    Keys,
     /// Show what an SSD store holds per namespace; `--verify` checks every checksum.
     Inspect(crate::inspect::InspectArgs),
     /// Test helper: store blocks until killed (used by the crash tests).
@@ -114,6 +118,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CrashWriter(args) => crate::crash_writer::run(&args),
         Command::Inspect(args) => crate::inspect::run(&args),
         Command::Cluster(args) => crate::cluster::run(&args),
+        Command::Keys => {
+            let pair = kvtier_events::zmq::CurveKeyPair::generate()
+                .map_err(|e| anyhow::anyhow!("cannot make a CURVE key pair: {e}"))?;
+            println!(
+                "public_key = \"{}\"",
+                kvtier_events::zmq::z85_encode(&pair.public)
+            );
+            println!(
+                "secret_key = \"{}\"",
+                kvtier_events::zmq::z85_encode(&pair.secret)
+            );
+            Ok(())
+        }
         Command::Version => {
             println!("kvtier {}", env!("CARGO_PKG_VERSION"));
             println!(
