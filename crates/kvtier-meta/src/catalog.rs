@@ -458,6 +458,11 @@ impl Catalog for ClusterCatalog {
         }
     }
 
+    fn deletes_directly(&self) -> bool {
+        // Advertised objects are deleted by their owner or the GC leader, in two phases.
+        false
+    }
+
     fn deleted(&self, _object: &ObjectName) {
         // Deleting an advertised object is a two-phase protocol (withdraw with a
         // tombstone, grace, delete) run by its owner or the GC leader, not a callback; a

@@ -103,6 +103,13 @@ pub trait Catalog: Send + Sync + Debug + 'static {
         let _ = object;
     }
 
+    /// Whether the tier may delete objects from the store itself (a layout's delete): yes
+    /// for a catalog that only lists; a cluster's objects are advertised and deleted
+    /// through its two-phase GC, so it says no.
+    fn deletes_directly(&self) -> bool {
+        true
+    }
+
     /// The tier wrote the state object `state`, of `bytes` bytes of state (one PUT: it
     /// is complete). State objects are listed at every open whatever the catalog; a
     /// cluster catalog also advertises them, so other replicas find them at once.

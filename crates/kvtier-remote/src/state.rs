@@ -263,6 +263,17 @@ impl RemoteTier {
 }
 
 impl SnapshotStore for RemoteTier {
+    fn remove_layout_snapshots(&self, layout: LayoutDigest) -> Result<u64> {
+        if self.deletes_directly() {
+            return self.delete_layout_states(layout);
+        }
+        // A cluster's state objects are deleted through its GC (issue 39, item 5: not
+        // built yet); this replica stops serving them.
+        let before = self.state_count();
+        self.states().write().retain(|_, s| s.layout != layout);
+        Ok((before - self.state_count()) as u64)
+    }
+
     fn put_snapshot(&self, key: &SnapshotKey, layout: LayoutDigest, blob: &Bytes) -> Result<()> {
         if self.states().read().contains_key(key) {
             return Ok(()); // immutable by name: one valid state under a key is enough

@@ -155,3 +155,90 @@ fn a_required_remote_tier_whose_bucket_is_missing_fails_the_start() {
     assert!(err.contains("did not list its bucket"), "{err}");
     drop(gateway);
 }
+
+/// Issue 39, item 5: `DELETE /v1/layouts/{layout}` deletes the layout's blocks, snapshots
+/// and checkpoints in every tier — RAM, the SSD (tombstones made durable: a kill -9 right
+/// after does not bring them back) and the shared bucket (its objects deleted, so a
+/// listing finds nothing: not after a restart, not on a fresh replica) — and leaves other
+/// layouts alone.
+#[test]
+fn a_layout_delete_reaches_every_tier_and_nothing_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let endpoint = gateway.endpoint.clone();
+    let config = dir.path().join("kvtier.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[remote]\nendpoints = [\"{endpoint}\"]\nbucket = \"shared\"\naccess_key = \"{ACCESS}\"\nsecret_key = \"{SECRET}\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let start = |data: &str| Server::start(&dir.path().join(data), &["--config", config.as_str()]);
+    let rt = runtime();
+    let (gone, kept) = (layout_spec("deleted", 2), layout_spec("kept", 2));
+    let snap = |layout: &kvtier_client::wire::LayoutInfo| kvtier_client::wire::SnapshotSpec {
+        layout: layout.layout.clone(),
+        tokens: prompt(layout, 3, 2).tokens,
+        session: None,
+    };
+    let state = bytes::Bytes::from(vec![7u8; 4096]);
+
+    let a = start("a");
+    let (gone_layout, kept_layout) = rt.block_on(async {
+        let c = a.client();
+        let (g, k) = (
+            c.register_layout(&gone).await.unwrap(),
+            c.register_layout(&kept).await.unwrap(),
+        );
+        for l in [&g, &k] {
+            assert_eq!(
+                c.store(&prompt(l, 3, 4), payloads(l, 3, 4))
+                    .await
+                    .unwrap()
+                    .stored,
+                4
+            );
+            c.snapshot_put(&snap(l), state.clone()).await.unwrap();
+        }
+        // Everything queued reaches the SSD and the bucket before the delete.
+        assert!(a.admin().admin_flush().await.unwrap());
+        assert_eq!(c.delete_layout(&g.layout).await.unwrap(), 4);
+        assert_eq!(c.lookup(&prompt(&g, 3, 4)).await.unwrap().matched_tokens, 0);
+        assert!(c.snapshot_get(&snap(&g)).await.unwrap().is_none());
+        assert_eq!(
+            c.lookup(&prompt(&k, 3, 4)).await.unwrap().matched_tokens,
+            64
+        );
+        (g, k)
+    });
+    // No clean shutdown: what the delete wrote must already be durable.
+    a.kill9();
+
+    for (name, server) in [
+        ("a, restarted", start("a")),
+        ("a fresh replica", start("c")),
+    ] {
+        rt.block_on(async {
+            let c = server.client();
+            assert_eq!(c.register_layout(&gone).await.unwrap(), gone_layout);
+            assert_eq!(c.register_layout(&kept).await.unwrap(), kept_layout);
+            let hit = c.lookup(&prompt(&gone_layout, 3, 4)).await.unwrap();
+            assert_eq!(hit.matched_tokens, 0, "{name}: {hit:?}");
+            assert_eq!(
+                c.snapshot_get(&snap(&gone_layout)).await.unwrap(),
+                None,
+                "{name}"
+            );
+            let hit = c.lookup(&prompt(&kept_layout, 3, 4)).await.unwrap();
+            assert_eq!(hit.matched_tokens, 64, "{name}: {hit:?}");
+            let kept_state = c.snapshot_get(&snap(&kept_layout)).await.unwrap();
+            assert!(
+                kept_state == Some(state.clone()),
+                "{name}: the kept snapshot is gone"
+            );
+        });
+        assert!(server.stop().success());
+    }
+}

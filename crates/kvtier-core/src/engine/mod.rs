@@ -287,7 +287,7 @@ impl Engine {
         let owned = self.arena.copy(blob);
         let outcome = self
             .snapshots
-            .put(key, owned.clone(), tokens.len() as u64, &|n| {
+            .put(key, layout, owned.clone(), tokens.len() as u64, &|n| {
                 ram.evict_bytes(n)
             });
         // Every tier below RAM that keeps snapshots gets it too, so it survives a restart.
@@ -322,7 +322,7 @@ impl Engine {
             if let Some(blob) = store.get_snapshot(&key)? {
                 let ram = &self.ram;
                 self.snapshots
-                    .put(key, blob.clone(), tokens.len() as u64, &|n| {
+                    .put(key, layout, blob.clone(), tokens.len() as u64, &|n| {
                         ram.evict_bytes(n)
                     });
                 return Ok(Some(blob));

@@ -1,4 +1,4 @@
-//! Deleting a namespace: every block of one layout, in every tier.
+//! Deleting a namespace: every block and recurrent state of one layout, in every tier.
 
 use std::time::Duration;
 
@@ -13,9 +13,12 @@ const DRAIN_BEFORE_DELETE: Duration = Duration::from_secs(10);
 
 impl Engine {
     /// Removes every block of `layout` from RAM and every tier below it, after writing what
-    /// is queued for them. Returns how many distinct blocks were removed. The layout stays
-    /// registered; snapshots are kept (they age out by their own TTL). Stores that race
-    /// with the delete may survive it; the caller quiesces its own traffic first.
+    /// is queued for them, and every snapshot and checkpoint of it; a tier's tombstones
+    /// are made durable before this returns, and a shared store the tier may delete from
+    /// directly loses the layout's objects too, whoever wrote them (a cluster's go through
+    /// its GC). Returns how many distinct blocks were removed. The layout stays
+    /// registered. Stores that race with the delete may survive it; the caller quiesces its
+    /// own traffic first.
     pub fn delete_namespace(&self, layout: LayoutDigest) -> Result<u64> {
         self.poison.check()?;
         self.layout(layout)?;
@@ -36,6 +39,18 @@ impl Engine {
                 any |= slot.tier.remove(&hash)?;
             }
             removed += u64::from(any);
+        }
+        // The layout's recurrent states (snapshots and checkpoints), in RAM and below.
+        self.snapshots.remove_layout(layout);
+        self.checkpoints.remove_layout(layout);
+        for slot in slots.iter() {
+            if let Some(store) = slot.tier.snapshots() {
+                store.remove_layout_snapshots(layout)?;
+            }
+            // What a shared store holds of the layout beyond the blocks known here.
+            slot.tier.remove_layout(layout)?;
+            // Tombstones written, made durable: nothing comes back after a crash.
+            slot.tier.make_durable()?;
         }
         Ok(removed)
     }

@@ -168,7 +168,7 @@ impl Engine {
         let ram = &self.ram;
         let outcome = self
             .checkpoints
-            .put(key, owned.clone(), tokens, &|n| ram.evict_bytes(n));
+            .put(key, digest, owned.clone(), tokens, &|n| ram.evict_bytes(n));
         for slot in self.stack.slots().iter() {
             if slot.tier.snapshots().is_some() {
                 slot.writer.enqueue_snapshot(key, digest, owned.clone());
@@ -306,7 +306,9 @@ impl Engine {
                 let ram = &self.ram;
                 let tokens = (state.blocks * layout.tokens_per_block()) as u64;
                 self.checkpoints
-                    .put(state.key, blob.clone(), tokens, &|n| ram.evict_bytes(n));
+                    .put(state.key, layout.digest(), blob.clone(), tokens, &|n| {
+                        ram.evict_bytes(n)
+                    });
                 return Ok(Some(blob));
             }
         }

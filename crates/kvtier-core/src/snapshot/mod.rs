@@ -27,6 +27,7 @@ pub use key::SnapshotKey;
 use crate::budget::MemoryBudget;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::layout::LayoutDigest;
 use crate::stats::SnapshotStats;
 
 /// Settings of the snapshot bucket.
@@ -129,6 +130,8 @@ pub const SCORED_SAMPLE: usize = 8;
 #[derive(Debug)]
 struct Entry {
     blob: Bytes,
+    /// The layout the state was computed under (a layout's delete drops its states).
+    layout: LayoutDigest,
     expires_at: u64,
     last_access: u64,
     /// Tokens of prompt the state covers.
@@ -256,6 +259,7 @@ impl SnapshotBucket {
     pub fn put(
         &self,
         key: SnapshotKey,
+        layout: LayoutDigest,
         blob: Bytes,
         tokens: u64,
         reclaim: &dyn Fn(u64) -> u64,
@@ -301,6 +305,7 @@ impl SnapshotBucket {
             key,
             Entry {
                 blob,
+                layout,
                 expires_at,
                 last_access: now,
                 tokens,
@@ -352,6 +357,22 @@ impl SnapshotBucket {
         let held = inner.entries.contains_key(key);
         inner.drop_entry(key, &self.budget, Why::Replaced);
         held
+    }
+
+    /// Drops every state computed under `layout` (the layout is being deleted); returns
+    /// how many.
+    pub fn remove_layout(&self, layout: LayoutDigest) -> u64 {
+        let mut inner = self.inner.lock();
+        let keys: Vec<SnapshotKey> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.layout == layout)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &keys {
+            inner.drop_entry(k, &self.budget, Why::Replaced);
+        }
+        keys.len() as u64
     }
 
     /// Drops every expired snapshot now (gets and puts also do this as they go).

@@ -334,6 +334,14 @@ pub trait Tier: Send + Sync + Debug + 'static {
     /// A consistent snapshot of the tier's counters.
     fn stats(&self) -> TierStats;
 
+    /// Deletes what this tier keeps of `layout` beyond the blocks the engine removes one by
+    /// one ([`Tier::remove`]): objects of a shared store that hold them, which another
+    /// replica may have written. Returns how many objects went. Default: nothing more.
+    fn remove_layout(&self, layout: LayoutDigest) -> Result<u64> {
+        let _ = layout;
+        Ok(0)
+    }
+
     /// The tier's store for recurrent-state snapshots, if it keeps them (a persistent tier
     /// does, so snapshots survive a restart). Default: none.
     fn snapshots(&self) -> Option<&dyn SnapshotStore> {
@@ -375,6 +383,11 @@ pub trait SnapshotStore: Send + Sync + Debug {
     /// Whether a blob is kept under `key`, from memory alone (lookups ask this; the read
     /// that follows verifies it).
     fn contains_snapshot(&self, key: &SnapshotKey) -> bool;
+
+    /// Deletes every blob kept for `layout` (snapshots and checkpoints: the layout is
+    /// being deleted), so that none is served again, after a restart included; returns
+    /// how many were deleted.
+    fn remove_layout_snapshots(&self, layout: LayoutDigest) -> Result<u64>;
 }
 
 #[cfg(test)]

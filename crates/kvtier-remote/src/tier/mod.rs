@@ -27,6 +27,7 @@
 //! `serve.rs` the `Tier` implementation (hits, misses, stats). The S3 client and the
 //! blocking bridge to its runtime are in `crate::s3`.
 
+mod delete;
 mod registry;
 mod serve;
 mod write;

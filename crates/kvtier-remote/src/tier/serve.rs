@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kvtier_core::hash::BlockHash;
+use kvtier_core::layout::LayoutDigest;
 use kvtier_core::stats::TierStats;
 use kvtier_core::tier::{
     BlockMeta, PutOutcome, RemovalCause, RunRead, ShortRead, SnapshotStore, Tier, TierKind,
@@ -232,6 +233,15 @@ impl Tier for RemoteTier {
             None,
         );
         Ok(true)
+    }
+
+    fn remove_layout(&self, layout: LayoutDigest) -> Result<u64> {
+        if self.deletes_directly() {
+            return self.delete_layout_objects(layout);
+        }
+        // A cluster's objects are advertised: deleting them is its GC's job (issue 39,
+        // item 5, not built yet). Their blocks are forgotten here one by one.
+        Ok(0)
     }
 
     fn snapshots(&self) -> Option<&dyn SnapshotStore> {

@@ -27,16 +27,25 @@ pub(super) struct HeldSnapshot {
 
 impl SsdTier {
     fn drop_snapshot(&self, key: &[u8; 32]) {
+        if let Err(e) = self.delete_snapshot(key) {
+            tracing::warn!(error = %e, "could not write a snapshot tombstone");
+        }
+    }
+
+    /// Stops serving the snapshot under `key` and writes its tombstone; returns whether
+    /// one was held. A failed tombstone is an error: the record would come back at the
+    /// next recovery.
+    fn delete_snapshot(&self, key: &[u8; 32]) -> Result<bool> {
         let Some(old) = self.snapshots.write().remove(key) else {
-            return;
+            return Ok(false);
         };
         if let Some(live) = self.counters.lock().segment_live.get_mut(&old.loc.segment) {
             *live = live.saturating_sub(old.loc.record_len);
         }
-        if let Err(e) = self.store.tombstone(&old.loc, *key) {
+        self.store.tombstone(&old.loc, *key).inspect_err(|_| {
             self.counters.lock().io_errors += 1;
-            tracing::warn!(error = %e, "could not write a snapshot tombstone");
-        }
+        })?;
+        Ok(true)
     }
 
     /// Drops snapshots not read or stored for longer than `ttl_ns`; returns how many.
@@ -178,5 +187,22 @@ impl SnapshotStore for SsdTier {
                 Err(e)
             }
         }
+    }
+
+    fn remove_layout_snapshots(&self, layout: LayoutDigest) -> Result<u64> {
+        let keys: Vec<[u8; 32]> = self
+            .snapshots
+            .read()
+            .iter()
+            .filter(|(_, held)| held.layout == layout)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut removed = 0;
+        for key in &keys {
+            // Held under the key's claim, as a put is: no write of it is half done.
+            let _claim = self.claims.claim(*key);
+            removed += u64::from(self.delete_snapshot(key)?);
+        }
+        Ok(removed)
     }
 }

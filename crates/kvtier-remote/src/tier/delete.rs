@@ -1,0 +1,96 @@
+//! A layout's delete on the shared store: every run object under `PREFIX/LAYOUT/` and every
+//! state object under `PREFIX/state/LAYOUT/`, on every endpoint — what this replica wrote
+//! and what others did — so that no listing brings them back after a restart.
+//!
+//! Only for a tier whose catalog lets it delete objects itself ([`Catalog::deletes_directly`]:
+//! the listing catalog of one replica or several that restart now and then). A cluster's
+//! objects are advertised, and go through its two-phase GC instead.
+//!
+//! [`Catalog::deletes_directly`]: crate::catalog::Catalog::deletes_directly
+
+use kvtier_core::layout::LayoutDigest;
+use kvtier_core::{Error, ErrorKind, Result};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+
+use super::RemoteTier;
+use crate::catalog::ObjectName;
+
+impl RemoteTier {
+    /// Whether this tier's catalog lets it delete objects from the store itself.
+    pub fn deletes_directly(&self) -> bool {
+        self.catalog.deletes_directly()
+    }
+
+    /// Deletes every run object of `layout` from the store (manifest first, then data)
+    /// and forgets its blocks; returns how many objects were deleted. An endpoint that
+    /// cannot be listed or an object that cannot be deleted is an error (`Unavailable`),
+    /// after the others were tried: a retry finishes the job.
+    pub fn delete_layout_objects(&self, layout: LayoutDigest) -> Result<u64> {
+        if !self.deletes_directly() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "this remote tier's objects are the cluster's: they are deleted through its GC",
+            ));
+        }
+        let prefix = format!("{}/{}/", self.config.prefix, layout.to_hex());
+        let mut deleted = 0;
+        let mut failed = None;
+        for listed in self.list_under(&prefix) {
+            if !listed.name.ends_with(".kvm") {
+                continue;
+            }
+            let name = ObjectName {
+                endpoint: listed.endpoint,
+                manifest: listed.name,
+            };
+            match self.delete(&name) {
+                Ok(_) => deleted += 1,
+                Err(e) => failed = Some(e),
+            }
+        }
+        // Data objects whose manifest is already gone (a delete cut short): their blocks
+        // are served by nobody, but they take space.
+        for listed in self.list_under(&prefix) {
+            if listed.name.ends_with(".kvo") {
+                let store = self.store(listed.endpoint);
+                let path = Path::from(listed.name.as_str());
+                let _ = self.call(async move { store.delete(&path).await });
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(deleted),
+        }
+    }
+
+    /// Deletes every state object of `layout` (snapshots and checkpoints), listed on every
+    /// endpoint, and stops serving them; returns how many.
+    pub fn delete_layout_states(&self, layout: LayoutDigest) -> Result<u64> {
+        if !self.deletes_directly() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "this remote tier's state objects are the cluster's: they are deleted through \
+                 its GC",
+            ));
+        }
+        let mut deleted = 0;
+        let mut failed = None;
+        let states = self
+            .list_states()
+            .into_iter()
+            .filter(|s| s.layout == layout);
+        for state in states {
+            match self.delete_state(&state) {
+                Ok(()) => deleted += 1,
+                Err(e) => failed = Some(e),
+            }
+        }
+        // Served from memory but not listed (listing lags, or another endpoint): forgotten.
+        self.states().write().retain(|_, s| s.layout != layout);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(deleted),
+        }
+    }
+}
