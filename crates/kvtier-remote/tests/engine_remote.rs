@@ -430,24 +430,31 @@ fn a_dead_endpoint_is_a_miss_within_the_deadline() {
 
 #[test]
 fn a_gateway_killed_mid_load_gives_a_miss_and_nothing_corrupt() {
-    let mut gateway = Gateway::start();
+    let gateway = Gateway::start();
     let t = tokens(64, 30);
     let expected = {
         let (engine, layout) = engine(&gateway.endpoint(), "killed");
         store(&engine, layout, &t)
     };
-    let (engine, layout) = engine(&gateway.endpoint(), "killed");
-    let engine = Arc::new(engine);
-    let e2 = engine.clone();
-    let tt = t.clone();
-    let load = std::thread::spawn(move || hit(&e2, layout, &tt));
-    gateway.stop();
-    let (_, blocks, complete) = load.join().unwrap();
+    let block = expected[0].len() as u64;
+    // Through a proxy that "kills the gateway" partway through the load's answer: after
+    // 20 blocks' worth of answer bytes (headers included) the connection is cut and no
+    // later request is answered — so the stop lands mid-load, every time.
+    let proxy = Proxy::start(gateway.addr());
+    let (engine, layout) = engine(&proxy.endpoint(), "killed");
+    proxy.die_after_answer_bytes(20 * block);
+    let (found, blocks, complete) = hit(&engine, layout, &t);
+    assert!(proxy.died(), "the gateway was not stopped mid-load");
+    assert_eq!(found, 64, "the lookup promised every block");
     // Whatever arrived before the stop is exactly the stored bytes; the rest is a miss.
+    assert!(
+        !complete && blocks.len() < 20,
+        "{} blocks served",
+        blocks.len()
+    );
     for (got, want) in blocks.iter().zip(&expected) {
         assert_eq!(&got[..], &want[..]);
     }
-    assert!(complete || blocks.len() < 64);
     // With the gateway gone, lookups still answer from memory at once.
     let t0 = Instant::now();
     let prompt = engine.prompt(layout, &t, &ExtraKeys::none()).unwrap();

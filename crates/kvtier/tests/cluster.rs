@@ -500,10 +500,11 @@ fn a_partitioned_replica_serves_locally_and_comes_back_under_a_new_generation() 
         let mut generations = advertised_generations(&etcd, "b").await;
         generations.sort_unstable();
         assert_eq!(generations, [1, 2], "{stats:?}");
-        eprintln!(
-            "publishes fenced after healing: {}",
-            stats["cluster_fenced"]
-        );
+        // The one advertisement queued while cut off is refused under generation 1 at
+        // most once (when the publisher, not the keepalive, is first to learn the lease
+        // is gone: 0 or 1 by timing), then published under 2 — never refused in a loop.
+        assert!(stats["cluster_fenced"] <= 1, "{stats:?}");
+        assert_eq!(stats["cluster_published"], 2, "{stats:?}");
     });
     assert!(a.stop().success());
     assert!(b.stop().success());
@@ -560,12 +561,7 @@ fn only_the_owner_deletes_through_the_admin_api() {
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 3).unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
     let proxy = CountingProxy::start(&gateway.endpoint);
-    let grace = [
-        "--set",
-        "cluster.gc_grace=1s",
-        "--set",
-        "remote.deadline=1s",
-    ];
+    let grace = ["--set", "cluster.gc_grace=2s"];
     let a = replica(dir.path(), "a", &proxy.url, &etcd.url(), &grace);
     let b = replica(dir.path(), "b", &gateway.endpoint, &etcd.url(), &grace);
     let rt = runtime();

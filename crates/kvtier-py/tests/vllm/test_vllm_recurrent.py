@@ -102,12 +102,15 @@ def test_a_hybrid_recurrent_model_is_served_at_one_boundary_for_kv_and_state(mod
         assert again["cached"] == EXPECTED and same(again, cold), (again, cold)
     finally:
         server.stop()
-    # A damaged byte on disk: never served, the answer stays the cold one.
+    # A damaged byte on disk: never served, the answer stays the cold one — and the
+    # damage was read and caught (a flip nobody read would prove nothing).
     assert flip_one_payload_byte(data)
     server = Server(data)
     try:
         damaged = run(model, server.url)
         assert same(damaged, cold), (damaged, cold)
+        stats = kvtier.Client(server.url).stats()
+        assert stats["ssd_evictions_corrupt"] >= 1, stats
     finally:
         server.stop()
 

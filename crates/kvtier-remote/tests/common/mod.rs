@@ -266,6 +266,8 @@ pub struct Proxy {
     stop: Arc<AtomicBool>,
     /// Requests (client chunks) seen while not passing.
     pub intercepted: Arc<AtomicUsize>,
+    /// Bytes of answers still to pass before the server "dies" (`u64::MAX`: no limit).
+    answer_budget: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -275,15 +277,21 @@ impl Proxy {
         let mode = Arc::new(std::sync::atomic::AtomicU8::new(Mode::Pass as u8));
         let stop = Arc::new(AtomicBool::new(false));
         let intercepted = Arc::new(AtomicUsize::new(0));
-        let (m, s, n) = (mode.clone(), stop.clone(), intercepted.clone());
+        let answer_budget = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let (m, s, n, b) = (
+            mode.clone(),
+            stop.clone(),
+            intercepted.clone(),
+            answer_budget.clone(),
+        );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::Relaxed) {
                     break;
                 }
                 let Ok(client) = conn else { continue };
-                let (m, s, n) = (m.clone(), s.clone(), n.clone());
-                std::thread::spawn(move || pump(client, upstream, &m, &s, &n));
+                let (m, s, n, b) = (m.clone(), s.clone(), n.clone(), b.clone());
+                std::thread::spawn(move || pump(client, upstream, &m, &s, &n, &b));
             }
         });
         Self {
@@ -291,7 +299,19 @@ impl Proxy {
             mode,
             stop,
             intercepted,
+            answer_budget,
         }
+    }
+
+    /// The server dies after `bytes` more bytes of answers: the answer in flight is cut
+    /// there, its connection closed, and every later request finds a dead server.
+    pub fn die_after_answer_bytes(&self, bytes: u64) {
+        self.answer_budget.store(bytes, Ordering::SeqCst);
+    }
+
+    /// Whether the server "died" (its answer budget ran out).
+    pub fn died(&self) -> bool {
+        self.answer_budget.load(Ordering::SeqCst) == 0
     }
 
     pub fn set(&self, mode: Mode) {
@@ -309,6 +329,7 @@ fn pump(
     mode: &std::sync::atomic::AtomicU8,
     stop: &AtomicBool,
     intercepted: &AtomicUsize,
+    budget: &Arc<std::sync::atomic::AtomicU64>,
 ) {
     let Ok(mut server) = TcpStream::connect(upstream) else {
         return;
@@ -316,14 +337,40 @@ fn pump(
     let (Ok(mut server_r), Ok(mut client_w)) = (server.try_clone(), client.try_clone()) else {
         return;
     };
-    // Server to client: a plain copy until either side closes.
+    // Server to client: a copy until either side closes, or the answer budget runs out
+    // (then this connection is cut where the budget ended, and the server is dead).
+    let answers = budget.clone();
+    let dead = Arc::new(AtomicBool::new(false));
+    let dead_w = dead.clone();
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut server_r, &mut client_w);
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match server_r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let left = answers.load(Ordering::SeqCst);
+            let pass = (n as u64).min(left) as usize;
+            if left != u64::MAX {
+                answers.fetch_sub(pass as u64, Ordering::SeqCst);
+            }
+            if client_w.write_all(&buf[..pass]).is_err() {
+                break;
+            }
+            if pass < n || answers.load(Ordering::SeqCst) == 0 {
+                dead_w.store(true, Ordering::SeqCst);
+                break;
+            }
+        }
         let _ = client_w.shutdown(std::net::Shutdown::Both);
     });
     let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf = vec![0u8; 1 << 16];
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && !dead.load(Ordering::SeqCst) {
+        // A dead server takes no new requests either.
+        if budget.load(Ordering::SeqCst) == 0 {
+            break;
+        }
         let n = match client.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
