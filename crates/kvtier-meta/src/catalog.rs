@@ -6,18 +6,20 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use kvtier_core::clock::{Clock, ClockExt};
+use kvtier_core::layout::LayoutDigest;
 use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier, StateName};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 use crate::config::ClusterConfig;
+use crate::deletes::{self, OnLayoutDeleted};
 use crate::follow::{Applied, Follower};
 use crate::gc::{self, Authority, Reason, Withdrawal};
 use crate::keys::Keys;
 use crate::leader::Leader;
 use crate::member::Membership;
 use crate::publish::{Publisher, Wrote};
-use crate::record::Tombstone;
+use crate::record::{LayoutDeleted, Tombstone};
 use crate::states::{StatePublisher, Written};
 use crate::stats::{ClusterStats, bump};
 use crate::view::View;
@@ -56,6 +58,8 @@ pub struct ClusterCatalog {
     tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The tier, once started (withdrawn objects are deleted through it).
     tier: parking_lot::Mutex<Weak<RemoteTier>>,
+    /// What this replica does with a layout's delete marker (given by the assembly).
+    on_deleted: parking_lot::Mutex<Option<OnLayoutDeleted>>,
 }
 
 impl Drop for ClusterCatalog {
@@ -123,6 +127,7 @@ impl ClusterCatalog {
             client: Arc::new(tokio::sync::OnceCell::new()),
             tasks: parking_lot::Mutex::new(Vec::new()),
             tier: parking_lot::Mutex::new(Weak::new()),
+            on_deleted: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -163,6 +168,46 @@ impl ClusterCatalog {
         &self.config
     }
 
+    /// Gives what this replica does with a layout's delete marker — drop the layout from
+    /// its own tiers, once per marker (`crate::deletes`). Set before [`Self::start`];
+    /// without it markers are not followed.
+    pub fn on_layout_deleted(&self, hook: OnLayoutDeleted) {
+        *self.on_deleted.lock() = Some(hook);
+    }
+
+    /// Records that `layout` is deleted everywhere (its delete marker): the GC leader
+    /// withdraws its objects, every replica drops its copies. `Unavailable` when etcd
+    /// did not take it within 5 s.
+    pub fn delete_layout_everywhere(&self, layout: LayoutDigest) -> kvtier_core::Result<()> {
+        let unavailable = |why: String| {
+            kvtier_core::Error::new(
+                kvtier_core::ErrorKind::Unavailable,
+                format!("cannot record the layout's delete in the cluster: {why}"),
+            )
+        };
+        let marker = LayoutDeleted {
+            v: crate::record::RECORD_VERSION,
+            by: self.config.replica.clone(),
+            at_ms: self.clock.wall_unix_ms(),
+        };
+        let value = serde_json::to_string(&marker).map_err(|e| unavailable(e.to_string()))?;
+        let key = self.keys.deleted(&layout);
+        let client = self.connected();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let put = async move { client.await.put(key, value, None).await };
+            let _ = tx.send(tokio::time::timeout(Duration::from_secs(5), put).await);
+        });
+        match rx.recv_timeout(Duration::from_secs(6)) {
+            Ok(Ok(Ok(_))) => {
+                bump(&self.stats.layout_deletes);
+                Ok(())
+            }
+            Ok(Ok(Err(e))) => Err(unavailable(e.to_string())),
+            Ok(Err(_)) | Err(_) => Err(unavailable("etcd did not answer within 5 s".into())),
+        }
+    }
+
     /// Starts the work for `tier`: registration and lease renewal, the follower (replay,
     /// then watch), the publisher and, if this replica stands for it, the GC leader's
     /// campaign. Returns at once; everything retries while etcd is unreachable, and the
@@ -174,6 +219,7 @@ impl ClusterCatalog {
             return;
         };
         let weak: Weak<RemoteTier> = Arc::downgrade(tier);
+        let weak_tier = weak.clone();
         *self.tier.lock() = weak.clone();
         let clock = self.clock.clone();
         let wall_ms: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(move || clock.wall_unix_ms());
@@ -276,6 +322,17 @@ impl ClusterCatalog {
                 self.runtime
                     .spawn(async move { leader.run(client.await).await }),
             );
+        }
+        if let Some(hook) = self.on_deleted.lock().clone() {
+            let (client, keys, tier, stats) = (
+                self.connected(),
+                self.keys.clone(),
+                weak_tier.clone(),
+                self.stats.clone(),
+            );
+            tasks.push(self.runtime.spawn(async move {
+                deletes::follow(client.await, keys, tier, hook, stats).await;
+            }));
         }
     }
 
@@ -421,6 +478,10 @@ pub async fn connect_once(endpoints: &[String]) -> Result<Client, etcd_client::E
 }
 
 impl Catalog for ClusterCatalog {
+    fn delete_layout(&self, layout: LayoutDigest) -> kvtier_core::Result<()> {
+        self.delete_layout_everywhere(layout)
+    }
+
     fn at_open(&self, _tier: &RemoteTier) -> Vec<ObjectName> {
         // Objects come from the replay that `start` runs in the background: a replica
         // serves its local tiers at once and the shared ones as they are read.

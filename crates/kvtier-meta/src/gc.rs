@@ -69,6 +69,8 @@ pub(crate) enum Reason {
     Orphan,
     /// Its namespace is over budget.
     Budget,
+    /// Its layout was deleted (a delete marker newer than the advertisement).
+    Deleted,
 }
 
 impl Reason {
@@ -77,6 +79,7 @@ impl Reason {
             Self::Owner => "owner",
             Self::Orphan => "orphan",
             Self::Budget => "budget",
+            Self::Deleted => "deleted",
         }
     }
 }

@@ -8,6 +8,7 @@
 //! | `ROOT/generations/REPLICA` | the replica's generation, decimal | no |
 //! | `ROOT/states/LAYOUT/KEY` | a [`crate::record::StateAdvert`] | no: a state object outlives its writer |
 //! | `ROOT/tombstones/states/LAYOUT/KEY` | a [`crate::record::Tombstone`] of a state object | no |
+//! | `ROOT/deleted/LAYOUT` | a [`crate::record::LayoutDeleted`]: everything of the layout advertised before it goes | no |
 //!
 //! A run (layout, first and last block) has at most one record: the object key names the
 //! run, not the object, so the publish transaction can require that no other replica
@@ -76,6 +77,24 @@ impl Keys {
             layout.to_hex(),
             kvtier_core::hash::hex(&key.0)
         )
+    }
+
+    /// Prefix of every layout-delete marker.
+    pub fn deletes(&self) -> String {
+        format!("{}deleted/", self.root)
+    }
+
+    /// The delete marker of `layout`.
+    pub fn deleted(&self, layout: &LayoutDigest) -> String {
+        format!("{}{}", self.deletes(), layout.to_hex())
+    }
+
+    /// The prefixes of `layout`'s run and state advertisements.
+    pub fn of_layout(&self, layout: &str) -> [String; 2] {
+        [
+            format!("{}{layout}/", self.objects()),
+            format!("{}{layout}/", self.states()),
+        ]
     }
 
     /// Prefix of every member key.

@@ -7,7 +7,10 @@
 //!   [`crate::ClusterConfig::orphan_after`] are withdrawn (the transaction re-checks that
 //!   the owner is still gone);
 //! - **budgets**: a namespace over its byte budget is shrunk oldest first; pinned objects
-//!   are never chosen.
+//!   are never chosen;
+//! - **deleted layouts**: every run and state object of a layout whose delete marker
+//!   (`ROOT/deleted/LAYOUT`) is newer than its advertisement is withdrawn, pinned or not;
+//!   markers older than [`crate::record::DELETE_MARKER_TTL`] are dropped.
 //!
 //! Run objects and state objects (recurrent-state snapshots and checkpoints) are weighed
 //! together: both kinds of advertisement carry an owner, a namespace, a priority, an age
@@ -24,14 +27,14 @@ use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, LeaderKey};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaderKey, Txn, TxnOp};
 use kvtier_remote::RemoteTier;
 
 use crate::config::ClusterConfig;
 use crate::gc::{self, Authority, Reason, Withdrawal};
 use crate::keys::prefix_end;
 use crate::member::{Membership, keep_alive};
-use crate::record::{Priority, Tombstone};
+use crate::record::{DELETE_MARKER_TTL, LayoutDeleted, Priority, Tombstone};
 use crate::stats::{ClusterStats, bump};
 use crate::status::read_pages;
 use crate::view::{Seen, View};
@@ -149,6 +152,12 @@ impl Leader {
         if let Err(e) = self.finish_due(client, &tier).await {
             tracing::debug!(error = %e, "GC sweep: cannot read tombstones");
         }
+        if let Err(e) = self
+            .sweep_deleted(client, &authority, &mut term.withdrawn)
+            .await
+        {
+            tracing::debug!(error = %e, "GC sweep: cannot read delete markers");
+        }
         // Withdrawals of earlier sweeps that this replica's watch has not applied yet are
         // still in the view: they must not count toward a budget again (that would
         // withdraw more than needed) nor be tried twice.
@@ -204,6 +213,64 @@ impl Leader {
                 }
             }
         }
+    }
+
+    /// Withdraws every advertisement older than its layout's delete marker; drops markers
+    /// past their time.
+    async fn sweep_deleted(
+        &self,
+        client: &mut Client,
+        authority: &Authority,
+        withdrawn: &mut HashMap<Vec<u8>, i64>,
+    ) -> Result<(), etcd_client::Error> {
+        let now = (self.wall_ms)();
+        let prefix = self.member.keys.deletes();
+        let mut markers = Vec::new();
+        read_pages(client, &prefix, |kvs| {
+            for kv in kvs {
+                let (Ok(key), Ok(marker)) = (
+                    kv.key_str(),
+                    serde_json::from_slice::<LayoutDeleted>(kv.value()),
+                ) else {
+                    continue;
+                };
+                if let Some(layout) = key.strip_prefix(prefix.as_str()) {
+                    markers.push((key.to_owned(), layout.to_owned(), marker, kv.mod_revision()));
+                }
+            }
+        })
+        .await?;
+        let ttl = DELETE_MARKER_TTL.as_millis() as u64;
+        for (key, layout, marker, revision) in markers {
+            if now.saturating_sub(marker.at_ms) > ttl {
+                // Only if no newer delete replaced it meanwhile.
+                let txn = Txn::new()
+                    .when(vec![Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then(vec![TxnOp::delete(key.as_str(), None)]);
+                client.txn(txn).await?;
+                continue;
+            }
+            let [runs, states] = self.member.keys.of_layout(&layout);
+            let doomed = self.view.select(|k, s| {
+                (k.starts_with(runs.as_bytes()) || k.starts_with(states.as_bytes()))
+                    && s.revision < revision
+                    && !withdrawn.contains_key(k)
+            });
+            for (k, seen) in &doomed {
+                if self
+                    .withdraw(client, authority, k, seen, Reason::Deleted)
+                    .await
+                {
+                    bump(&self.stats.deleted_withdrawn);
+                    withdrawn.insert(k.clone(), seen.revision);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Withdraws one record as leader; true if it was.

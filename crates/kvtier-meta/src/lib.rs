@@ -22,6 +22,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod deletes;
 pub mod follow;
 pub mod gc;
 pub mod keys;

@@ -171,6 +171,24 @@ pub struct Tombstone {
     pub reason: String,
 }
 
+/// A layout deleted (`DELETE /v1/layouts/{layout}` on some replica): every run and state
+/// object of the layout advertised before this record (a lower `mod_revision`) is
+/// withdrawn by the GC leader and deleted after the grace window, and every replica drops
+/// the layout's blocks and states from its own tiers once. Kept [`DELETE_MARKER_TTL`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutDeleted {
+    /// [`RECORD_VERSION`].
+    pub v: u32,
+    /// Who asked.
+    pub by: String,
+    /// When, Unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// How long a delete marker is kept: a replica away longer than this misses it (its own
+/// copies of the layout on its SSD outlive the delete; the SSD's default TTL is as long).
+pub const DELETE_MARKER_TTL: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
 /// One state object (a snapshot or checkpoint of recurrent state), advertised: what a
 /// replica needs to serve it without listing the bucket. The object verifies itself on
 /// every read (its header names the key and layout and carries the checksums), so the

@@ -57,6 +57,12 @@ pub struct ClusterStats {
     pub orphans_reclaimed: AtomicU64,
     /// Objects the leader withdrew because their namespace was over budget.
     pub budget_evictions: AtomicU64,
+    /// Objects the leader withdrew because their layout was deleted.
+    pub deleted_withdrawn: AtomicU64,
+    /// Layout deletes this replica asked the cluster for (delete markers written).
+    pub layout_deletes: AtomicU64,
+    /// Layout deletes (markers) this replica applied to its own tiers.
+    pub layout_deletes_applied: AtomicU64,
     /// 1 while this replica is GC leader.
     pub is_leader: AtomicU64,
     /// State objects (snapshots, checkpoints) this replica advertised.
@@ -94,6 +100,9 @@ impl ClusterStats {
         Counter { name: "leader_changes", family: "cluster_leader_changes", label: None, help: "Times this replica became GC leader", kind: C, read: |s| get(&s.leader_changes) },
         Counter { name: "orphans_reclaimed", family: "cluster_orphans_reclaimed", label: None, help: "Objects the leader withdrew because their owner was gone too long", kind: C, read: |s| get(&s.orphans_reclaimed) },
         Counter { name: "budget_evictions", family: "cluster_budget_evictions", label: None, help: "Objects the leader withdrew because their namespace was over budget", kind: C, read: |s| get(&s.budget_evictions) },
+        Counter { name: "deleted_withdrawn", family: "cluster_deleted_withdrawn", label: None, help: "Objects the leader withdrew because their layout was deleted", kind: C, read: |s| get(&s.deleted_withdrawn) },
+        Counter { name: "layout_deletes", family: "cluster_layout_deletes", label: None, help: "Layout deletes this replica asked the cluster for (delete markers written)", kind: C, read: |s| get(&s.layout_deletes) },
+        Counter { name: "layout_deletes_applied", family: "cluster_layout_deletes_applied", label: None, help: "Layout deletes this replica applied to its own tiers", kind: C, read: |s| get(&s.layout_deletes_applied) },
         Counter { name: "is_leader", family: "cluster_is_leader", label: None, help: "1 while this replica is GC leader", kind: G, read: |s| get(&s.is_leader) },
         Counter { name: "states_published", family: "cluster_states_published", label: None, help: "State objects (snapshots, checkpoints) this replica advertised", kind: C, read: |s| get(&s.states_published) },
         Counter { name: "states_adopted", family: "cluster_states_adopted", label: None, help: "State advertisements this replica adopted to serve from", kind: C, read: |s| get(&s.states_adopted) },

@@ -18,6 +18,7 @@
 
 pub mod args;
 pub mod cache;
+mod cluster_deletes;
 pub mod components;
 pub mod node;
 pub mod overrides;

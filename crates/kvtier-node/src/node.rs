@@ -188,6 +188,7 @@ impl Node {
         };
         let recovery = Arc::new(Mutex::new(None));
         let mut cluster = None;
+        let mut applied_deletes = None;
         // Shared with the SSD tier's maintenance thread, which closes the engine if it
         // panics, as the engine's own threads do.
         let poison = Arc::new(Poison::new());
@@ -226,6 +227,10 @@ impl Node {
             if settings.cluster.enabled() {
                 let c = cluster_catalog(&settings, &runtime, components.clock.clone())?;
                 cluster = Some(c.clone());
+                // Other replicas' layout deletes, applied here once each.
+                let applied = crate::cluster_deletes::AppliedDeletes::open(&settings.data_dir);
+                c.on_layout_deleted(applied.hook());
+                applied_deletes = Some(applied);
                 builder = builder.remote_tier(attach, move |sink| {
                     // Objects learned from etcd: replayed and watched once the tier exists.
                     let tier = Arc::new(kvtier_remote::RemoteTier::open_on(
@@ -252,6 +257,9 @@ impl Node {
             ));
         }
         let engine = Arc::new(builder.build()?);
+        if let Some(applied) = &applied_deletes {
+            applied.attach(&engine);
+        }
         // No shutdown record: a first start if the store held nothing, a crash otherwise.
         let existed = recovery
             .lock()

@@ -110,6 +110,15 @@ pub trait Catalog: Send + Sync + Debug + 'static {
         true
     }
 
+    /// Asks every replica to delete `layout` (a catalog that does not delete directly:
+    /// the cluster writes a delete marker; its GC withdraws the objects, and each
+    /// replica drops its own copies). Returns once the request is recorded; an error
+    /// (`Unavailable`) when it could not be. Default: nothing to ask.
+    fn delete_layout(&self, layout: LayoutDigest) -> kvtier_core::Result<()> {
+        let _ = layout;
+        Ok(())
+    }
+
     /// The tier wrote the state object `state`, of `bytes` bytes of state (one PUT: it
     /// is complete). State objects are listed at every open whatever the catalog; a
     /// cluster catalog also advertises them, so other replicas find them at once.

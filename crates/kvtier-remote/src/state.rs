@@ -267,8 +267,8 @@ impl SnapshotStore for RemoteTier {
         if self.deletes_directly() {
             return self.delete_layout_states(layout);
         }
-        // A cluster's state objects are deleted through its GC (issue 39, item 5: not
-        // built yet); this replica stops serving them.
+        // A cluster's state objects are deleted through its GC (the layout's delete
+        // marker, `Catalog::delete_layout`); this replica stops serving them now.
         let before = self.state_count();
         self.states().write().retain(|_, s| s.layout != layout);
         Ok((before - self.state_count()) as u64)

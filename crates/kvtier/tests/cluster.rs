@@ -685,3 +685,157 @@ fn readiness_names_the_cluster_until_the_replica_follows_it() {
     assert!(lost.stop().success());
     assert!(live.stop().success());
 }
+
+/// Issue 39, item 5: `DELETE /v1/layouts/{layout}` on one replica deletes the layout
+/// everywhere — the other replica drops its own copies (a block it loaded into RAM
+/// included), the GC leader withdraws and deletes every object of the layout in the bucket
+/// (through the two-phase GC), and after both replicas are killed and restarted nothing
+/// of it comes back; another layout is untouched, and the layout stored again after the
+/// delete stays (an old delete is never applied twice).
+#[test]
+fn a_layout_deleted_on_one_replica_is_gone_from_every_replica_and_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let fast = [
+        "--set",
+        "cluster.gc_grace=2s",
+        "--set",
+        "cluster.gc_interval=1s",
+    ];
+    let start = |name: &str| replica(dir.path(), name, &gateway.endpoint, &etcd.url(), &fast);
+    let kept_spec = layout_spec("kept", 2);
+    let (a, b) = (start("a"), start("b"));
+    let rt = runtime();
+    let (layout, kept) = rt.block_on(async {
+        let (ca, cb) = (a.client(), b.client());
+        let layout = shared_layout(&ca, &cb).await;
+        let kept = ca.register_layout(&kept_spec).await.unwrap();
+        assert_eq!(cb.register_layout(&kept_spec).await.unwrap(), kept);
+        ca.store(&prompt(&layout, 100, 2), payloads(&layout, 100, 2))
+            .await
+            .unwrap();
+        cb.store(&prompt(&layout, 200, 2), payloads(&layout, 200, 2))
+            .await
+            .unwrap();
+        ca.store(&prompt(&kept, 300, 2), payloads(&kept, 300, 2))
+            .await
+            .unwrap();
+        for (c, seed, l) in [(&cb, 100, &layout), (&ca, 200, &layout), (&cb, 300, &kept)] {
+            assert!(
+                eventually(Duration::from_secs(20), async || {
+                    c.lookup(&prompt(l, seed, 2)).await.unwrap().matched_tokens == 32
+                })
+                .await,
+                "prompt {seed} did not reach the other replica"
+            );
+        }
+        // B loads A's prompt: a copy in B's own RAM now.
+        let hit = cb.lookup(&prompt(&layout, 100, 2)).await.unwrap();
+        assert_eq!(
+            load_all(&cb, &layout, &hit).await.blocks,
+            payloads(&layout, 100, 2)
+        );
+
+        // A's own two blocks, and B's two it knows through the bucket.
+        assert_eq!(ca.delete_layout(&layout.layout).await.unwrap(), 4);
+        let gone = async |c: &kvtier_client::Client| {
+            let mut all = 0;
+            for seed in [100, 200] {
+                all += c
+                    .lookup(&prompt(&layout, seed, 2))
+                    .await
+                    .unwrap()
+                    .matched_tokens;
+            }
+            all == 0
+        };
+        assert!(
+            eventually(Duration::from_secs(20), async || gone(&ca).await
+                && gone(&cb).await)
+            .await,
+            "a replica still serves the deleted layout"
+        );
+        // Both objects (one per replica) withdrawn and deleted from the bucket.
+        let deleted = async || {
+            let (sa, sb) = (ca.stats().await.unwrap(), cb.stats().await.unwrap());
+            sa["cluster_gc_deleted"] + sb["cluster_gc_deleted"] >= 2
+        };
+        let cluster_counters = async |c: &kvtier_client::Client| {
+            let mut s = c.stats().await.unwrap();
+            s.retain(|k, _| k.starts_with("cluster_"));
+            s
+        };
+        assert!(
+            eventually(Duration::from_secs(30), deleted).await,
+            "the bucket still holds the layout's objects: {:?} {:?}",
+            cluster_counters(&ca).await,
+            cluster_counters(&cb).await
+        );
+        let (sa, sb) = (ca.stats().await.unwrap(), cb.stats().await.unwrap());
+        assert_eq!(sa["cluster_layout_deletes"], 1, "{sa:?}");
+        assert_eq!(
+            sa["cluster_deleted_withdrawn"] + sb["cluster_deleted_withdrawn"],
+            2,
+            "{sa:?} {sb:?}"
+        );
+        assert!(sb["cluster_layout_deletes_applied"] >= 1, "{sb:?}");
+        for c in [&ca, &cb] {
+            let hit = c.lookup(&prompt(&kept, 300, 2)).await.unwrap();
+            assert_eq!(hit.matched_tokens, 32, "the other layout was touched");
+        }
+        (layout, kept)
+    });
+    a.kill9();
+    b.kill9();
+
+    // Restarted (both killed), and a fresh replica: nothing of the layout comes back.
+    let (a, b, c) = (start("a"), start("b"), start("c"));
+    rt.block_on(async {
+        let clients = [a.client(), b.client(), c.client()];
+        for client in &clients {
+            assert_eq!(
+                client
+                    .register_layout(&layout_spec("cluster", 2))
+                    .await
+                    .unwrap(),
+                layout
+            );
+            assert_eq!(client.register_layout(&kept_spec).await.unwrap(), kept);
+        }
+        for client in &clients {
+            assert!(
+                eventually(Duration::from_secs(20), async || {
+                    client
+                        .lookup(&prompt(&kept, 300, 2))
+                        .await
+                        .unwrap()
+                        .matched_tokens
+                        == 32
+                })
+                .await,
+                "the kept layout did not come back after the restart"
+            );
+        }
+        // Stored again after the delete: kept, across another round of delete markers.
+        clients[0]
+            .store(&prompt(&layout, 100, 2), payloads(&layout, 100, 2))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (i, client) in clients.iter().enumerate() {
+            let old = client
+                .lookup(&prompt(&layout, 200, 2))
+                .await
+                .unwrap()
+                .matched_tokens;
+            assert_eq!(old, 0, "replica {i}: a deleted prompt came back");
+        }
+        let again = clients[0].lookup(&prompt(&layout, 100, 2)).await.unwrap();
+        assert_eq!(again.matched_tokens, 32, "the old delete was applied again");
+    });
+    for server in [a, b, c] {
+        assert!(server.stop().success());
+    }
+    drop(etcd);
+}

@@ -20,8 +20,21 @@ impl Engine {
     /// registered. Stores that race with the delete may survive it; the caller quiesces its
     /// own traffic first.
     pub fn delete_namespace(&self, layout: LayoutDigest) -> Result<u64> {
-        self.poison.check()?;
         self.layout(layout)?;
+        self.delete_layout(layout, true)
+    }
+
+    /// Drops every block, snapshot and checkpoint of `layout` from this engine's own
+    /// tiers — RAM and SSD; what the remote tier serves of it is forgotten here — without
+    /// asking any shared store to delete: what a replica does when another replica deleted
+    /// the layout (the cluster's delete marker; the cluster's GC deletes the shared
+    /// objects). The layout need not be registered here. Returns how many blocks went.
+    pub fn drop_namespace_locally(&self, layout: LayoutDigest) -> Result<u64> {
+        self.delete_layout(layout, false)
+    }
+
+    fn delete_layout(&self, layout: LayoutDigest, shared_too: bool) -> Result<u64> {
+        self.poison.check()?;
         let slots = self.stack.slots();
         for slot in slots.iter() {
             if !slot.writer.flush(DRAIN_BEFORE_DELETE) {
@@ -48,7 +61,9 @@ impl Engine {
                 store.remove_layout_snapshots(layout)?;
             }
             // What a shared store holds of the layout beyond the blocks known here.
-            slot.tier.remove_layout(layout)?;
+            if shared_too {
+                slot.tier.remove_layout(layout)?;
+            }
             // Tombstones written, made durable: nothing comes back after a crash.
             slot.tier.make_durable()?;
         }

@@ -239,8 +239,9 @@ impl Tier for RemoteTier {
         if self.deletes_directly() {
             return self.delete_layout_objects(layout);
         }
-        // A cluster's objects are advertised: deleting them is its GC's job (issue 39,
-        // item 5, not built yet). Their blocks are forgotten here one by one.
+        // A cluster's objects are advertised: its GC withdraws and deletes them once the
+        // delete is recorded (their blocks are forgotten here one by one already).
+        self.catalog.delete_layout(layout)?;
         Ok(0)
     }
 
