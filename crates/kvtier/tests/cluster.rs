@@ -15,6 +15,7 @@
     reason = "tests"
 )]
 
+mod cluster_support;
 mod gateway;
 mod server;
 
@@ -24,7 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gateway::{ACCESS, Gateway, SECRET};
+use cluster_support::{cluster_status, config, eventually, replica, shared_layout};
+use gateway::Gateway;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_testkit::EtcdCluster;
 use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
@@ -110,19 +112,6 @@ impl CountingProxy {
             self.ranged_gets.load(Ordering::SeqCst),
         )
     }
-}
-
-/// A config file for a replica of the cluster at `etcd` using the bucket at `endpoint`.
-fn config(dir: &std::path::Path, name: &str, endpoint: &str, etcd: &str) -> String {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            "[remote]\nendpoints = [\"{endpoint}\"]\nbucket = \"shared\"\naccess_key = \"{ACCESS}\"\nsecret_key = \"{SECRET}\"\n\n[cluster]\netcd = \"{etcd}\"\nname = \"test\"\nreplica = \"{name}\"\n"
-        ),
-    )
-    .unwrap();
-    path.to_str().unwrap().to_owned()
 }
 
 #[test]
@@ -268,48 +257,6 @@ fn a_replica_killed_while_another_stores_hits_everything_after_restart() {
     assert!(a.stop().success());
     assert!(b.stop().success());
     drop(etcd);
-}
-
-/// Replica `name` of cluster `test`, storing through `endpoint`, reaching etcd at `etcd`,
-/// with `extra` flags, its data under `dir/name`.
-fn replica(
-    dir: &std::path::Path,
-    name: &str,
-    endpoint: &str,
-    etcd: &str,
-    extra: &[&str],
-) -> Server {
-    let config = config(dir, name, endpoint, etcd);
-    let mut args = vec!["--config", config.as_str()];
-    args.extend_from_slice(extra);
-    Server::start(&dir.join(name), &args)
-}
-
-/// Registers the test layout on both replicas and gives them time to register in the
-/// cluster and open their watches.
-async fn shared_layout(
-    ca: &kvtier_client::Client,
-    cb: &kvtier_client::Client,
-) -> kvtier_client::wire::LayoutInfo {
-    let spec = layout_spec("cluster", 2);
-    let layout = ca.register_layout(&spec).await.unwrap();
-    assert_eq!(cb.register_layout(&spec).await.unwrap(), layout);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    layout
-}
-
-/// Polls `check` every 20 ms until it holds or `within` passes; whether it held.
-async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let t = Instant::now();
-    loop {
-        if check().await {
-            return true;
-        }
-        if t.elapsed() > within {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Stores `n` one-block prompts from `seed` on `client`, one every `every`; the slowest
@@ -530,29 +477,6 @@ async fn advertised_generations(etcd: &EtcdCluster, owner: &str) -> Vec<u64> {
         .filter(|advert| advert["owner"] == owner)
         .map(|advert| advert["generation"].as_u64().unwrap())
         .collect()
-}
-
-/// `kvtier cluster status --json` for cluster `test` at `etcd`.
-fn cluster_status(etcd: &str) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args([
-            "cluster",
-            "status",
-            "--json",
-            "--cluster",
-            etcd,
-            "--set",
-            "cluster.name=test",
-        ])
-        .env_remove("KVTIER_CONFIG")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
