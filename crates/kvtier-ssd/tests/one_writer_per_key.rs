@@ -13,26 +13,37 @@
 mod common;
 
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvtier_core::tier::Tier;
 use kvtier_ssd::SsdTier;
 
 /// Runs `work` while another thread compacts `tier` without pause (every sealed segment
 /// not full of live records); returns how many records compaction moved meanwhile.
-fn while_compacting(tier: &SsdTier, work: impl FnOnce()) -> u64 {
+/// Runs `work` while a thread compacts the tier over and over; returns how many records
+/// compaction moved meanwhile. `work` is handed that count as it grows, so it can keep
+/// going until compaction has run against it at least once: on a loaded machine the
+/// compactor may get no turn during a fixed amount of work.
+fn while_compacting(tier: &SsdTier, work: impl FnOnce(&AtomicU64)) -> u64 {
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let moved = AtomicU64::new(0);
     std::thread::scope(|s| {
-        let compactor = s.spawn(|| {
-            let mut moved = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                moved += tier.compact(1.0).unwrap().relocated;
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let n = tier.compact(1.0).unwrap().relocated;
+                moved.fetch_add(n, Ordering::Relaxed);
             }
-            moved
         });
-        work();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        compactor.join().unwrap()
-    })
+        work(&moved);
+        stop.store(true, Ordering::Relaxed);
+    });
+    moved.load(Ordering::Relaxed)
+}
+
+/// Whether a writer that did `done` operations should go on: its share (`at_least`), and
+/// then until compaction has moved something (at most 100 times its share).
+fn more(done: usize, at_least: usize, moved: &AtomicU64) -> bool {
+    done < at_least || (moved.load(Ordering::Relaxed) == 0 && done < 100 * at_least)
 }
 
 #[test]
@@ -91,7 +102,7 @@ fn compaction_racing_deletes_and_stores_loses_no_stored_key() {
     let mut present = vec![vec![false; 4]; owned.len()];
     {
         let (tier, _) = common::open(dir.path());
-        let moved = while_compacting(&tier, || {
+        let moved = while_compacting(&tier, |moved| {
             std::thread::scope(|s| {
                 let writers: Vec<_> = owned
                     .iter()
@@ -101,7 +112,9 @@ fn compaction_racing_deletes_and_stores_loses_no_stored_key() {
                         let tier = &tier;
                         s.spawn(move || {
                             let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
-                            for _ in 0..3000 {
+                            let mut done = 0;
+                            while more(done, 3000, moved) {
+                                done += 1;
                                 x ^= x << 13;
                                 x ^= x >> 7;
                                 x ^= x << 17;
@@ -157,14 +170,16 @@ fn snapshot_puts_racing_compaction_keep_every_snapshot() {
     let keys: Vec<SnapshotKey> = (0..12u8).map(|k| SnapshotKey([k; 32])).collect();
     {
         let (tier, _) = common::open(dir.path());
-        let moved = while_compacting(&tier, || {
+        let moved = while_compacting(&tier, |moved| {
             std::thread::scope(|s| {
                 let writers: Vec<_> = (0..4)
                     .map(|w| {
                         let (tier, keys) = (&tier, &keys);
                         s.spawn(move || {
-                            for round in 0..150 {
+                            let mut round = 0;
+                            while more(round, 150, moved) {
                                 let k = (w * 3 + round) % keys.len();
+                                round += 1;
                                 tier.put_snapshot(&keys[k], layout, &blob(k as u8)).unwrap();
                             }
                         })
