@@ -56,7 +56,7 @@ enum Command {
 /// Options of `kvtier bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Run fewer, smaller samples: a smoke run, as CI does (about 10 s on a 2-core
+    /// Run fewer, smaller samples: a smoke run, as CI does (about a minute on a 2-core
     /// machine). Default: off (the full run takes 3x the samples on up to 4x the data).
     /// Either way each group is announced on stderr as it starts, and a group running
     /// longer than 5 s says every 5 s which row it is on.
