@@ -11,7 +11,7 @@ use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier, StateName};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, EtcdAuth};
 use crate::deletes::{self, OnLayoutDeleted};
 use crate::follow::{Applied, Follower};
 use crate::gc::{self, Authority, Reason, Withdrawal};
@@ -346,8 +346,16 @@ impl ClusterCatalog {
 
     /// The etcd client, once some task connected it.
     fn connected(&self) -> impl std::future::Future<Output = Client> + Send + 'static {
-        let (cell, endpoints) = (self.client.clone(), self.config.endpoints.clone());
-        async move { cell.get_or_init(|| connect(&endpoints)).await.clone() }
+        let (cell, endpoints, auth) = (
+            self.client.clone(),
+            self.config.endpoints.clone(),
+            self.config.auth.clone(),
+        );
+        async move {
+            cell.get_or_init(|| connect(&endpoints, auth.as_ref()))
+                .await
+                .clone()
+        }
     }
 
     /// Deletes this replica's object `manifest` from the shared tier, in two phases: the
@@ -454,9 +462,9 @@ impl ClusterCatalog {
 
 /// A client for `endpoints`, retrying until etcd answers (the client itself reconnects
 /// afterwards).
-async fn connect(endpoints: &[String]) -> Client {
+async fn connect(endpoints: &[String], auth: Option<&EtcdAuth>) -> Client {
     loop {
-        match connect_once(endpoints).await {
+        match connect_once_as(endpoints, auth).await {
             Ok(c) => return c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach etcd; retrying");
@@ -469,11 +477,25 @@ async fn connect(endpoints: &[String]) -> Client {
 /// One attempt to connect to `endpoints`, with the timeouts every cluster call uses (a
 /// request answers within 5 s or fails; a dead connection is noticed within 4 s).
 pub async fn connect_once(endpoints: &[String]) -> Result<Client, etcd_client::Error> {
-    let options = ConnectOptions::new()
+    connect_once_as(endpoints, None).await
+}
+
+/// [`connect_once`] as `auth`'s user, when etcd's authentication is on.
+pub async fn connect_once_as(
+    endpoints: &[String],
+    auth: Option<&EtcdAuth>,
+) -> Result<Client, etcd_client::Error> {
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
         .with_keep_alive_while_idle(true);
+    if let Some(auth) = auth {
+        // etcd's tokens expire (5 minutes by default): a replica lives longer.
+        options = options
+            .with_user(auth.user.clone(), auth.password.clone())
+            .with_auto_token_refresh(true);
+    }
     Client::connect(endpoints, Some(options)).await
 }
 

@@ -7,11 +7,31 @@ use kvtier_core::Error;
 
 use crate::record::Priority;
 
+/// The user and password etcd asks for when its authentication is on.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
 /// How a replica joins a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
     /// etcd endpoints, `http://host:port`.
     pub endpoints: Vec<String>,
+    /// etcd's user and password, when its authentication is on.
+    pub auth: Option<EtcdAuth>,
     /// The cluster's name: every key lives under `kvtier/<name>/`.
     pub name: String,
     /// This replica's id (`[a-z0-9_-]`, stable across restarts: ownership follows it).
@@ -52,6 +72,7 @@ impl ClusterConfig {
     pub fn new(endpoints: Vec<String>, name: &str, replica: &str) -> Self {
         Self {
             endpoints,
+            auth: None,
             name: name.to_string(),
             replica: replica.to_string(),
             lease_ttl: Duration::from_secs(10),

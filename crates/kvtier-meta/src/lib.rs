@@ -36,8 +36,8 @@ pub mod stats;
 pub mod status;
 pub mod view;
 
-pub use catalog::{ClusterCatalog, connect_once};
-pub use config::{ClusterConfig, parse_endpoints};
+pub use catalog::{ClusterCatalog, connect_once, connect_once_as};
+pub use config::{ClusterConfig, EtcdAuth, parse_endpoints};
 /// The etcd client this crate speaks through (for tools and benchmarks beside it).
 pub use etcd_client;
 pub use gc::Withdrawal;

@@ -179,6 +179,20 @@ pub struct ClusterSettings {
     /// Byte budget of the shared tier per namespace (`[cluster.budgets]`, e.g.
     /// `default = "500GB"`); a namespace without one is unbounded.
     pub budgets: BTreeMap<String, ByteSize>,
+    /// The etcd user, when etcd's authentication is on (with `etcd_password`).
+    pub etcd_user: Option<String>,
+    /// Its password (printed as `<redacted>`).
+    pub etcd_password: Option<String>,
+}
+
+impl ClusterSettings {
+    /// etcd's credentials, if set (both or neither: [`Settings::validate`]).
+    pub fn etcd_auth(&self) -> Option<kvtier_meta::EtcdAuth> {
+        Some(kvtier_meta::EtcdAuth {
+            user: self.etcd_user.clone()?,
+            password: self.etcd_password.clone()?,
+        })
+    }
 }
 
 impl Default for ClusterSettings {
@@ -195,6 +209,8 @@ impl Default for ClusterSettings {
             gc_interval: HumanDuration(Duration::from_secs(5)),
             orphan_after: HumanDuration(Duration::from_secs(3600)),
             budgets: BTreeMap::new(),
+            etcd_user: None,
+            etcd_password: None,
         }
     }
 }
@@ -548,6 +564,7 @@ impl Settings {
             &mut shown.auth.data_token,
             &mut shown.remote.secret_key,
             &mut shown.kv_events.curve_secret_key,
+            &mut shown.cluster.etcd_password,
         ] {
             if t.is_some() {
                 *t = Some("<redacted>".into());
@@ -678,6 +695,11 @@ impl Settings {
         } else if self.kv_events.replay_endpoint.is_some() {
             return Err(Error::invalid(
                 "kv_events.replay_endpoint needs kv_events.endpoint",
+            ));
+        }
+        if self.cluster.etcd_user.is_some() != self.cluster.etcd_password.is_some() {
+            return Err(Error::invalid(
+                "cluster.etcd_user and cluster.etcd_password go together",
             ));
         }
         // A withdrawn object is deleted after the grace: a shorter grace than the remote

@@ -56,7 +56,11 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
                 kvtier_node::cluster_endpoints(&settings).map_err(anyhow::Error::msg)?;
             let status = runtime
                 .block_on(async {
-                    let mut client = kvtier_meta::connect_once(&endpoints).await?;
+                    let mut client = kvtier_meta::connect_once_as(
+                        &endpoints,
+                        settings.cluster.etcd_auth().as_ref(),
+                    )
+                    .await?;
                     kvtier_meta::status::status(&mut client, &name).await
                 })
                 .map_err(|e| {
@@ -99,9 +103,12 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
                     .as_millis() as u64,
             };
             let report = runtime.block_on(async {
-                let mut client = kvtier_meta::connect_once(&endpoints)
-                    .await
-                    .map_err(|e| format!("cannot reach etcd at {}: {e}", endpoints.join(",")))?;
+                let mut client =
+                    kvtier_meta::connect_once_as(&endpoints, settings.cluster.etcd_auth().as_ref())
+                        .await
+                        .map_err(|e| {
+                            format!("cannot reach etcd at {}: {e}", endpoints.join(","))
+                        })?;
                 reconcile::reconcile(&mut client, &tier, &options).await
             });
             let report = report.map_err(anyhow::Error::msg)?;

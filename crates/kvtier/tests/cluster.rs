@@ -763,3 +763,88 @@ fn a_layout_deleted_on_one_replica_is_gone_from_every_replica_and_the_bucket() {
     }
     drop(etcd);
 }
+
+/// Issue 39, item 3 (etcd's own authentication): with authentication on in etcd, a
+/// replica given the user and password registers and serves the cluster; one with a wrong
+/// password or none never registers (and is not ready), and `kvtier cluster status`
+/// needs the credentials too.
+#[test]
+fn with_etcd_authentication_on_only_a_replica_with_the_credentials_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut c = kvtier_meta::connect_once(&etcd.endpoints()).await.unwrap();
+        c.user_add("root", "etcd-root-secret", None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.auth_enable().await.unwrap();
+    });
+    let user = ["--set", "cluster.etcd_user=root"];
+    let start = |name: &str, password: Option<&str>| {
+        let set = password.map(|p| format!("cluster.etcd_password={p}"));
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(set) = &set {
+            args.extend_from_slice(&user);
+            args.extend_from_slice(&["--set", set.as_str()]);
+        }
+        replica(dir.path(), name, &gateway.endpoint, &etcd.url(), &args)
+    };
+    let good = start("a", Some("etcd-root-secret"));
+    let wrong = start("b", Some("not-the-password"));
+    let none = start("c", None);
+    rt.block_on(async {
+        let (cg, cw, cn) = (good.client(), wrong.client(), none.client());
+        assert!(
+            eventually(Duration::from_secs(20), async || cg
+                .ready()
+                .await
+                .is_ok_and(|r| r.ready))
+            .await,
+            "the replica with the credentials did not join"
+        );
+        assert!(cg.stats().await.unwrap()["cluster_registrations"] >= 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (name, c) in [("wrong password", &cw), ("no credentials", &cn)] {
+            assert_eq!(
+                c.stats().await.unwrap()["cluster_registrations"],
+                0,
+                "{name}: registered"
+            );
+            let ready = c.ready().await;
+            assert!(
+                !ready.as_ref().is_ok_and(|r| r.ready),
+                "{name}: ready: {ready:?}"
+            );
+        }
+    });
+    let status = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["cluster", "status", "--json", "--cluster", &etcd.url()])
+            .args(["--set", "cluster.name=test"])
+            .args(extra)
+            .env_remove("KVTIER_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let with = status(&[
+        "--set",
+        "cluster.etcd_user=root",
+        "--set",
+        "cluster.etcd_password=etcd-root-secret",
+    ]);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&with.stdout).unwrap();
+    assert_eq!(listed["replicas"].as_array().unwrap().len(), 1, "{listed}");
+    assert!(
+        !status(&[]).status.success(),
+        "status read etcd without credentials"
+    );
+    for server in [good, wrong, none] {
+        assert!(server.stop().success());
+    }
+}
