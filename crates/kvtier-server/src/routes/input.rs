@@ -20,6 +20,11 @@ use crate::state::AppState;
 /// any JSON body is read into one buffer of exactly its size.
 const RESERVE_AHEAD: u64 = 64 << 20;
 
+/// A chunk of a chunked body smaller than this is copied into a piece of [`PIECE`] bytes
+/// instead of being kept as it came.
+const SMALL_CHUNK: usize = 4 << 10;
+const PIECE: usize = 64 << 10;
+
 /// Reads the whole body, refusing more than `limit` bytes (413, before reading anything
 /// when the announced length is already over), bodies that do not arrive within the body
 /// timeout (408) and cut-off bodies (400).
@@ -32,9 +37,25 @@ const RESERVE_AHEAD: u64 = 64 << 20;
 pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, ApiError> {
     let mut chunks = BodyChunks::new(body, limit)?;
     let Some(announced) = chunks.announced() else {
+        // Small chunks are gathered into pieces of 64 KiB: a client sending its body a
+        // byte per chunk must not make the server keep a handle per byte.
         let mut parts = Vec::new();
+        let mut small = BytesMut::new();
         while let Some(chunk) = chunks.next().await? {
-            parts.push(chunk);
+            if chunk.len() >= SMALL_CHUNK {
+                if !small.is_empty() {
+                    parts.push(small.split().freeze());
+                }
+                parts.push(chunk);
+            } else {
+                small.extend_from_slice(&chunk);
+                if small.len() >= PIECE {
+                    parts.push(small.split().freeze());
+                }
+            }
+        }
+        if !small.is_empty() {
+            parts.push(small.freeze());
         }
         if parts.len() <= 1 {
             return Ok(parts.pop().unwrap_or_default());
