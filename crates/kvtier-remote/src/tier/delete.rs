@@ -76,9 +76,11 @@ impl RemoteTier {
         }
         let mut deleted = 0;
         let mut failed = None;
-        let states = self
-            .list_states()
-            .into_iter()
+        let prefix = format!("{}/state/{}/", self.config.prefix, layout.to_hex());
+        let listed = self.list_under(&prefix);
+        let states = listed
+            .iter()
+            .filter_map(|o| self.state_of(o))
             .filter(|s| s.layout == layout);
         for state in states {
             match self.delete_state(&state) {
