@@ -245,3 +245,34 @@ def test_a_stopped_server_is_an_error_within_the_deadlines_not_a_hang(tmp_path):
         assert np.array_equal(out, data)
     finally:
         s.stop()
+
+
+def test_a_tenant_token_reaches_only_its_tenants_layouts(tmp_path):
+    """Scoped tokens through the Python client (issue 39): a tenant's layouts are its own —
+    another tenant's client is refused on them with the server's code, and nothing of
+    theirs changes."""
+    config = tmp_path / "tenants.toml"
+    config.write_text(
+        '[auth.tenants.acme]\ntoken = "acme-token-for-python-01"\nsalt = "ac01"\n'
+        '[auth.tenants.globex]\ntoken = "globex-token-for-python1"\nsalt = "90b1"\n'
+    )
+    server = Server(tmp_path / "data", "--set", "ssd.enabled=false", "--config", str(config))
+    try:
+        acme = kvtier.Client(server.url, token="acme-token-for-python-01")
+        globex = kvtier.Client(server.url, token="globex-token-for-python1")
+        layout = acme.register_layout("tenants", "f16", TPB, 2, 2, 64)
+        data = payload(layout, 9, 2)
+        assert acme.store(layout, tokens(9, 2), data)["stored"] == 2
+        with pytest.raises(kvtier.KvtierError) as refused:
+            globex.lookup(layout, tokens(9, 2))
+        assert refused.value.code == "wrong_tenant"
+        with pytest.raises(kvtier.KvtierError) as refused:
+            globex.store(layout, tokens(10, 2), payload(layout, 10, 2))
+        assert refused.value.code == "wrong_tenant"
+        hit = acme.lookup(layout, tokens(9, 2))
+        assert hit.matched_tokens == 2 * TPB
+        assert b"".join(b.tobytes() for b in acme.load(hit)) == data.tobytes()
+        # Globex's own registration of the same model is another layout (its salt).
+        assert globex.register_layout("tenants", "f16", TPB, 2, 2, 64).digest != layout.digest
+    finally:
+        server.stop()

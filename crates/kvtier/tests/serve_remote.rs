@@ -19,13 +19,10 @@ use gateway::{ACCESS, Gateway, SECRET};
 use kvtier_client::wire::frame::EndStatus;
 use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
 
-#[test]
-fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    let endpoint = gateway.endpoint.clone();
-    // The remote tier's settings and credentials come from the config file.
-    let config = dir.path().join("kvtier.toml");
+/// A config file under `dir` giving the remote tier on the gateway at `endpoint` (bucket
+/// `shared`) with its credentials; its path.
+fn remote_config(dir: &std::path::Path, endpoint: &str) -> String {
+    let config = dir.join("kvtier.toml");
     std::fs::write(
         &config,
         format!(
@@ -33,7 +30,15 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
         ),
     )
     .unwrap();
-    let config = config.to_str().unwrap().to_owned();
+    config.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    // The remote tier's settings and credentials come from the config file.
+    let config = remote_config(dir.path(), &gateway.endpoint);
     let start = |data: &str, extra: &[&str]| {
         let mut args = vec!["--config", config.as_str()];
         args.extend_from_slice(extra);
@@ -165,16 +170,7 @@ fn a_required_remote_tier_whose_bucket_is_missing_fails_the_start() {
 fn a_layout_delete_reaches_every_tier_and_nothing_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
-    let endpoint = gateway.endpoint.clone();
-    let config = dir.path().join("kvtier.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[remote]\nendpoints = [\"{endpoint}\"]\nbucket = \"shared\"\naccess_key = \"{ACCESS}\"\nsecret_key = \"{SECRET}\"\n"
-        ),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap().to_owned();
+    let config = remote_config(dir.path(), &gateway.endpoint);
     let start = |data: &str| Server::start(&dir.path().join(data), &["--config", config.as_str()]);
     let rt = runtime();
     let (gone, kept) = (layout_spec("deleted", 2), layout_spec("kept", 2));
