@@ -30,7 +30,8 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(30);
 /// A kvtier cache: an engine in this process (`settings`, a dict in the settings file's
 /// shape such as `{"ram": "2GiB", "ssd": {"enabled": False}}`, or `config_file`, a
 /// settings file; defaults are those of `kvtier serve`), or a client of the `kvtier
-/// serve` at `url` (`http://HOST:PORT`; `token`: the data token, when it requires one).
+/// serve` at `url` (`http://HOST:PORT`; `token`: the data token or a tenant's, when it
+/// requires one).
 #[pyclass(frozen, subclass, module = "kvtier._kvtier")]
 pub struct Cache {
     /// `None` once closed.

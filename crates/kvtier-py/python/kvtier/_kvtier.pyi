@@ -113,9 +113,10 @@ _StateGroup: TypeAlias = tuple[str, int, int]
 class Cache:
     """A kvtier cache: an engine in this process (``settings`` or ``config_file``, with
     the settings and defaults of ``kvtier serve``) or a client of the ``kvtier serve`` at
-    ``url`` (``token``: its data token; ``shm``: its shared-arena socket on this host;
-    ``connect_timeout``, ``request_timeout``, ``transfer_timeout``: the deadlines of its
-    calls in seconds, default 2, 5 and 60 — past one a call raises ``UnavailableError``).
+    ``url`` (``token``: its data token, or a tenant's token; ``shm``: its shared-arena
+    socket on this host; ``connect_timeout``, ``request_timeout``, ``transfer_timeout``: the
+    deadlines of its calls in seconds, default 2, 5 and 60 — past one a call raises
+    ``UnavailableError``).
     The package's ``Engine`` and ``Client`` subclass it; ``kvtier.open`` chooses and shares
     one engine per process and settings."""
 
