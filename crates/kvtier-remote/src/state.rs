@@ -264,11 +264,9 @@ impl RemoteTier {
 
 impl SnapshotStore for RemoteTier {
     fn remove_layout_snapshots(&self, layout: LayoutDigest) -> Result<u64> {
-        if self.deletes_directly() {
-            return self.delete_layout_states(layout);
-        }
-        // A cluster's state objects are deleted through its GC (the layout's delete
-        // marker, `Catalog::delete_layout`); this replica stops serving them now.
+        // This replica stops serving them; the objects in the shared store go with the
+        // layout's other objects (`Tier::remove_layout`: deleted here, or by the cluster's
+        // GC once the delete is recorded).
         let before = self.state_count();
         self.states().write().retain(|_, s| s.layout != layout);
         Ok((before - self.state_count()) as u64)

@@ -334,9 +334,10 @@ pub trait Tier: Send + Sync + Debug + 'static {
     /// A consistent snapshot of the tier's counters.
     fn stats(&self) -> TierStats;
 
-    /// Deletes what this tier keeps of `layout` beyond the blocks the engine removes one by
-    /// one ([`Tier::remove`]): objects of a shared store that hold them, which another
-    /// replica may have written. Returns how many objects went. Default: nothing more.
+    /// Deletes what this tier keeps of `layout` beyond the blocks and states the engine
+    /// removes ([`Tier::remove`], [`SnapshotStore::remove_layout_snapshots`]): the objects
+    /// of a shared store that hold them, blocks and states, which another replica may have
+    /// written. Returns how many objects went. Default: nothing more.
     fn remove_layout(&self, layout: LayoutDigest) -> Result<u64> {
         let _ = layout;
         Ok(0)
@@ -384,9 +385,10 @@ pub trait SnapshotStore: Send + Sync + Debug {
     /// that follows verifies it).
     fn contains_snapshot(&self, key: &SnapshotKey) -> bool;
 
-    /// Deletes every blob kept for `layout` (snapshots and checkpoints: the layout is
-    /// being deleted), so that none is served again, after a restart included; returns
-    /// how many were deleted.
+    /// Deletes every blob this tier keeps for `layout` (snapshots and checkpoints: the
+    /// layout is being deleted), so that none is served again, after a restart included;
+    /// returns how many. A shared store's objects are [`Tier::remove_layout`]'s: here a
+    /// tier of one only stops serving them.
     fn remove_layout_snapshots(&self, layout: LayoutDigest) -> Result<u64>;
 }
 

@@ -15,6 +15,7 @@ use object_store::path::Path;
 
 use super::RemoteTier;
 use crate::catalog::ObjectName;
+use crate::object::manifest_of;
 
 impl RemoteTier {
     /// Whether this tier's catalog lets it delete objects from the store itself.
@@ -34,27 +35,33 @@ impl RemoteTier {
             ));
         }
         let prefix = format!("{}/{}/", self.config.prefix, layout.to_hex());
+        let listed = self.list_under(&prefix);
+        let manifests: std::collections::HashSet<(usize, &str)> = listed
+            .iter()
+            .filter(|o| o.name.ends_with(".kvm"))
+            .map(|o| (o.endpoint, o.name.as_str()))
+            .collect();
         let mut deleted = 0;
         let mut failed = None;
-        for listed in self.list_under(&prefix) {
-            if !listed.name.ends_with(".kvm") {
-                continue;
-            }
+        for &(endpoint, manifest) in &manifests {
             let name = ObjectName {
-                endpoint: listed.endpoint,
-                manifest: listed.name,
+                endpoint,
+                manifest: manifest.to_owned(),
             };
+            // Manifest first, then its data (`RemoteTier::delete`).
             match self.delete(&name) {
                 Ok(_) => deleted += 1,
                 Err(e) => failed = Some(e),
             }
         }
-        // Data objects whose manifest is already gone (a delete cut short): their blocks
-        // are served by nobody, but they take space.
-        for listed in self.list_under(&prefix) {
-            if listed.name.ends_with(".kvo") {
-                let store = self.store(listed.endpoint);
-                let path = Path::from(listed.name.as_str());
+        // Data objects whose manifest was already gone (a delete cut short): served by
+        // nobody, but they take space.
+        for o in listed.iter().filter(|o| o.name.ends_with(".kvo")) {
+            let orphan =
+                manifest_of(&o.name).is_none_or(|m| !manifests.contains(&(o.endpoint, m.as_str())));
+            if orphan {
+                let store = self.store(o.endpoint);
+                let path = Path::from(o.name.as_str());
                 let _ = self.call(async move { store.delete(&path).await });
             }
         }

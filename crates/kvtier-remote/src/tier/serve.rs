@@ -237,7 +237,10 @@ impl Tier for RemoteTier {
 
     fn remove_layout(&self, layout: LayoutDigest) -> Result<u64> {
         if self.deletes_directly() {
-            return self.delete_layout_objects(layout);
+            // Both are tried; the first failure is reported (a retry finishes the job).
+            let objects = self.delete_layout_objects(layout);
+            let states = self.delete_layout_states(layout);
+            return Ok(objects? + states?);
         }
         // A cluster's objects are advertised: its GC withdraws and deletes them once the
         // delete is recorded (their blocks are forgotten here one by one already).

@@ -16,17 +16,13 @@ use kvtier_client::wire::{
 };
 
 use super::auth::Scope;
-use super::data::{asked_ack, prompt_of};
+use super::data::{asked_ack, limit, prompt_of};
 use super::input::{self, blocking};
 use super::upload::{self, BodyChunks};
 use crate::error::ApiError;
 use crate::state::AppState;
 
 type App = State<Arc<AppState>>;
-
-fn limit(app: &AppState) -> u64 {
-    app.node.settings.read().max_body.0
-}
 
 /// The prompts of a batch, checked: at most [`MAX_BATCH_PROMPTS`] of them, each a prompt
 /// a single call would take.
