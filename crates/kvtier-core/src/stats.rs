@@ -157,6 +157,9 @@ pub struct TierStats {
     pub capacity_bytes: u64,
     /// Records rewritten to reclaim space (compaction), for tiers that compact.
     pub relocated: u64,
+    /// Objects and blocks refused because they were not signed with the cluster's
+    /// signing key (the remote tier, with a key): forged, or written without the key.
+    pub refused_unsigned: u64,
 }
 
 const REJECTED: &str = "Puts a tier refused, by reason";
@@ -184,6 +187,7 @@ impl TierStats {
         Counter { name: "resident_bytes", family: "tier_resident_bytes", label: None, help: "Payload bytes held now", kind: G, read: |s| s.resident_bytes },
         Counter { name: "capacity_bytes", family: "tier_capacity_bytes", label: None, help: "Byte capacity", kind: G, read: |s| s.capacity_bytes },
         Counter { name: "relocated", family: "tier_relocated", label: None, help: "Records rewritten to reclaim space (compaction)", kind: C, read: |s| s.relocated },
+        Counter { name: "refused_unsigned", family: "tier_refused_unsigned", label: None, help: "Objects and blocks refused for lacking the cluster's signature", kind: C, read: |s| s.refused_unsigned },
     ];
 
     /// The counters as `(name, value)` pairs, each name starting with `prefix_`.

@@ -20,6 +20,7 @@ use crate::leader::Leader;
 use crate::member::Membership;
 use crate::publish::{Publisher, Wrote};
 use crate::record::{LayoutDeleted, Tombstone};
+use crate::signed::RecordSigning;
 use crate::states::{StatePublisher, Written};
 use crate::stats::{ClusterStats, bump};
 use crate::view::View;
@@ -87,8 +88,9 @@ impl ClusterCatalog {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Self>, kvtier_core::Error> {
         config.check()?;
-        let keys = Keys::new(&config.name);
         let stats = Arc::new(ClusterStats::default());
+        let signing = RecordSigning::new(config.signing_key.clone(), stats.records_forged.clone());
+        let keys = Keys::signed(&config.name, signing);
         let member = Arc::new(Membership::new(
             &config.replica,
             keys.clone(),
@@ -190,8 +192,8 @@ impl ClusterCatalog {
             by: self.config.replica.clone(),
             at_ms: self.clock.wall_unix_ms(),
         };
-        let value = serde_json::to_string(&marker).map_err(|e| unavailable(e.to_string()))?;
         let key = self.keys.deleted(&layout);
+        let value = self.keys.seal(&key, &marker);
         let client = self.connected();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.runtime.spawn(async move {
@@ -228,6 +230,7 @@ impl ClusterCatalog {
             reindex: reindex_rx,
             tier: weak.clone(),
             prefix: self.keys.objects(),
+            keys: self.keys.clone(),
             stats: self.stats.clone(),
             wall_ms: wall_ms.clone(),
             slow_consumer: self.slow_consumer,
@@ -246,6 +249,7 @@ impl ClusterCatalog {
             reindex: no_reindex,
             tier: weak.clone(),
             prefix: self.keys.states(),
+            keys: self.keys.clone(),
             stats: self.stats.clone(),
             wall_ms: wall_ms.clone(),
             slow_consumer: self.slow_consumer,
@@ -374,7 +378,7 @@ impl ClusterCatalog {
             .member
             .identity()
             .ok_or("this replica is not registered in the cluster (etcd unreachable?)")?;
-        let Some(seen) = gc::read_advert(&mut client, &key)
+        let Some(seen) = gc::read_advert(&mut client, &self.keys, &key)
             .await
             .map_err(|e| e.to_string())?
         else {
@@ -425,6 +429,7 @@ impl ClusterCatalog {
             self.tier.lock().clone(),
         );
         let client = self.connected();
+        let keys = self.keys.clone();
         let (object, at_ms) = (ours.of.object().to_owned(), ours.at_ms);
         let mut tasks = self.tasks.lock();
         tasks.retain(|t| !t.is_finished());
@@ -434,7 +439,7 @@ impl ClusterCatalog {
             let Some(tier) = tier.upgrade() else { return };
             // Only this withdrawal's tombstone: the run may have been advertised and
             // withdrawn again since, under a tombstone whose grace is its own.
-            if let Ok(Some((t, revision))) = gc::read_tombstone(&mut client, &tombstone_key).await
+            if let Ok(Some((t, revision))) = gc::read_tombstone(&mut client, &keys, &tombstone_key).await
                 && t.of.object() == object
                 && t.at_ms == at_ms
                 && let Err(why) =

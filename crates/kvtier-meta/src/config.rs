@@ -32,6 +32,10 @@ pub struct ClusterConfig {
     pub endpoints: Vec<String>,
     /// etcd's user and password, when its authentication is on.
     pub auth: Option<EtcdAuth>,
+    /// The cluster's signing key: records are signed with it and only records signed
+    /// with it are used (`crate::signed`). The remote tier's objects are signed with the
+    /// same key (`kvtier_remote::RemoteConfig::signing_key`).
+    pub signing_key: Option<kvtier_remote::SigningKey>,
     /// The cluster's name: every key lives under `kvtier/<name>/`.
     pub name: String,
     /// This replica's id (`[a-z0-9_-]`, stable across restarts: ownership follows it).
@@ -73,6 +77,7 @@ impl ClusterConfig {
         Self {
             endpoints,
             auth: None,
+            signing_key: None,
             name: name.to_string(),
             replica: replica.to_string(),
             lease_ttl: Duration::from_secs(10),

@@ -53,7 +53,7 @@ pub(crate) async fn follow(
                     .ok()
                     .and_then(|k| k.strip_prefix(prefix.as_str()))
                     .and_then(LayoutDigest::from_hex);
-                let valid = serde_json::from_slice::<LayoutDeleted>(kv.value()).is_ok();
+                let valid = keys.open::<LayoutDeleted>(kv.key(), kv.value()).is_ok();
                 if let Some(layout) = layout.filter(|_| valid) {
                     markers.push((kv.mod_revision(), layout));
                 }

@@ -17,6 +17,7 @@ use etcd_client::{Client, EventType, WatchOptions};
 use kvtier_core::snapshot::SnapshotKey;
 use kvtier_remote::{Adopted, ObjectName, RemoteTier};
 
+use crate::keys::Keys;
 use crate::record::{Advert, Advertised, StateAdvert};
 use crate::stats::{ClusterStats, bump};
 use crate::status::{MAX_MESSAGE, read_pages};
@@ -34,6 +35,8 @@ pub(crate) struct Applied {
 pub(crate) struct Follower {
     pub(crate) tier: Weak<RemoteTier>,
     pub(crate) prefix: String,
+    /// How records are opened (checked against the cluster's signing key).
+    pub(crate) keys: Keys,
     pub(crate) stats: Arc<ClusterStats>,
     pub(crate) wall_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// A test hook: each watch response is applied this much later (a slow consumer).
@@ -243,11 +246,11 @@ impl Follower {
         if self.states {
             return self.apply_state(tier, key, value, revision);
         }
-        let advert: Advert = match serde_json::from_slice(value) {
+        let advert: Advert = match self.keys.open(key, value) {
             Ok(a) => a,
             Err(e) => {
                 bump(&self.stats.records_refused);
-                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "an advertisement is not a record this build reads");
+                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "an advertisement is not a record this replica reads");
                 // Whatever the key named before is no longer vouched for.
                 self.apply_delete(tier, key);
                 return false;
@@ -340,11 +343,11 @@ impl Follower {
         value: &[u8],
         revision: i64,
     ) -> bool {
-        let advert = match serde_json::from_slice::<StateAdvert>(value) {
+        let advert = match self.keys.open::<StateAdvert>(key, value) {
             Ok(a) => a,
             Err(e) => {
                 bump(&self.stats.records_refused);
-                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "a state advertisement is not a record this build reads");
+                tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "a state advertisement is not a record this replica reads");
                 self.apply_delete(tier, key);
                 return false;
             }

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use kvtier_remote::RemoteTier;
 
+use crate::keys::Keys;
 use crate::member::{Identity, Membership};
 use crate::record::{Advert, Advertised, RECORD_VERSION, Tombstone};
 use crate::stats::{ClusterStats, add, bump};
@@ -87,11 +88,12 @@ impl Reason {
 /// Reads the run advertisement under `key`, with its revision.
 pub(crate) async fn read_advert(
     client: &mut Client,
+    keys: &Keys,
     key: &str,
 ) -> Result<Option<Seen>, etcd_client::Error> {
     let got = client.get(key, None).await?;
     Ok(got.kvs().first().and_then(|kv| {
-        serde_json::from_slice::<Advert>(kv.value())
+        keys.open::<Advert>(kv.key(), kv.value())
             .ok()
             .map(|advert| Seen {
                 advert: Advertised::Run(advert),
@@ -154,7 +156,7 @@ pub(crate) async fn withdraw(
         at_ms: now_ms,
         reason: reason.as_str().into(),
     };
-    let value = serde_json::to_string(&tombstone).unwrap_or_default();
+    let value = member.keys.seal(&tombstone_key, &tombstone);
     let fence_reads = match authority {
         Authority::Owner(_) => vec![
             TxnOp::get(member.keys.generation(&member.replica), None),
@@ -237,11 +239,12 @@ pub(crate) async fn finish(
 /// Reads the tombstone under `key` with its revision.
 pub(crate) async fn read_tombstone(
     client: &mut Client,
+    keys: &Keys,
     key: &str,
 ) -> Result<Option<(Tombstone, i64)>, etcd_client::Error> {
     let got = client.get(key, None).await?;
     Ok(got.kvs().first().and_then(|kv| {
-        serde_json::from_slice::<Tombstone>(kv.value())
+        keys.open::<Tombstone>(kv.key(), kv.value())
             .ok()
             .map(|t| (t, kv.mod_revision()))
     }))

@@ -17,18 +17,42 @@
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 
-/// The keys of one cluster.
+use crate::signed::{RecordSigning, Unreadable};
+
+/// The keys of one cluster, and how the records under them are signed.
 #[derive(Debug, Clone)]
 pub struct Keys {
     root: String,
+    signing: RecordSigning,
 }
 
 impl Keys {
-    /// The keys under `kvtier/<cluster>/`.
+    /// The keys under `kvtier/<cluster>/`, records unsigned.
     pub fn new(cluster: &str) -> Self {
+        Self::signed(cluster, RecordSigning::default())
+    }
+
+    /// The keys under `kvtier/<cluster>/`, records signed and checked by `signing`.
+    pub fn signed(cluster: &str, signing: RecordSigning) -> Self {
         Self {
             root: format!("kvtier/{cluster}/"),
+            signing,
         }
+    }
+
+    /// The value to store `record` under `key` ([`RecordSigning::seal`]).
+    pub fn seal<T: serde::Serialize>(&self, key: &str, record: &T) -> String {
+        self.signing.seal(key, record)
+    }
+
+    /// The record stored as `value` under `key`, if readable and signed as this cluster
+    /// requires ([`RecordSigning::open`]).
+    pub fn open<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<T, Unreadable> {
+        self.signing.open(key, value)
     }
 
     /// The cluster's root, `kvtier/<cluster>/`.

@@ -224,13 +224,14 @@ impl Leader {
         withdrawn: &mut HashMap<Vec<u8>, i64>,
     ) -> Result<(), etcd_client::Error> {
         let now = (self.wall_ms)();
-        let prefix = self.member.keys.deletes();
+        let keys = &self.member.keys;
+        let prefix = keys.deletes();
         let mut markers = Vec::new();
         read_pages(client, &prefix, |kvs| {
             for kv in kvs {
                 let (Ok(key), Ok(marker)) = (
                     kv.key_str(),
-                    serde_json::from_slice::<LayoutDeleted>(kv.value()),
+                    keys.open::<LayoutDeleted>(kv.key(), kv.value()),
                 ) else {
                     continue;
                 };
@@ -319,9 +320,10 @@ impl Leader {
         let now = (self.wall_ms)();
         let grace = self.config.gc_grace.as_millis() as u64;
         let mut due = Vec::new();
-        read_pages(client, &self.member.keys.tombstones(), |kvs| {
+        let keys = &self.member.keys;
+        read_pages(client, &keys.tombstones(), |kvs| {
             for kv in kvs {
-                if let Ok(t) = serde_json::from_slice::<Tombstone>(kv.value())
+                if let Ok(t) = keys.open::<Tombstone>(kv.key(), kv.value())
                     && now >= t.at_ms.saturating_add(grace)
                 {
                     due.push((

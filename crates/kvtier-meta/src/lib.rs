@@ -18,6 +18,8 @@
 //! - **Two-phase GC** ([`gc`], [`leader`]): withdraw with a tombstone, wait out the grace
 //!   window, then delete; by the owner, or by the elected GC leader for orphans, budgets
 //!   and tombstones their deleter left unfinished.
+//! - **Signed records** ([`signed`]): with the cluster's signing key, every advertisement,
+//!   tombstone and delete marker carries a tag only a key holder can compute.
 //! - **Status** ([`status`]): what `kvtier cluster status` prints.
 
 pub mod catalog;
@@ -31,6 +33,7 @@ pub mod member;
 pub mod publish;
 pub mod reconcile;
 pub mod record;
+pub mod signed;
 mod states;
 pub mod stats;
 pub mod status;

@@ -37,7 +37,7 @@ pub(crate) async fn publish_once(
     tombstone_key: &str,
     advert: &Advert,
 ) -> Result<Published, etcd_client::Error> {
-    let value = serde_json::to_string(advert).unwrap_or_default();
+    let value = member.keys.seal(key, advert);
     let mut when = member.fence(id);
     when.push(Compare::version(key, CompareOp::Equal, 0));
     when.push(Compare::version(tombstone_key, CompareOp::Equal, 0));
@@ -62,7 +62,7 @@ pub(crate) async fn publish_once(
         Some(TxnOpResponse::Get(g)) => g
             .kvs()
             .first()
-            .and_then(|kv| serde_json::from_slice::<Advert>(kv.value()).ok()),
+            .and_then(|kv| member.keys.open::<Advert>(kv.key(), kv.value()).ok()),
         _ => None,
     };
     match existing {
@@ -173,7 +173,7 @@ impl Publisher {
             when.push(Compare::version(key.as_str(), CompareOp::Equal, 0));
             when.push(Compare::version(tombstone_key, CompareOp::Equal, 0));
             let advert = self.advert(info, endpoint, id.generation, *ts_ms);
-            let value = serde_json::to_string(&advert).unwrap_or_default();
+            let value = self.member.keys.seal(&key, &advert);
             puts.push(TxnOp::put(key, value, None));
         }
         let txn = Txn::new().when(when).and_then(puts);
@@ -319,7 +319,10 @@ mod tests {
                     .is_empty()
             );
 
-            let seen = gc::read_advert(&mut client, &key).await.unwrap().unwrap();
+            let seen = gc::read_advert(&mut client, &keys, &key)
+                .await
+                .unwrap()
+                .unwrap();
             let stale_delete = gc::withdraw(
                 &mut client,
                 &member,

@@ -22,12 +22,13 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use kvtier_remote::object::{data_of, manifest_of};
-use kvtier_remote::state::HEADER_BYTES;
+use kvtier_remote::state::header_bytes;
 use kvtier_remote::{ObjectInfo, ObjectName, RemoteTier, StateName};
 use serde::Serialize;
 
 use crate::keys::Keys;
 use crate::record::{Advert, StateAdvert, Tombstone, UNOWNED};
+use crate::signed::RecordSigning;
 use crate::status::read_pages;
 
 /// The catalog of a tier opened only to survey its bucket: it adopts nothing at open.
@@ -82,7 +83,9 @@ pub async fn reconcile(
     tier: &Arc<RemoteTier>,
     options: &Options,
 ) -> Result<Report, String> {
-    let keys = Keys::new(&options.cluster);
+    // Records are signed with the tier's key, as the replicas sign theirs.
+    let signing = RecordSigning::new(tier.signing_key().cloned(), Default::default());
+    let keys = Keys::signed(&options.cluster, signing);
     let t = tier.clone();
     let listed = tokio::task::spawn_blocking(move || t.list_objects())
         .await
@@ -96,7 +99,7 @@ pub async fn reconcile(
     read_pages(client, &keys.objects(), |kvs| {
         advertised.extend(
             kvs.iter()
-                .filter_map(|kv| serde_json::from_slice::<Advert>(kv.value()).ok())
+                .filter_map(|kv| keys.open::<Advert>(kv.key(), kv.value()).ok())
                 .filter_map(|a| place(&a.endpoint, &a.object)),
         );
     })
@@ -105,7 +108,7 @@ pub async fn reconcile(
     read_pages(client, &keys.states(), |kvs| {
         advertised.extend(
             kvs.iter()
-                .filter_map(|kv| serde_json::from_slice::<StateAdvert>(kv.value()).ok())
+                .filter_map(|kv| keys.open::<StateAdvert>(kv.key(), kv.value()).ok())
                 .filter_map(|a| place(&a.endpoint, &a.object)),
         );
     })
@@ -115,7 +118,7 @@ pub async fn reconcile(
     read_pages(client, &keys.tombstones(), |kvs| {
         tombstoned.extend(
             kvs.iter()
-                .filter_map(|kv| serde_json::from_slice::<Tombstone>(kv.value()).ok())
+                .filter_map(|kv| keys.open::<Tombstone>(kv.key(), kv.value()).ok())
                 .filter_map(|t| place(t.of.endpoint(), t.of.object())),
         );
     })
@@ -220,19 +223,20 @@ async fn advertise_state(
     let advert = StateAdvert::of(
         state,
         endpoint,
-        size.saturating_sub(HEADER_BYTES as u64),
+        size.saturating_sub(header_bytes(tier.signing_key()) as u64),
         UNOWNED,
         0,
         &options.namespace,
         options.now_ms,
     );
-    put_if_free(client, &key, &tombstone, &advert, options.dry_run).await
+    put_if_free(client, keys, &key, &tombstone, &advert, options.dry_run).await
 }
 
 /// Writes `record` under `key` if neither it nor `tombstone` exists (with `dry_run`, only
 /// says whether `key` is free).
 async fn put_if_free(
     client: &mut Client,
+    keys: &Keys,
     key: &str,
     tombstone: &str,
     record: &impl Serialize,
@@ -252,11 +256,7 @@ async fn put_if_free(
             Compare::version(key, CompareOp::Equal, 0),
             Compare::version(tombstone, CompareOp::Equal, 0),
         ])
-        .and_then(vec![TxnOp::put(
-            key,
-            serde_json::to_string(record).unwrap_or_default(),
-            None,
-        )]);
+        .and_then(vec![TxnOp::put(key, keys.seal(key, record), None)]);
     let done = client.txn(txn).await.map_err(|e| e.to_string())?;
     if done.succeeded() {
         tracing::info!(
@@ -300,5 +300,5 @@ async fn advertise(
         &options.namespace,
         options.now_ms,
     );
-    put_if_free(client, &key, &tombstone, &advert, options.dry_run).await
+    put_if_free(client, keys, &key, &tombstone, &advert, options.dry_run).await
 }

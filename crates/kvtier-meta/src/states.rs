@@ -83,7 +83,7 @@ impl StatePublisher {
                 ts_ms,
             );
             advert.priority = self.priority;
-            let value = serde_json::to_string(&advert).unwrap_or_default();
+            let value = self.member.keys.seal(&key, &advert);
             let mut when = self.member.fence(id);
             when.push(match replace {
                 Some(revision) => Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
@@ -123,8 +123,11 @@ impl StatePublisher {
                     }
                     let held = reads.into_iter().take(1).find_map(|op| match op {
                         etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
-                            let same =
-                                serde_json::from_slice::<StateAdvert>(kv.value()).is_ok_and(|a| {
+                            let same = self
+                                .member
+                                .keys
+                                .open::<StateAdvert>(kv.key(), kv.value())
+                                .is_ok_and(|a| {
                                     a.object == advert.object && a.endpoint == advert.endpoint
                                 });
                             (same, kv.mod_revision())

@@ -23,6 +23,9 @@ pub struct ClusterStats {
     pub withdrawals_applied: AtomicU64,
     /// Records that could not be used (malformed, unknown endpoint, refused by the tier).
     pub records_refused: AtomicU64,
+    /// Records refused because they were not signed with the cluster's signing key
+    /// (shared with the keys' [`crate::signed::RecordSigning`], which counts them).
+    pub records_forged: std::sync::Arc<AtomicU64>,
     /// Advertisements published by this replica.
     pub published: AtomicU64,
     /// Publishes that found another replica's advertisement (or a tombstone) for the run,
@@ -85,6 +88,7 @@ impl ClusterStats {
         Counter { name: "adverts_applied", family: "cluster_adverts_applied", label: None, help: "Advertisements adopted from the watch", kind: C, read: |s| get(&s.adverts_applied) },
         Counter { name: "withdrawals_applied", family: "cluster_withdrawals_applied", label: None, help: "Withdrawals applied from the watch", kind: C, read: |s| get(&s.withdrawals_applied) },
         Counter { name: "records_refused", family: "cluster_records_refused", label: None, help: "Records not adopted (malformed, unknown endpoint, refused by the tier)", kind: C, read: |s| get(&s.records_refused) },
+        Counter { name: "records_forged", family: "cluster_records_forged", label: None, help: "Records refused for lacking the cluster's signature", kind: C, read: |s| get(&s.records_forged) },
         Counter { name: "published", family: "cluster_published", label: None, help: "Advertisements this replica published", kind: C, read: |s| get(&s.published) },
         Counter { name: "publish_lost", family: "cluster_publish_lost", label: None, help: "Publishes that found the run or state already taken or withdrawn", kind: C, read: |s| get(&s.publish_lost) },
         Counter { name: "fenced", family: "cluster_fenced", label: None, help: "Publishes and deletes refused because this replica's lease or generation was stale", kind: C, read: |s| get(&s.fenced) },

@@ -223,7 +223,7 @@ pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_c
     // page by page, never held whole.
     status.revision = read_pages(client, &keys.objects(), |kvs| {
         for kv in kvs {
-            match serde_json::from_slice::<Advert>(kv.value()) {
+            match keys.open::<Advert>(kv.key(), kv.value()) {
                 Ok(a) => status.count(&Advertised::Run(a)),
                 Err(_) => status.unreadable += 1,
             }
@@ -232,7 +232,7 @@ pub async fn status(client: &mut Client, cluster: &str) -> Result<Status, etcd_c
     .await?;
     read_pages(client, &keys.states(), |kvs| {
         for kv in kvs {
-            match serde_json::from_slice::<StateAdvert>(kv.value()) {
+            match keys.open::<StateAdvert>(kv.key(), kv.value()) {
                 Ok(a) => status.count(&Advertised::State(a)),
                 Err(_) => status.unreadable += 1,
             }

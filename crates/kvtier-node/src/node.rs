@@ -38,6 +38,7 @@ fn cluster_catalog(
         .unwrap_or_else(|| default_replica(settings.listen.port()));
     let mut config = kvtier_meta::ClusterConfig::new(endpoints, &c.name, &replica);
     config.auth = c.etcd_auth();
+    config.signing_key = settings.remote.signing_key()?;
     config.lease_ttl = c.lease_ttl.0;
     config.namespace = c.namespace.clone();
     config.priority = c.priority;
@@ -52,11 +53,12 @@ fn cluster_catalog(
         .map_err(|e| Error::new(e.kind(), "cluster settings").with_source(e))
 }
 
-/// The remote tier's settings, if `settings` name endpoints.
-pub fn remote_config(settings: &Settings) -> Option<kvtier_remote::RemoteConfig> {
+/// The remote tier's settings, if `settings` name endpoints; `Invalid` when its signing
+/// key is not one.
+pub fn remote_config(settings: &Settings) -> Result<Option<kvtier_remote::RemoteConfig>, Error> {
     let r = &settings.remote;
     if r.endpoints.is_empty() {
-        return None;
+        return Ok(None);
     }
     let mut config = kvtier_remote::RemoteConfig::new(
         r.endpoints
@@ -72,7 +74,8 @@ pub fn remote_config(settings: &Settings) -> Option<kvtier_remote::RemoteConfig>
     );
     config.prefix = r.prefix.clone();
     config.deadline = r.deadline.0;
-    Some(config)
+    config.signing_key = r.signing_key()?;
+    Ok(Some(config))
 }
 
 /// The cluster's etcd endpoints and name from `settings` (for tools that talk to etcd
@@ -163,7 +166,7 @@ impl Node {
     /// without it the node starts degraded (the remote tier misses and counts its
     /// failures until the endpoint answers).
     pub fn open_with(settings: Settings, mut components: Components) -> Result<Arc<Self>, Error> {
-        if let Some(config) = remote_config(&settings)
+        if let Some(config) = remote_config(&settings)?
             && settings.remote.require_at_start
         {
             kvtier_remote::check_reachable(&config, &components.runtime()?).map_err(|e| {
@@ -218,7 +221,7 @@ impl Node {
             );
             builder = builder.persistent_tier(persist, open);
         }
-        if let Some(config) = remote_config(&settings) {
+        if let Some(config) = remote_config(&settings)? {
             let r = &settings.remote;
             let attach = kvtier_core::engine::RemoteAttach {
                 promote_to_ssd: r.promote_to_ssd,

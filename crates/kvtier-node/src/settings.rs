@@ -124,6 +124,11 @@ pub struct RemoteSettings {
     pub deadline: HumanDuration,
     /// Also queue remote hits for the SSD tier.
     pub promote_to_ssd: bool,
+    /// The cluster's signing key, 64 hex digits (printed as `<redacted>`; `kvtier keys`
+    /// makes one): every object written is signed with it and only objects and cluster
+    /// records signed with it are served. Every replica sharing the bucket needs the same
+    /// key. Unset: objects are checked for damage (CRC-32C), not for forgery.
+    pub signing_key: Option<String>,
     /// Refuse to start (`Unavailable`) when an endpoint does not list its bucket within
     /// `deadline` (no answer, a refused connection, an error answer). Off: the node starts
     /// degraded instead — RAM and SSD serve; remote calls miss within the deadline and
@@ -140,10 +145,24 @@ impl Default for RemoteSettings {
             region: "us-east-1".into(),
             access_key: None,
             secret_key: None,
+            signing_key: None,
             deadline: HumanDuration(Duration::from_secs(2)),
             promote_to_ssd: RemoteAttach::default().promote_to_ssd,
             require_at_start: false,
         }
+    }
+}
+
+impl RemoteSettings {
+    /// The signing key, if one is set; `Invalid` when it is not 64 hex digits.
+    pub fn signing_key(&self) -> Result<Option<kvtier_remote::SigningKey>, Error> {
+        self.signing_key
+            .as_deref()
+            .map(|hex| {
+                kvtier_remote::SigningKey::from_hex(hex)
+                    .map_err(|why| Error::invalid(format!("remote.signing_key: {why}")))
+            })
+            .transpose()
     }
 }
 
@@ -563,6 +582,7 @@ impl Settings {
             &mut shown.auth.admin_token,
             &mut shown.auth.data_token,
             &mut shown.remote.secret_key,
+            &mut shown.remote.signing_key,
             &mut shown.kv_events.curve_secret_key,
             &mut shown.cluster.etcd_password,
         ] {
@@ -697,6 +717,7 @@ impl Settings {
                 "kv_events.replay_endpoint needs kv_events.endpoint",
             ));
         }
+        self.remote.signing_key()?;
         if self.cluster.etcd_user.is_some() != self.cluster.etcd_password.is_some() {
             return Err(Error::invalid(
                 "cluster.etcd_user and cluster.etcd_password go together",
@@ -766,6 +787,23 @@ mod tests {
         assert!(!text.contains("R2QG^qS"), "{text}");
         assert!(text.contains("[auth.tenants.acme]"), "{text}");
         assert!(text.contains("salt = \"ac01\""), "{text}");
+    }
+
+    #[test]
+    fn a_signing_key_is_checked_at_start_and_never_printed() {
+        let mut s = Settings::default();
+        let key = "0123456789abcdef".repeat(4);
+        s.remote.signing_key = Some(key.clone());
+        s.validate().unwrap();
+        assert!(s.remote.signing_key().unwrap().is_some());
+        let text = s.to_toml_redacted().unwrap();
+        assert!(!text.contains(&key), "{text}");
+        assert!(text.contains("signing_key = \"<redacted>\""), "{text}");
+        for bad in ["", "abc", &"zz".repeat(32), &format!("{key}00")] {
+            s.remote.signing_key = Some(bad.to_string());
+            let e = s.validate().unwrap_err();
+            assert!(e.message().contains("remote.signing_key"), "{bad}: {e}");
+        }
     }
 
     #[test]

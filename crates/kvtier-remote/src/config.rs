@@ -68,6 +68,11 @@ pub struct RemoteConfig {
     pub retries: usize,
     /// Most blocks in one run object (default 1,024).
     pub max_run_blocks: usize,
+    /// The cluster's signing key (`crate::sign`): with one, every object the tier writes
+    /// is signed, and an object that is not signed with it — manifest, block or state — is
+    /// never served (a miss, counted as `remote_forged`). Every replica sharing the bucket
+    /// needs the same key.
+    pub signing_key: Option<crate::SigningKey>,
 }
 
 impl RemoteConfig {
@@ -79,6 +84,7 @@ impl RemoteConfig {
             deadline: Duration::from_secs(2),
             retries: 3,
             max_run_blocks: 1024,
+            signing_key: None,
         }
     }
 }

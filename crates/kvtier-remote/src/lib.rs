@@ -23,6 +23,7 @@ pub mod placement;
 mod recv;
 mod runtime;
 mod s3;
+pub mod sign;
 pub mod sigv4;
 pub mod state;
 mod tier;
@@ -31,5 +32,6 @@ pub use catalog::{Adopted, Catalog, ListCatalog, Listed, ObjectInfo, ObjectName}
 pub use config::{Endpoint, RemoteConfig};
 pub use runtime::IoRuntime;
 pub use s3::check_reachable;
+pub use sign::SigningKey;
 pub use state::StateName;
 pub use tier::RemoteTier;

@@ -25,6 +25,8 @@ use kvtier_core::layout::LayoutDigest;
 use kvtier_core::tier::BlockMeta;
 use serde::{Deserialize, Serialize};
 
+use crate::sign::{BLOCK_TAG_BYTES, SigningKey, constant_time_eq};
+
 /// Manifest format version.
 pub const MANIFEST_VERSION: u32 = 1;
 
@@ -42,6 +44,10 @@ pub struct ManifestBlock {
     pub extra_tag: Option<String>,
     /// CRC-32C of the block's payload.
     pub crc32c: u32,
+    /// The payload's tag under the cluster's signing key, hex (`crate::sign`), when the
+    /// writer had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 /// The manifest of a run object.
@@ -60,6 +66,10 @@ pub struct Manifest {
     /// The writer's tag in the object's name (cluster mode), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer: Option<String>,
+    /// The manifest's seal under the cluster's signing key, hex: the keyed hash of the
+    /// manifest serialized without it ([`Manifest::sealed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 /// A run object as the tier keeps it in memory.
@@ -73,6 +83,9 @@ pub struct RunObject {
     pub metas: Vec<BlockMeta>,
     /// CRC-32C of each block.
     pub crcs: Vec<u32>,
+    /// Each block's tag under the signing key (empty when the tier has none): with a key,
+    /// a block is served only when its tag holds, the CRC alone being forgeable.
+    pub tags: Vec<[u8; BLOCK_TAG_BYTES]>,
     /// Bytes per block.
     pub block_bytes: u64,
     /// `Some(SHA-256 of the manifest)` while the object is known from a cluster record
@@ -102,10 +115,14 @@ impl RunObject {
 }
 
 fn hex16(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 {
+    unhex::<16>(s)
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
         return None;
     }
-    let mut out = [0u8; 16];
+    let mut out = [0u8; N];
     for (i, b) in out.iter_mut().enumerate() {
         *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
@@ -171,16 +188,19 @@ pub fn data_of(manifest_name: &str) -> Option<String> {
 }
 
 impl Manifest {
-    /// The manifest of `metas` (consecutive, one chain) with their checksums.
+    /// The manifest of `metas` (consecutive, one chain) with their checksums and, when
+    /// the writer has a signing key, their tags (one per block, or none).
     pub fn of(
         metas: &[BlockMeta],
         crcs: &[u32],
+        tags: &[[u8; BLOCK_TAG_BYTES]],
         block_bytes: u64,
         writer: Option<String>,
     ) -> Option<Self> {
         let first = metas.first()?;
         Some(Self {
             writer,
+            seal: None,
             version: MANIFEST_VERSION,
             layout: first.layout.to_hex(),
             block_bytes,
@@ -188,15 +208,53 @@ impl Manifest {
             blocks: metas
                 .iter()
                 .zip(crcs)
-                .map(|(m, c)| ManifestBlock {
+                .enumerate()
+                .map(|(i, (m, c))| ManifestBlock {
                     hash: m.hash.to_hex(),
                     parent: m.parent.to_hex(),
                     tokens: m.tokens.to_vec(),
                     extra_tag: m.extra_tag.map(|t| to_hex(&t)),
                     crc32c: *c,
+                    tag: tags.get(i).map(|t| to_hex(t)),
                 })
                 .collect(),
         })
+    }
+
+    /// The manifest's bytes, sealed with `key` when there is one.
+    pub fn to_bytes(mut self, key: Option<&SigningKey>) -> serde_json::Result<Vec<u8>> {
+        self.seal = None;
+        if let Some(key) = key {
+            let unsealed = serde_json::to_vec(&self)?;
+            self.seal = Some(to_hex(&key.manifest_seal(&unsealed)));
+        }
+        serde_json::to_vec(&self)
+    }
+
+    /// Whether the manifest was sealed with `key` and every block carries a tag: what a
+    /// tier with a key requires before it serves an object. The seal is checked over the
+    /// manifest as this build serializes it, so a field this build does not know (which it
+    /// would drop) makes the check fail: a miss, never a block served on fields unchecked.
+    pub fn sealed(&self, key: &SigningKey) -> bool {
+        let Some(seal) = self.seal.as_deref().and_then(unhex::<32>) else {
+            return false;
+        };
+        let unsealed = Self {
+            seal: None,
+            ..self.clone()
+        };
+        let Ok(bytes) = serde_json::to_vec(&unsealed) else {
+            return false;
+        };
+        constant_time_eq(&key.manifest_seal(&bytes), &seal) && self.tags().is_some()
+    }
+
+    /// Every block's tag, if every block has a well-formed one.
+    pub fn tags(&self) -> Option<Vec<[u8; BLOCK_TAG_BYTES]>> {
+        self.blocks
+            .iter()
+            .map(|b| b.tag.as_deref().and_then(unhex::<BLOCK_TAG_BYTES>))
+            .collect()
     }
 
     /// The blocks it describes, or `None` when anything is malformed: a wrong version, a

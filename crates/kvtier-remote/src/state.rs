@@ -9,6 +9,12 @@
 //! └────────────────────────────────────────────────────────────────────┘└─────────┘
 //! ```
 //!
+//! A tier with a signing key (`crate::sign`) writes version 2, whose 128-byte header
+//! carries, before its own checksum, the keyed tag of the header's first 92 bytes and the
+//! state: `… │ crc32c(state) │ 0 (16) │ tag (32) │ crc32c(…) │`. Such a tier serves only
+//! version 2 objects whose tag holds: a bucket writer without the key cannot make it
+//! serve a state of their choosing.
+//!
 //! - **One PUT, one GET.** The header travels with the state, so an object is complete
 //!   or absent (an S3 PUT is atomic) and needs no manifest; a restore is one GET of the
 //!   whole object.
@@ -40,13 +46,39 @@ use crate::RemoteTier;
 use crate::catalog::Listed;
 use crate::object::crc;
 use crate::s3::Fetch;
+use crate::sign::{SigningKey, constant_time_eq};
 
 /// The first bytes of every state object.
 const MAGIC: &[u8; 8] = b"KVTSTATE";
-/// State object format version.
+/// State object format version without a signing key.
 const VERSION: u32 = 1;
 /// Bytes of the header before the state.
 pub const HEADER_BYTES: usize = 96;
+/// The format version of signed state objects.
+const SIGNED_VERSION: u32 = 2;
+/// Bytes of a signed object's header.
+pub const SIGNED_HEADER_BYTES: usize = 128;
+/// Where a signed header's tag starts (it covers the bytes before it, and the state).
+const TAG_AT: usize = 92;
+
+/// The header length of the state objects a tier with (or without) a signing key writes
+/// and reads.
+pub fn header_bytes(key: Option<&SigningKey>) -> usize {
+    if key.is_some() {
+        SIGNED_HEADER_BYTES
+    } else {
+        HEADER_BYTES
+    }
+}
+
+/// Why a state object is not served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateRefusal {
+    /// The tier has a signing key and the object is not signed with it.
+    Unsigned,
+    /// Damaged, or not the state asked for.
+    Damaged(&'static str),
+}
 /// The largest state the tier writes or reads (a recurrent state is megabytes; this
 /// bounds what one GET may allocate on a name that lies about its size).
 const MAX_STATE_BYTES: u64 = 1 << 32;
@@ -93,59 +125,93 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-/// The header of a state object holding `state` under `key` and `layout`.
-fn header(key: &SnapshotKey, layout: &LayoutDigest, state: &[u8]) -> [u8; HEADER_BYTES] {
-    let mut h = [0u8; HEADER_BYTES];
+/// The header of a state object holding `state` under `key` and `layout`: version 1, or
+/// version 2 signed with `signing`.
+fn header(
+    key: &SnapshotKey,
+    layout: &LayoutDigest,
+    state: &[u8],
+    signing: Option<&SigningKey>,
+) -> Vec<u8> {
+    let len = header_bytes(signing);
+    let version = if signing.is_some() {
+        SIGNED_VERSION
+    } else {
+        VERSION
+    };
+    let mut h = vec![0u8; len];
     h[0..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+    h[8..12].copy_from_slice(&version.to_le_bytes());
+    h[12..16].copy_from_slice(&(len as u32).to_le_bytes());
     h[16..48].copy_from_slice(&key.0);
     h[48..64].copy_from_slice(&layout.0);
     h[64..72].copy_from_slice(&(state.len() as u64).to_le_bytes());
     h[72..76].copy_from_slice(&crc(state).to_le_bytes());
-    let own = crc(&h[..HEADER_BYTES - 4]);
-    h[HEADER_BYTES - 4..].copy_from_slice(&own.to_le_bytes());
+    if let Some(signing) = signing {
+        let tag = signing.state_tag(&h[..TAG_AT], state);
+        h[TAG_AT..TAG_AT + 32].copy_from_slice(&tag);
+    }
+    let own = crc(&h[..len - 4]);
+    h[len - 4..].copy_from_slice(&own.to_le_bytes());
     h
 }
 
 /// The state in `object` if it is a whole, intact state object for exactly `key` under
-/// `layout`, `state_crc` being the CRC-32C of the bytes after its header (computed as
-/// they arrived); otherwise why not.
+/// `layout` — signed with `signing` when the tier has a key —, `state_crc` being the
+/// CRC-32C of the bytes after its header (computed as they arrived); otherwise why not.
 pub fn verified_state(
     object: &Bytes,
     key: &SnapshotKey,
     layout: &LayoutDigest,
     state_crc: u32,
-) -> std::result::Result<Bytes, &'static str> {
-    if object.len() < HEADER_BYTES {
-        return Err("shorter than a state header");
+    signing: Option<&SigningKey>,
+) -> std::result::Result<Bytes, StateRefusal> {
+    use StateRefusal::{Damaged, Unsigned};
+    if object.len() < 16 || &object[0..8] != MAGIC {
+        return Err(Damaged("not a state object"));
     }
-    let h = &object[..HEADER_BYTES];
-    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-    if &h[0..8] != MAGIC {
-        return Err("not a state object");
+    let u32_at = |at: usize| {
+        u32::from_le_bytes([object[at], object[at + 1], object[at + 2], object[at + 3]])
+    };
+    let expected = match signing {
+        Some(_) => (SIGNED_VERSION, SIGNED_HEADER_BYTES),
+        None => (VERSION, HEADER_BYTES),
+    };
+    if (u32_at(8), u32_at(12) as usize) != expected {
+        return Err(match signing {
+            Some(_) => Unsigned,
+            None => Damaged("unknown state object version"),
+        });
     }
-    if crc(&h[..HEADER_BYTES - 4]) != u32_at(HEADER_BYTES - 4) {
-        return Err("header checksum mismatch");
+    let len = expected.1;
+    if object.len() < len {
+        return Err(Damaged("shorter than a state header"));
     }
-    if u32_at(8) != VERSION || u32_at(12) as usize != HEADER_BYTES {
-        return Err("unknown state object version");
+    let h = &object[..len];
+    if crc(&h[..len - 4]) != u32_at(len - 4) {
+        return Err(Damaged("header checksum mismatch"));
     }
     if h[16..48] != key.0 {
-        return Err("holds another key's state");
+        return Err(Damaged("holds another key's state"));
     }
     if h[48..64] != layout.0 {
-        return Err("holds another layout's state");
+        return Err(Damaged("holds another layout's state"));
     }
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&h[64..72]);
-    if u64::from_le_bytes(len) != (object.len() - HEADER_BYTES) as u64 {
-        return Err("length differs from its header");
+    let mut state_len = [0u8; 8];
+    state_len.copy_from_slice(&h[64..72]);
+    if u64::from_le_bytes(state_len) != (object.len() - len) as u64 {
+        return Err(Damaged("length differs from its header"));
     }
     if state_crc != u32_at(72) {
-        return Err("state checksum mismatch");
+        return Err(Damaged("state checksum mismatch"));
     }
-    Ok(object.slice(HEADER_BYTES..))
+    if let Some(signing) = signing {
+        let tag = signing.state_tag(&h[..TAG_AT], &object[len..]);
+        if !constant_time_eq(&tag, &h[TAG_AT..TAG_AT + 32]) {
+            return Err(Unsigned);
+        }
+    }
+    Ok(object.slice(len..))
 }
 
 impl RemoteTier {
@@ -230,6 +296,7 @@ impl RemoteTier {
     /// [`SnapshotStore::get_snapshot`]'s read through object_store: the object and the
     /// CRC-32C of its bytes after the header.
     fn get_state_via_store(&self, name: &str, endpoint: usize, limit: u64) -> Fetch<(Bytes, u32)> {
+        let header = header_bytes(self.signing_key());
         let store = self.store(endpoint);
         let path = Path::from(name);
         let pool = self.recv_pool().clone();
@@ -253,7 +320,7 @@ impl RemoteTier {
                 if (buf.len() + chunk.len()) as u64 > limit {
                     return Err(too_large());
                 }
-                let skip = HEADER_BYTES.saturating_sub(buf.len()).min(chunk.len());
+                let skip = header.saturating_sub(buf.len()).min(chunk.len());
                 digest.update(&chunk[skip..]);
                 buf.extend_from_slice(&chunk);
             }
@@ -286,7 +353,7 @@ impl SnapshotStore for RemoteTier {
         let endpoint = self.target_of(&name);
         // The header and the state go out as two parts of one body: the state is not
         // copied to sit behind its header.
-        let head = Bytes::copy_from_slice(&header(key, &layout, blob));
+        let head = Bytes::from(header(key, &layout, blob, self.signing_key()));
         let payload: PutPayload = [head, blob.clone()].into_iter().collect();
         let store = self.store(endpoint);
         let path = Path::from(name.as_str());
@@ -324,26 +391,24 @@ impl SnapshotStore for RemoteTier {
         self.count_get();
         // A body past any state the tier writes is not one of its objects: refused before
         // anything is allocated for it.
-        let limit = MAX_STATE_BYTES + HEADER_BYTES as u64;
+        let header = header_bytes(self.signing_key());
+        let limit = MAX_STATE_BYTES + header as u64;
         let read = match self.direct_for(state.endpoint, &state.name) {
             Some(direct) => direct
-                .get(
-                    &state.name,
-                    None,
-                    limit,
-                    Some(HEADER_BYTES),
-                    self.recv_pool(),
-                )
+                .get(&state.name, None, limit, Some(header), self.recv_pool())
                 .map(|got| (self.recv_pool().freeze(got.body), got.crc)),
             None => self.get_state_via_store(&state.name, state.endpoint, limit),
         };
         match read {
             Fetch::Got((object, state_crc)) => {
-                match verified_state(&object, key, &state.layout, state_crc) {
+                match verified_state(&object, key, &state.layout, state_crc, self.signing_key()) {
                     Ok(blob) => Ok(Some(blob)),
                     Err(why) => {
-                        tracing::error!(object = %state.name, %why, "remote state object failed verification; forgetting it");
-                        self.count_corrupt();
+                        match why {
+                            StateRefusal::Unsigned => self.count_unsigned(),
+                            StateRefusal::Damaged(_) => self.count_corrupt(),
+                        }
+                        tracing::error!(object = %state.name, ?why, "remote state object failed verification; forgetting it");
                         self.forget_state(key);
                         Ok(None)
                     }
@@ -386,12 +451,12 @@ mod tests {
     fn every_damage_to_a_state_object_is_refused() {
         let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
         let state: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
-        let mut whole = header(&key, &layout, &state).to_vec();
+        let mut whole = header(&key, &layout, &state, None);
         whole.extend_from_slice(&state);
         let good = Bytes::from(whole.clone());
         let check = |o: &Bytes, key: &SnapshotKey, layout: &LayoutDigest| {
             let tail = o.get(HEADER_BYTES..).unwrap_or_default();
-            verified_state(o, key, layout, crc(tail))
+            verified_state(o, key, layout, crc(tail), None)
         };
         assert_eq!(check(&good, &key, &layout).as_deref(), Ok(&state[..]));
         assert!(check(&good, &SnapshotKey([3; 32]), &layout).is_err());
@@ -407,5 +472,44 @@ mod tests {
                 "a flip at byte {at} was served"
             );
         }
+    }
+
+    #[test]
+    fn with_a_key_only_an_object_signed_with_it_is_served() {
+        let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
+        let ours = SigningKey::from_bytes(&[5; 32]);
+        let theirs = SigningKey::from_bytes(&[6; 32]);
+        let state: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let object = |signing: Option<&SigningKey>, state: &[u8]| {
+            let mut whole = header(&key, &layout, state, signing);
+            whole.extend_from_slice(state);
+            Bytes::from(whole)
+        };
+        let check = |o: &Bytes| {
+            let tail = o.get(SIGNED_HEADER_BYTES..).unwrap_or_default();
+            verified_state(o, &key, &layout, crc(tail), Some(&ours))
+        };
+        assert_eq!(
+            check(&object(Some(&ours), &state)).as_deref(),
+            Ok(&state[..])
+        );
+        // Unsigned, or signed with another key: not served, and said so.
+        assert_eq!(check(&object(None, &state)), Err(StateRefusal::Unsigned));
+        assert_eq!(
+            check(&object(Some(&theirs), &state)),
+            Err(StateRefusal::Unsigned)
+        );
+        // A forger who rewrites the state and every checksum but cannot sign it.
+        let mut forged = object(Some(&ours), &state).to_vec();
+        forged[SIGNED_HEADER_BYTES + 10] ^= 0xff;
+        let state_crc = crc(&forged[SIGNED_HEADER_BYTES..]);
+        forged[72..76].copy_from_slice(&state_crc.to_le_bytes());
+        let own = crc(&forged[..SIGNED_HEADER_BYTES - 4]);
+        forged[SIGNED_HEADER_BYTES - 4..SIGNED_HEADER_BYTES].copy_from_slice(&own.to_le_bytes());
+        assert_eq!(check(&Bytes::from(forged)), Err(StateRefusal::Unsigned));
+        // A signed object read by a tier without the key is not one it reads.
+        let signed = object(Some(&ours), &state);
+        let tail = signed.slice(HEADER_BYTES..);
+        assert!(verified_state(&signed, &key, &layout, crc(&tail), None).is_err());
     }
 }

@@ -42,9 +42,10 @@ enum Command {
     Cluster(crate::cluster::ClusterArgs),
     /// Print the version of kvtier and of the formats it reads and writes.
     Version,
-    /// Make a CURVE key pair for the KV-event sockets (docs/kv-events.md): the secret key
-    /// goes into the server's `kv_events.curve_secret_key` (or a client's settings), the
-    /// public key to the other side. Printed as TOML-ready Z85.
+    /// Make the keys a deployment needs, printed TOML-ready: a CURVE key pair for the
+    /// KV-event sockets (docs/kv-events.md; the secret key goes into the server's
+    /// `kv_events.curve_secret_key`, the public key to the other side, in Z85), and a
+    /// cluster signing key (`remote.signing_key`, the same on every replica; hex).
     Keys,
     /// Show what an SSD store holds per namespace; `--verify` checks every checksum.
     Inspect(crate::inspect::InspectArgs),
@@ -129,6 +130,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 "secret_key = \"{}\"",
                 kvtier_events::zmq::z85_encode(&pair.secret)
             );
+            let mut signing = [0u8; 32];
+            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut signing)?;
+            println!("signing_key = \"{}\"", kvtier_core::hash::hex(&signing));
             Ok(())
         }
         Command::Version => {

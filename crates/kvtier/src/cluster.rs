@@ -84,9 +84,13 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let settings = settings.settings().map_err(anyhow::Error::msg)?;
             let (endpoints, name) =
                 kvtier_node::cluster_endpoints(&settings).map_err(anyhow::Error::msg)?;
-            let remote = kvtier_node::remote_config(&settings).ok_or_else(|| {
-                anyhow::anyhow!("reconcile needs the shared tier's endpoints (--remote-endpoints)")
-            })?;
+            let remote = kvtier_node::remote_config(&settings)
+                .map_err(anyhow::Error::msg)?
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "reconcile needs the shared tier's endpoints (--remote-endpoints)"
+                    )
+                })?;
             let tier = Arc::new(kvtier_remote::RemoteTier::open_with_catalog(
                 remote,
                 Arc::new(kvtier_core::tier::NoSink),

@@ -107,6 +107,66 @@ fn a_second_replica_loads_what_the_first_stored_through_the_shared_bucket() {
     drop(gateway);
 }
 
+#[test]
+fn with_a_signing_key_a_replica_serves_only_what_a_holder_of_the_same_key_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let config = remote_config(dir.path(), &gateway.endpoint);
+    let key = |byte: &str| format!("remote.signing_key={}", byte.repeat(32));
+    let start = |data: &str, key: &str| {
+        let args = [
+            "--config",
+            config.as_str(),
+            "--set",
+            "ssd.enabled=false",
+            "--set",
+            key,
+        ];
+        Server::start(&dir.path().join(data), &args)
+    };
+    let rt = runtime();
+    let spec = layout_spec("signed", 4);
+    let writer = start("a", &key("5a"));
+    let layout = rt.block_on(async {
+        let c = writer.client();
+        let layout = c.register_layout(&spec).await.unwrap();
+        let stored = c
+            .store(&prompt(&layout, 7, 4), payloads(&layout, 7, 4))
+            .await
+            .unwrap();
+        assert_eq!(stored.stored, 4);
+        layout
+    });
+    assert!(writer.stop().success());
+
+    // Another key: the bucket's objects are not signed with it, so none is served.
+    let stranger = start("b", &key("a5"));
+    rt.block_on(async {
+        let c = stranger.client();
+        c.register_layout(&spec).await.unwrap();
+        let hit = c.lookup(&prompt(&layout, 7, 4)).await.unwrap();
+        assert_eq!(hit.matched_tokens, 0);
+        let stats = c.stats().await.unwrap();
+        assert!(stats["remote_refused_unsigned"] >= 1, "{stats:?}");
+    });
+    assert!(stranger.stop().success());
+
+    // The same key: all of it, byte for byte.
+    let peer = start("c", &key("5a"));
+    rt.block_on(async {
+        let c = peer.client();
+        c.register_layout(&spec).await.unwrap();
+        let hit = c.lookup(&prompt(&layout, 7, 4)).await.unwrap();
+        assert_eq!(hit.tiers, "oooo");
+        let got = load_all(&c, &layout, &hit).await;
+        assert_eq!(got.status, EndStatus::Complete);
+        assert_eq!(got.blocks, payloads(&layout, 7, 4));
+        assert_eq!(c.stats().await.unwrap()["remote_refused_unsigned"], 0);
+    });
+    assert!(peer.stop().success());
+    drop(gateway);
+}
+
 /// Runs `kvtier serve` over `data` with the remote tier at `endpoint` required at start
 /// (credentials given, so a failure is the endpoint's, not a credential lookup's) and
 /// `extra` arguments; it must exit without listening or opening the SSD tier. Its stderr.

@@ -76,6 +76,9 @@ struct Counters {
     record_mismatches: AtomicU64,
     /// Manifests read to check an object known from a record.
     manifest_checks: AtomicU64,
+    /// Manifests, blocks and state objects refused because they were not signed with the
+    /// tier's signing key.
+    unsigned: AtomicU64,
 }
 
 /// See the module docs.
@@ -234,6 +237,13 @@ impl RemoteTier {
     }
     pub(crate) fn count_io_error(&self) {
         self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn count_unsigned(&self) {
+        self.counters.unsigned.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The cluster's signing key, if the tier has one.
+    pub fn signing_key(&self) -> Option<&crate::SigningKey> {
+        self.config.signing_key.as_ref()
     }
     pub(crate) fn count_corrupt(&self) {
         self.counters

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::catalog::{Adopted, Listed, ObjectInfo, ObjectName};
 use crate::object::{Manifest, RunObject, data_of, manifest_of, names};
 use crate::s3::Fetch;
+use crate::sign::SigningKey;
 
 use super::{RemoteTier, Slot};
 
@@ -114,7 +115,7 @@ impl RemoteTier {
             Fetch::Gone => return Err("the manifest is gone".into()),
             Fetch::Failed(e) => return Err(e.to_string()),
         };
-        let object = checked_manifest(&bytes, name, &self.config.prefix)?;
+        let object = self.manifest_object(&bytes, name)?;
         Ok(object.info(name.manifest.clone(), Sha256::digest(&bytes).into()))
     }
     /// Reads `name`'s manifest and, if it describes exactly the object its name says (a
@@ -139,7 +140,7 @@ impl RemoteTier {
                 return Adopted::Unreachable(e.to_string());
             }
         };
-        let object = match checked_manifest(&bytes, name, &self.config.prefix) {
+        let object = match self.manifest_object(&bytes, name) {
             Ok(o) => o,
             Err(why) => return Adopted::Refused(why),
         };
@@ -257,6 +258,7 @@ impl RemoteTier {
             data_name,
             metas,
             crcs: Vec::new(),
+            tags: Vec::new(),
             block_bytes: info.block_bytes,
             pending: Some(info.manifest_digest),
         });
@@ -329,7 +331,7 @@ impl RemoteTier {
         let verdict = if <[u8; 32]>::from(Sha256::digest(&bytes)) != digest {
             Err("its manifest is not the one the record names (digest)".to_string())
         } else {
-            checked_manifest(&bytes, &name, &self.config.prefix).and_then(|full| {
+            self.manifest_object(&bytes, &name).and_then(|full| {
                 let same = full.block_bytes == object.block_bytes
                     && full.metas.len() == object.metas.len()
                     && full
@@ -472,17 +474,64 @@ impl RemoteTier {
     }
 }
 
+/// Why a manifest is not served.
+enum Refusal {
+    /// The tier has a signing key and the manifest is not sealed with it.
+    Unsigned,
+    /// It is not a manifest of the object it is stored as.
+    Malformed(String),
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Self {
+        Self::Malformed(why.into())
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Self::Malformed(why)
+    }
+}
+
+impl RemoteTier {
+    /// The object `bytes` (the manifest read from `name`) describes, or why it is not
+    /// served; a manifest refused for its signature is counted.
+    fn manifest_object(
+        &self,
+        bytes: &[u8],
+        name: &ObjectName,
+    ) -> std::result::Result<Arc<RunObject>, String> {
+        let key = self.config.signing_key.as_ref();
+        checked_manifest(bytes, name, &self.config.prefix, key).map_err(|why| match why {
+            Refusal::Unsigned => {
+                self.count_unsigned();
+                "the manifest is not signed with this cluster's key".into()
+            }
+            Refusal::Malformed(why) => why,
+        })
+    }
+}
+
 /// The object `bytes` (the manifest read from `name`) describes, if it is exactly the
 /// object its name says: a chain of blocks of one size whose names under `prefix` are
-/// `name`. A manifest copied under another name, or naming another prefix, describes
+/// `name` — and, with a signing key, a manifest sealed with it whose every block has a
+/// tag. A manifest copied under another name, or naming another prefix, describes
 /// blocks the tier must not serve from that object.
 fn checked_manifest(
     bytes: &[u8],
     name: &ObjectName,
     prefix: &str,
-) -> std::result::Result<Arc<RunObject>, String> {
+    key: Option<&SigningKey>,
+) -> std::result::Result<Arc<RunObject>, Refusal> {
     let manifest: Manifest =
         serde_json::from_slice(bytes).map_err(|e| format!("the manifest is not JSON: {e}"))?;
+    // The seal first: nothing an unsigned manifest says is worth parsing further.
+    let tags = match key {
+        Some(key) if !manifest.sealed(key) => return Err(Refusal::Unsigned),
+        Some(_) => manifest.tags().unwrap_or_default(),
+        None => Vec::new(),
+    };
     let metas = manifest
         .metas()
         .ok_or("the manifest does not describe a chain of blocks")?;
@@ -497,14 +546,15 @@ fn checked_manifest(
     let (data_name, manifest_name) =
         names(prefix, &metas, manifest.writer.as_deref()).ok_or("the manifest has no blocks")?;
     if manifest_name != name.manifest {
-        return Err(format!(
+        return Err(Refusal::Malformed(format!(
             "the manifest describes `{manifest_name}`, not the object it is stored as"
-        ));
+        )));
     }
     Ok(Arc::new(RunObject {
         target: name.endpoint,
         data_name,
         crcs: manifest.blocks.iter().map(|b| b.crc32c).collect(),
+        tags,
         metas,
         block_bytes: manifest.block_bytes,
         pending: None,

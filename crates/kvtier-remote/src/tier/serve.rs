@@ -68,8 +68,18 @@ impl RemoteTier {
                 let mut out = Vec::with_capacity(range.len());
                 for (k, slot) in range.enumerate() {
                     let block = bytes.slice(k * b as usize..(k + 1) * b as usize);
-                    if crc(&block) != object.crcs[slot] {
-                        tracing::error!(object = %object.data_name, slot, "remote block failed its checksum; dropping the object");
+                    // With a key the tag is the check (the CRC alone is forgeable); an
+                    // object without tags was never indexed under a key.
+                    let holds = match (self.signing_key(), object.tags.get(slot)) {
+                        (Some(key), Some(tag)) => key.block_tag_holds(&block, tag),
+                        (Some(_), None) => false,
+                        (None, _) => crc(&block) == object.crcs[slot],
+                    };
+                    if !holds {
+                        if self.signing_key().is_some() {
+                            self.count_unsigned();
+                        }
+                        tracing::error!(object = %object.data_name, slot, "remote block failed its checksum or signature; dropping the object");
                         self.forget_object(object, RemovalCause::Corrupt);
                         return Err(ShortRead::Corrupt);
                     }
@@ -268,6 +278,7 @@ impl Tier for RemoteTier {
         };
         s.evictions.explicit = g(&self.counters.removed_explicit);
         s.evictions.corrupt = g(&self.counters.removed_corrupt);
+        s.refused_unsigned = g(&self.counters.unsigned);
         s
     }
 }

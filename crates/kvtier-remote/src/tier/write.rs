@@ -31,23 +31,35 @@ pub(super) enum WriteError {
     Call(CallError),
 }
 
+/// The blocks of a chain before a run, read back so the run's object starts at the root.
+#[derive(Default)]
+pub(super) struct Ancestors {
+    metas: Vec<BlockMeta>,
+    crcs: Vec<u32>,
+    tags: Vec<[u8; crate::sign::BLOCK_TAG_BYTES]>,
+    payloads: Vec<Bytes>,
+}
+
 impl RemoteTier {
     /// The payloads of the run that ends with `parent` from the chain's root, if one
     /// object holds it from position 0 and it can be read in time.
-    pub(super) fn ancestors(
-        &self,
-        parent: &BlockHash,
-    ) -> Option<(Vec<BlockMeta>, Vec<u32>, Vec<Bytes>)> {
+    pub(super) fn ancestors(&self, parent: &BlockHash) -> Option<Ancestors> {
         let slot = self.blocks.read().get(parent).cloned()?;
         if slot.object.metas.first()?.position != 0 {
             return None;
         }
         let blocks = self.fetch(&slot.object, 0..slot.index + 1).ok()?;
-        Some((
-            slot.object.metas[..=slot.index].to_vec(),
-            slot.object.crcs[..=slot.index].to_vec(),
-            blocks,
-        ))
+        Some(Ancestors {
+            metas: slot.object.metas[..=slot.index].to_vec(),
+            crcs: slot.object.crcs[..=slot.index].to_vec(),
+            tags: slot
+                .object
+                .tags
+                .get(..=slot.index)
+                .unwrap_or_default()
+                .to_vec(),
+            payloads: blocks,
+        })
     }
     /// Writes one run (consecutive blocks of one chain) as one object, its ancestors first
     /// when they can be had.
@@ -57,17 +69,32 @@ impl RemoteTier {
     ) -> std::result::Result<(), WriteError> {
         let (first, _) = run.first().ok_or(WriteError::EmptyRun)?;
         let block_bytes = run[0].1.len() as u64;
-        let (mut metas, mut crcs, mut payloads) = if first.position > 0 {
+        let mut before = if first.position > 0 {
             self.ancestors(&first.parent).unwrap_or_default()
         } else {
-            Default::default()
+            Ancestors::default()
         };
-        if payloads.iter().any(|p| p.len() as u64 != block_bytes) {
-            (metas, crcs, payloads) = Default::default();
+        let key = self.config.signing_key.as_ref();
+        if before
+            .payloads
+            .iter()
+            .any(|p| p.len() as u64 != block_bytes)
+            || (key.is_some() && before.tags.len() != before.payloads.len())
+        {
+            before = Ancestors::default();
         }
+        let Ancestors {
+            mut metas,
+            mut crcs,
+            mut tags,
+            mut payloads,
+        } = before;
         for (m, p) in run {
             metas.push(m.clone());
             crcs.push(crc(p));
+            if let Some(key) = key {
+                tags.push(key.block_tag(p));
+            }
             payloads.push(p.clone());
         }
         let writer = self
@@ -76,9 +103,10 @@ impl RemoteTier {
             .filter(|t| crate::object::valid_writer_tag(t));
         let (data_name, manifest_name) =
             names(&self.config.prefix, &metas, writer.as_deref()).ok_or(WriteError::EmptyRun)?;
-        let manifest =
-            Manifest::of(&metas, &crcs, block_bytes, writer).ok_or(WriteError::EmptyRun)?;
-        let manifest = serde_json::to_vec(&manifest).map_err(WriteError::Manifest)?;
+        let manifest = Manifest::of(&metas, &crcs, &tags, block_bytes, writer)
+            .ok_or(WriteError::EmptyRun)?
+            .to_bytes(key)
+            .map_err(WriteError::Manifest)?;
         let manifest_digest: [u8; 32] = Sha256::digest(&manifest).into();
         let mut data = BytesMut::with_capacity(payloads.len() * block_bytes as usize);
         for p in &payloads {
@@ -107,6 +135,7 @@ impl RemoteTier {
             data_name,
             metas,
             crcs,
+            tags,
             block_bytes,
             pending: None,
         });
