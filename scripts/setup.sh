@@ -21,6 +21,7 @@
 # - for cluster mode (crates/kvtier-meta): protobuf-compiler (etcd-client's build compiles
 #   etcd's protocol) and etcd-server (the cluster tests start their own members on free
 #   loopback ports; a system etcd the package may start is never used or stopped).
+# - openssl (the command): the etcd TLS test makes its own certificate authority;
 # - iproute2 (`ip netns`, veth): the partition test runs a replica in a network namespace
 #   of its own and takes its link to etcd down (needs root, as CI runs).
 set -euo pipefail
@@ -51,6 +52,7 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 [[ -f /usr/include/sodium.h ]] || need_apt+=(libsodium-dev)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 
 if ((${#need_apt[@]})); then
     if [[ $(id -u) -ne 0 ]]; then

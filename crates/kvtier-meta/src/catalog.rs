@@ -11,7 +11,7 @@ use kvtier_remote::{Catalog, ObjectInfo, ObjectName, RemoteTier, StateName};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use crate::config::{ClusterConfig, EtcdAuth};
+use crate::config::{ClusterConfig, EtcdAccess};
 use crate::deletes::{self, OnLayoutDeleted};
 use crate::follow::{Applied, Follower};
 use crate::gc::{self, Authority, Reason, Withdrawal};
@@ -350,13 +350,13 @@ impl ClusterCatalog {
 
     /// The etcd client, once some task connected it.
     fn connected(&self) -> impl std::future::Future<Output = Client> + Send + 'static {
-        let (cell, endpoints, auth) = (
+        let (cell, endpoints, access) = (
             self.client.clone(),
             self.config.endpoints.clone(),
-            self.config.auth.clone(),
+            self.config.access.clone(),
         );
         async move {
-            cell.get_or_init(|| connect(&endpoints, auth.as_ref()))
+            cell.get_or_init(|| connect(&endpoints, &access))
                 .await
                 .clone()
         }
@@ -467,9 +467,9 @@ impl ClusterCatalog {
 
 /// A client for `endpoints`, retrying until etcd answers (the client itself reconnects
 /// afterwards).
-async fn connect(endpoints: &[String], auth: Option<&EtcdAuth>) -> Client {
+async fn connect(endpoints: &[String], access: &EtcdAccess) -> Client {
     loop {
-        match connect_once_as(endpoints, auth).await {
+        match connect_once_as(endpoints, access).await {
             Ok(c) => return c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach etcd; retrying");
@@ -482,24 +482,39 @@ async fn connect(endpoints: &[String], auth: Option<&EtcdAuth>) -> Client {
 /// One attempt to connect to `endpoints`, with the timeouts every cluster call uses (a
 /// request answers within 5 s or fails; a dead connection is noticed within 4 s).
 pub async fn connect_once(endpoints: &[String]) -> Result<Client, etcd_client::Error> {
-    connect_once_as(endpoints, None).await
+    connect_once_as(endpoints, &EtcdAccess::default()).await
 }
 
-/// [`connect_once`] as `auth`'s user, when etcd's authentication is on.
+/// [`connect_once`] over TLS and as a user, as `access` says.
 pub async fn connect_once_as(
     endpoints: &[String],
-    auth: Option<&EtcdAuth>,
+    access: &EtcdAccess,
 ) -> Result<Client, etcd_client::Error> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
         .with_keep_alive_while_idle(true);
-    if let Some(auth) = auth {
+    if let Some(auth) = &access.auth {
         // etcd's tokens expire (5 minutes by default): a replica lives longer.
         options = options
             .with_user(auth.user.clone(), auth.password.clone())
             .with_auto_token_refresh(true);
+    }
+    let mut endpoints = endpoints.to_vec();
+    if let Some(tls) = &access.tls {
+        let mut config = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(etcd_client::Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(config);
+        // The endpoints are parsed as `http://host:port`; TLS is the same address.
+        for e in &mut endpoints {
+            if let Some(rest) = e.strip_prefix("http://") {
+                *e = format!("https://{rest}");
+            }
+        }
     }
     Client::connect(endpoints, Some(options)).await
 }

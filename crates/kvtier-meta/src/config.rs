@@ -25,13 +25,42 @@ impl std::fmt::Debug for EtcdAuth {
     }
 }
 
+/// TLS to etcd: the authority whose certificates the members must show, and the
+/// replica's own certificate when the members ask clients for one
+/// (`--client-cert-auth`). PEM bytes, read at start.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The authority's certificate(s).
+    pub ca: Vec<u8>,
+    /// The replica's certificate and its key, if it shows one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_bytes", &self.ca.len())
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// How a replica reaches etcd: in plain TCP or TLS, anonymously or as a user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    /// etcd's user and password, when its authentication is on.
+    pub auth: Option<EtcdAuth>,
+    /// TLS, when the members serve clients over it (the endpoints become `https://`).
+    pub tls: Option<EtcdTls>,
+}
+
 /// How a replica joins a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
     /// etcd endpoints, `http://host:port`.
     pub endpoints: Vec<String>,
-    /// etcd's user and password, when its authentication is on.
-    pub auth: Option<EtcdAuth>,
+    /// How to reach etcd: TLS, and a user and password.
+    pub access: EtcdAccess,
     /// The cluster's signing key: records are signed with it and only records signed
     /// with it are used (`crate::signed`). The remote tier's objects are signed with the
     /// same key (`kvtier_remote::RemoteConfig::signing_key`).
@@ -76,7 +105,7 @@ impl ClusterConfig {
     pub fn new(endpoints: Vec<String>, name: &str, replica: &str) -> Self {
         Self {
             endpoints,
-            auth: None,
+            access: EtcdAccess::default(),
             signing_key: None,
             name: name.to_string(),
             replica: replica.to_string(),

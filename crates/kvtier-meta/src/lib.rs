@@ -40,7 +40,7 @@ pub mod status;
 pub mod view;
 
 pub use catalog::{ClusterCatalog, connect_once, connect_once_as};
-pub use config::{ClusterConfig, EtcdAuth, parse_endpoints};
+pub use config::{ClusterConfig, EtcdAccess, EtcdAuth, EtcdTls, parse_endpoints};
 /// The etcd client this crate speaks through (for tools and benchmarks beside it).
 pub use etcd_client;
 pub use gc::Withdrawal;

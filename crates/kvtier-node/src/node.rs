@@ -37,7 +37,7 @@ fn cluster_catalog(
         .clone()
         .unwrap_or_else(|| default_replica(settings.listen.port()));
     let mut config = kvtier_meta::ClusterConfig::new(endpoints, &c.name, &replica);
-    config.auth = c.etcd_auth();
+    config.access = c.etcd_access()?;
     config.signing_key = settings.remote.signing_key()?;
     config.lease_ttl = c.lease_ttl.0;
     config.namespace = c.namespace.clone();

@@ -202,6 +202,14 @@ pub struct ClusterSettings {
     pub etcd_user: Option<String>,
     /// Its password (printed as `<redacted>`).
     pub etcd_password: Option<String>,
+    /// TLS to etcd: the PEM file of the authority whose certificates the members must
+    /// show. Set: the endpoints are reached over TLS only.
+    pub etcd_ca: Option<PathBuf>,
+    /// The replica's client certificate (PEM), for members that require one
+    /// (`--client-cert-auth`); with `etcd_key`, and only with `etcd_ca`.
+    pub etcd_cert: Option<PathBuf>,
+    /// Its key (PEM).
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl ClusterSettings {
@@ -210,6 +218,45 @@ impl ClusterSettings {
         Some(kvtier_meta::EtcdAuth {
             user: self.etcd_user.clone()?,
             password: self.etcd_password.clone()?,
+        })
+    }
+
+    /// How to reach etcd: TLS with the files named (read now) and the credentials.
+    /// `Invalid` when a file cannot be read or the settings do not go together.
+    pub fn etcd_access(&self) -> Result<kvtier_meta::EtcdAccess, Error> {
+        let read = |key: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                Error::invalid(format!(
+                    "cluster.{key}: cannot read {}: {e}",
+                    path.display()
+                ))
+            })
+        };
+        let identity = match (&self.etcd_cert, &self.etcd_key) {
+            (Some(cert), Some(key)) => Some((read("etcd_cert", cert)?, read("etcd_key", key)?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::invalid(
+                    "cluster.etcd_cert and cluster.etcd_key go together",
+                ));
+            }
+        };
+        let tls = match (&self.etcd_ca, identity) {
+            (Some(ca), identity) => Some(kvtier_meta::EtcdTls {
+                ca: read("etcd_ca", ca)?,
+                identity,
+            }),
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "cluster.etcd_cert needs cluster.etcd_ca (the authority the members' \
+                     certificates are checked against)",
+                ));
+            }
+        };
+        Ok(kvtier_meta::EtcdAccess {
+            auth: self.etcd_auth(),
+            tls,
         })
     }
 }
@@ -230,6 +277,9 @@ impl Default for ClusterSettings {
             budgets: BTreeMap::new(),
             etcd_user: None,
             etcd_password: None,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
         }
     }
 }
@@ -718,6 +768,9 @@ impl Settings {
             ));
         }
         self.remote.signing_key()?;
+        if self.cluster.enabled() {
+            self.cluster.etcd_access()?;
+        }
         if self.cluster.etcd_user.is_some() != self.cluster.etcd_password.is_some() {
             return Err(Error::invalid(
                 "cluster.etcd_user and cluster.etcd_password go together",

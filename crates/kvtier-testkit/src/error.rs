@@ -42,6 +42,14 @@ pub enum Error {
         /// What it printed (empty or starting with a newline).
         output: String,
     },
+    /// A tool the kit runs to prepare a test (`openssl`) failed.
+    #[error("{context}: {output}")]
+    Tool {
+        /// The command, in words.
+        context: String,
+        /// What it printed.
+        output: String,
+    },
     /// Signalling, waiting for or reading from the process, or a file or socket of the
     /// kit, failed.
     #[error("{context}: {source}")]

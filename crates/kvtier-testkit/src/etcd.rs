@@ -29,6 +29,134 @@ pub struct EtcdCluster {
     dir: std::path::PathBuf,
     /// Addresses clients may also use besides 127.0.0.1 (a [`crate::Link`]'s outside).
     also: Vec<Ipv4Addr>,
+    /// Clients speak TLS and must present a certificate of this authority.
+    tls: Option<TlsFiles>,
+}
+
+/// A certificate authority made for one test, and certificates it signed: the server's
+/// (for `127.0.0.1`), a client's, and a client certificate of another authority (one a
+/// server of this authority must refuse). PEM files, made by the `openssl` command.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The authority's certificate.
+    pub ca: std::path::PathBuf,
+    /// The server's certificate and key.
+    pub server_cert: std::path::PathBuf,
+    /// The server's key.
+    pub server_key: std::path::PathBuf,
+    /// A client's certificate, signed by [`TlsFiles::ca`].
+    pub client_cert: std::path::PathBuf,
+    /// Its key.
+    pub client_key: std::path::PathBuf,
+    /// A client certificate signed by another authority.
+    pub stranger_cert: std::path::PathBuf,
+    /// Its key.
+    pub stranger_key: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes the files under `dir` (created), keys EC P-256, valid for a day.
+    pub fn generate(dir: &Path) -> Result<Self> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |e| Error::io(what, e)
+        };
+        std::fs::create_dir_all(dir).map_err(io("create the certificates' directory"))?;
+        let p = |name: &str| dir.join(name);
+        let openssl = |args: &[&str]| -> Result<()> {
+            let context = format!("openssl {}", args.join(" "));
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .map_err(io(&context))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(Error::Tool {
+                    context,
+                    output: String::from_utf8_lossy(&out.stderr).into_owned(),
+                })
+            }
+        };
+        let key = |name: &str| {
+            openssl(&[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                name,
+            ])
+        };
+        for (ca, subject) in [("ca", "/CN=kvtier test CA"), ("other-ca", "/CN=another CA")] {
+            key(&format!("{ca}.key"))?;
+            openssl(&[
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-days",
+                "1",
+                "-subj",
+                subject,
+            ])?;
+        }
+        std::fs::write(
+            p("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(io("write server.ext"))?;
+        std::fs::write(p("client.ext"), "extendedKeyUsage=clientAuth\n")
+            .map_err(io("write client.ext"))?;
+        for (name, ca, ext, subject) in [
+            ("server", "ca", "server.ext", "/CN=127.0.0.1"),
+            ("client", "ca", "client.ext", "/CN=root"),
+            ("stranger", "other-ca", "client.ext", "/CN=root"),
+        ] {
+            key(&format!("{name}.key"))?;
+            openssl(&[
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                subject,
+            ])?;
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                &format!("{ca}.pem"),
+                "-CAkey",
+                &format!("{ca}.key"),
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                ext,
+            ])?;
+        }
+        Ok(Self {
+            ca: p("ca.pem"),
+            server_cert: p("server.pem"),
+            server_key: p("server.key"),
+            client_cert: p("client.pem"),
+            client_key: p("client.key"),
+            stranger_cert: p("stranger.pem"),
+            stranger_key: p("stranger.key"),
+        })
+    }
 }
 
 impl EtcdCluster {
@@ -44,6 +172,16 @@ impl EtcdCluster {
     /// between; a member that reports its port taken is not a failure of the test: the
     /// cluster is started again on fresh ports, in a fresh directory (three tries).
     pub fn start_also_on(dir: &Path, n: usize, also: &[Ipv4Addr]) -> Result<Self> {
+        Self::start_with(dir, n, also, None)
+    }
+
+    /// [`EtcdCluster::start`] serving clients over TLS only, with certificates of
+    /// `tls`'s authority required of every client (`--client-cert-auth`).
+    pub fn start_tls(dir: &Path, n: usize, tls: &TlsFiles) -> Result<Self> {
+        Self::start_with(dir, n, &[], Some(tls))
+    }
+
+    fn start_with(dir: &Path, n: usize, also: &[Ipv4Addr], tls: Option<&TlsFiles>) -> Result<Self> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -53,14 +191,14 @@ impl EtcdCluster {
             } else {
                 dir.join(format!("retry{attempt}"))
             };
-            match Self::try_start(&at, n, also) {
+            match Self::try_start(&at, n, also, tls) {
                 Err(Error::NotReady { output, .. }) if attempt < 3 && port_taken(&output) => {}
                 other => return other,
             }
         }
     }
 
-    fn try_start(dir: &Path, n: usize, also: &[Ipv4Addr]) -> Result<Self> {
+    fn try_start(dir: &Path, n: usize, also: &[Ipv4Addr], tls: Option<&TlsFiles>) -> Result<Self> {
         let mut specs = Vec::new();
         for i in 0..n {
             specs.push(Spec {
@@ -80,6 +218,7 @@ impl EtcdCluster {
             initial,
             dir: dir.to_path_buf(),
             also: also.to_vec(),
+            tls: tls.cloned(),
         };
         // All at once: each waits for the others to form a quorum.
         let mut commands = Vec::new();
@@ -98,9 +237,10 @@ impl EtcdCluster {
 
     fn command(&self, i: usize, state: &str) -> Command {
         let s = &self.specs[i];
+        let scheme = self.scheme();
         let listen: Vec<String> = std::iter::once(Ipv4Addr::LOCALHOST)
             .chain(self.also.iter().copied())
-            .map(|ip| format!("http://{ip}:{}", s.client))
+            .map(|ip| format!("{scheme}://{ip}:{}", s.client))
             .collect();
         let mut cmd = Command::new("etcd");
         cmd.arg("--name")
@@ -110,7 +250,7 @@ impl EtcdCluster {
             .arg("--listen-client-urls")
             .arg(listen.join(","))
             .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{}", s.client))
+            .arg(format!("{scheme}://127.0.0.1:{}", s.client))
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{}", s.peer))
             .arg("--initial-advertise-peer-urls")
@@ -124,6 +264,15 @@ impl EtcdCluster {
             // Quick elections on loopback.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .env("ETCD_UNSUPPORTED_ARCH", "amd64");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
         cmd
     }
 
@@ -180,11 +329,16 @@ impl EtcdCluster {
         format!("etcd://{}", list.join(","))
     }
 
-    /// The client endpoints, `http://127.0.0.1:PORT`.
+    /// `https` when the members serve clients over TLS, else `http`.
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// The client endpoints, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
         self.specs
             .iter()
-            .map(|s| format!("http://127.0.0.1:{}", s.client))
+            .map(|s| format!("{}://127.0.0.1:{}", self.scheme(), s.client))
             .collect()
     }
 

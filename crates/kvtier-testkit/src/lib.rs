@@ -31,7 +31,7 @@ mod process;
 
 pub use dir::{KEEP_ENV, TestDir, test_dir};
 pub use error::{Error, Result};
-pub use etcd::EtcdCluster;
+pub use etcd::{EtcdCluster, TlsFiles};
 pub use net::{Cuttable, free_port, wait_for_port};
 pub use netns::{Host, Link};
 pub use process::{Process, Ready, with_nofile_limit};

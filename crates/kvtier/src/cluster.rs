@@ -54,13 +54,10 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let settings = settings.settings().map_err(anyhow::Error::msg)?;
             let (endpoints, name) =
                 kvtier_node::cluster_endpoints(&settings).map_err(anyhow::Error::msg)?;
+            let access = settings.cluster.etcd_access().map_err(anyhow::Error::msg)?;
             let status = runtime
                 .block_on(async {
-                    let mut client = kvtier_meta::connect_once_as(
-                        &endpoints,
-                        settings.cluster.etcd_auth().as_ref(),
-                    )
-                    .await?;
+                    let mut client = kvtier_meta::connect_once_as(&endpoints, &access).await?;
                     kvtier_meta::status::status(&mut client, &name).await
                 })
                 .map_err(|e| {
@@ -84,6 +81,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let settings = settings.settings().map_err(anyhow::Error::msg)?;
             let (endpoints, name) =
                 kvtier_node::cluster_endpoints(&settings).map_err(anyhow::Error::msg)?;
+            let access = settings.cluster.etcd_access().map_err(anyhow::Error::msg)?;
             let remote = kvtier_node::remote_config(&settings)
                 .map_err(anyhow::Error::msg)?
                 .ok_or_else(|| {
@@ -107,12 +105,9 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
                     .as_millis() as u64,
             };
             let report = runtime.block_on(async {
-                let mut client =
-                    kvtier_meta::connect_once_as(&endpoints, settings.cluster.etcd_auth().as_ref())
-                        .await
-                        .map_err(|e| {
-                            format!("cannot reach etcd at {}: {e}", endpoints.join(","))
-                        })?;
+                let mut client = kvtier_meta::connect_once_as(&endpoints, &access)
+                    .await
+                    .map_err(|e| format!("cannot reach etcd at {}: {e}", endpoints.join(",")))?;
                 reconcile::reconcile(&mut client, &tier, &options).await
             });
             let report = report.map_err(anyhow::Error::msg)?;

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use cluster_support::{cluster_status, config, eventually, replica, shared_layout};
 use gateway::Gateway;
 use kvtier_client::wire::frame::EndStatus;
-use kvtier_testkit::EtcdCluster;
+use kvtier_testkit::{EtcdCluster, TlsFiles};
 use server::{Server, layout_spec, load_all, payloads, prompt, runtime};
 
 /// Counts the HTTP requests a replica sends to the gateway: a TCP proxy that reads each
@@ -845,6 +845,87 @@ fn with_etcd_authentication_on_only_a_replica_with_the_credentials_joins() {
         "status read etcd without credentials"
     );
     for server in [good, wrong, none] {
+        assert!(server.stop().success());
+    }
+}
+
+#[test]
+fn with_etcd_over_tls_only_a_replica_that_trusts_the_members_and_shows_a_known_certificate_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::generate(&dir.path().join("pki")).unwrap();
+    let etcd = EtcdCluster::start_tls(&dir.path().join("etcd"), 1, &tls).unwrap();
+    let gateway = Gateway::start(&dir.path().join("s3"), &["--create-bucket", "shared"]);
+    let rt = runtime();
+    let set = |key: &str, path: &std::path::Path| format!("cluster.{key}={}", path.display());
+    let settings = |ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path| {
+        [
+            set("etcd_ca", ca),
+            set("etcd_cert", cert),
+            set("etcd_key", key),
+        ]
+    };
+    let start = |name: &str, sets: &[String; 3]| {
+        let mut args: Vec<&str> = Vec::new();
+        for s in sets {
+            args.extend_from_slice(&["--set", s.as_str()]);
+        }
+        replica(dir.path(), name, &gateway.endpoint, &etcd.url(), &args)
+    };
+    let good = settings(&tls.ca, &tls.client_cert, &tls.client_key);
+    let trusted = start("a", &good);
+    // A certificate of another authority: the members refuse the handshake.
+    let stranger = start(
+        "b",
+        &settings(&tls.ca, &tls.stranger_cert, &tls.stranger_key),
+    );
+    // A replica that does not trust the members' authority refuses them.
+    let doubter = start(
+        "c",
+        &settings(&tls.stranger_cert, &tls.client_cert, &tls.client_key),
+    );
+    rt.block_on(async {
+        let (ct, cs, cd) = (trusted.client(), stranger.client(), doubter.client());
+        assert!(
+            eventually(Duration::from_secs(20), async || ct
+                .ready()
+                .await
+                .is_ok_and(|r| r.ready))
+            .await,
+            "the replica with the authority's certificate did not join"
+        );
+        assert!(ct.stats().await.unwrap()["cluster_registrations"] >= 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (name, c) in [("foreign certificate", &cs), ("foreign authority", &cd)] {
+            assert_eq!(
+                c.stats().await.unwrap()["cluster_registrations"],
+                0,
+                "{name}: registered"
+            );
+        }
+    });
+    let status = |extra: &[String]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        cmd.args(["cluster", "status", "--json", "--cluster", &etcd.url()])
+            .args(["--set", "cluster.name=test"])
+            .env_remove("KVTIER_CONFIG");
+        for s in extra {
+            cmd.args(["--set", s.as_str()]);
+        }
+        cmd.output().unwrap()
+    };
+    let with = status(&good);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&with.stdout).unwrap();
+    assert_eq!(listed["replicas"].as_array().unwrap().len(), 1, "{listed}");
+    assert!(
+        !status(&[]).status.success(),
+        "status read etcd without TLS"
+    );
+    for server in [trusted, stranger, doubter] {
         assert!(server.stop().success());
     }
 }
