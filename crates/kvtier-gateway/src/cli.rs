@@ -93,6 +93,20 @@ pub struct GatewayArgs {
     /// most once per this interval, with the count since the last line.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub refusal_log_interval: Duration,
+
+    /// Bytes per segment file (at least 16 MiB); the largest object is 1 MiB less.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    pub segment_bytes: u64,
+
+    /// How often compaction runs; each pass moves at most one segment's worth of bytes.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub compact_interval: Duration,
+
+    /// Compact a sealed segment whose current objects fill less than this fraction of it
+    /// (0 < F < 1; 0: never compact). The disk then holds at most about live / F bytes,
+    /// plus the active segment.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.5)]
+    pub compact_below: f64,
 }
 
 /// `250ms`, `10s`, `2m`, `1h`, `1d`, or plain seconds; not zero.
@@ -179,6 +193,19 @@ impl GatewayArgs {
         config.idle_timeout = self.idle_timeout;
         config.max_connections = self.max_connections.max(1);
         config.refusal_log_interval = self.refusal_log_interval;
+        if self.segment_bytes < 16 << 20 {
+            return Err(kvtier_core::Error::invalid(
+                "--segment-bytes must be at least 16 MiB (16777216)",
+            ));
+        }
+        config.segment_bytes = self.segment_bytes;
+        if !(0.0..1.0).contains(&self.compact_below) {
+            return Err(kvtier_core::Error::invalid(
+                "--compact-below is a fraction: at least 0 (off), below 1",
+            ));
+        }
+        config.compact_interval = self.compact_interval;
+        config.compact_below = self.compact_below;
         Ok(config)
     }
 }

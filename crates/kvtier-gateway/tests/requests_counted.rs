@@ -82,6 +82,9 @@ fn every_request_lands_in_the_gateways_one_list_of_counters() {
             "gateway_gets",
             "gateway_ranged_gets",
             "gateway_sent_bytes",
+            "gateway_compaction_segments_removed",
+            "gateway_compaction_bytes_reclaimed",
+            "gateway_compaction_records_moved",
             "refused"
         ]
     );

@@ -135,6 +135,7 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "cluster.advertise.p50.ms",
         "cluster.advertise.p99.ms",
         "cluster.remote_hit.load.2MiB.ms",
+        "cluster.remote_hit.signed.load.2MiB.ms",
         "cluster.replay.100k.s",
         "cluster.publish.ops",
     ];

@@ -16,6 +16,7 @@
 //! `wrap.rs`.
 
 mod access;
+mod compactor;
 mod signed_range;
 mod unsigned;
 mod wrap;
@@ -90,6 +91,13 @@ pub struct GatewayConfig {
     pub max_connections: usize,
     /// Refused requests are logged at most once per this interval (default 10 s).
     pub refusal_log_interval: Duration,
+    /// How often compaction runs (default 10 s); each pass moves at most one segment's
+    /// worth of live bytes.
+    pub compact_interval: Duration,
+    /// A sealed segment whose current records fill less than this fraction of it is
+    /// compacted (default 0.5: the disk holds at most about twice the live bytes, plus
+    /// the active segment); 0 turns compaction off.
+    pub compact_below: f64,
     /// Time for record stamps and `Last-Modified` (default: the system's clock); a
     /// component, not a setting — tests pass a mock clock.
     pub clock: Arc<dyn Clock>,
@@ -112,6 +120,8 @@ impl GatewayConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             refusal_log_interval: Duration::from_secs(10),
+            compact_interval: Duration::from_secs(10),
+            compact_below: 0.5,
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -128,6 +138,12 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
     /// Every request, whatever its outcome.
     pub requests: AtomicU64,
+    /// Segments compaction removed.
+    pub segments_removed: AtomicU64,
+    /// Bytes of the segment files it removed.
+    pub bytes_reclaimed: AtomicU64,
+    /// Records it moved out of mostly-dead segments.
+    pub records_moved: AtomicU64,
 }
 
 /// One key pair; an unknown access key is `InvalidAccessKeyId`, as S3 answers it.
@@ -160,6 +176,9 @@ impl Counters {
         Counter { name: "gets", family: "gateway_gets", label: None, help: "GetObject requests answered with data", kind: C, read: |c| get(&c.gets) },
         Counter { name: "ranged_gets", family: "gateway_ranged_gets", label: None, help: "GetObject requests with a Range header answered with data", kind: C, read: |c| get(&c.ranged_gets) },
         Counter { name: "sent_bytes", family: "gateway_sent_bytes", label: None, help: "Bytes sent in GetObject bodies", kind: C, read: |c| get(&c.bytes_out) },
+        Counter { name: "compaction_segments_removed", family: "gateway_compaction_segments_removed", label: None, help: "Segments compaction removed", kind: C, read: |c| get(&c.segments_removed) },
+        Counter { name: "compaction_bytes_reclaimed", family: "gateway_compaction_bytes_reclaimed", label: None, help: "Bytes of the segment files compaction removed", kind: C, read: |c| get(&c.bytes_reclaimed) },
+        Counter { name: "compaction_records_moved", family: "gateway_compaction_records_moved", label: None, help: "Records compaction moved out of mostly-dead segments", kind: C, read: |c| get(&c.records_moved) },
     ];
 
     /// The counters as registry samples, from [`Self::COUNTERS`].
@@ -195,6 +214,11 @@ pub struct RunningGateway {
     refusals: Arc<Refusals>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The compaction thread, stopped by dropping its sender.
+    compaction: Option<(
+        std::sync::mpsc::Sender<()>,
+        Option<std::thread::JoinHandle<()>>,
+    )>,
 }
 
 impl RunningGateway {
@@ -247,6 +271,23 @@ impl RunningGateway {
         }
         let counters = Arc::new(Counters::default());
         let store = Arc::new(store);
+        let (compaction_stop, compaction_stopping) = std::sync::mpsc::channel();
+        let compactor = if config.compact_below > 0.0 {
+            let schedule = compactor::Schedule {
+                interval: config.compact_interval,
+                below: config.compact_below,
+                budget: config.segment_bytes,
+            };
+            let (store, counters) = (store.clone(), counters.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("kvtier-gateway-compact".into())
+                    .spawn(move || compactor::run(store, schedule, counters, compaction_stopping))
+                    .map_err(unavailable("cannot start the compaction thread".into()))?,
+            )
+        } else {
+            None
+        };
         let gateway = Gateway::with_counters(store.clone(), counters.clone());
         let builder = match &config.auth {
             Auth::None => S3ServiceBuilder::new(gateway),
@@ -330,6 +371,7 @@ impl RunningGateway {
             refusals: refused,
             stop: Some(stop),
             thread: Some(thread),
+            compaction: Some((compaction_stop, compactor)),
         })
     }
 
@@ -359,6 +401,12 @@ impl RunningGateway {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        if let Some((stop, thread)) = self.compaction.take() {
+            drop(stop);
+            if let Some(thread) = thread {
+                let _ = thread.join();
+            }
         }
     }
 }

@@ -25,6 +25,11 @@ pub enum Entry {
         /// The `LocationConstraint` it was created with (absent: none, us-east-1).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         location: Option<String>,
+        /// Where the bucket's first record was written, `[segment, offset]`, when this one
+        /// is a copy moved by compaction (absent: this record is the first). Objects
+        /// written before that place belong to an earlier bucket of the same name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<(u64, u64)>,
     },
     /// An object: the data is the object's bytes.
     Object {
@@ -272,6 +277,7 @@ mod tests {
             bucket: "ab".into(),
             public_read: false,
             location: None,
+            since: None,
         }
         .record_key();
         let b = Entry::Object {

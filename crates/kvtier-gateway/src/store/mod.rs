@@ -11,11 +11,18 @@
 //!   agrees with what recovery would rebuild (the newest record of a key wins).
 //! - **Deletes** write a deletion marker record with the object's record key (so it is
 //!   the newest record of that key and recovery keeps it instead of any older copy), then
-//!   tombstone the deleted record. Space of deleted and overwritten objects is not
-//!   reclaimed yet (no compaction): `dead_bytes` counts it.
+//!   tombstone the deleted record, then the marker (its work is done once the deleted
+//!   record's tombstone is on disk).
+//! - **Every record that stops being current gets a tombstone**: an overwritten object or
+//!   part, a deleted one, its marker, a completed upload's parts, a copy moved by
+//!   compaction. So a record that no index entry points at is dead on disk too, and
+//!   removing a segment that holds none can never bring an older copy back.
+//! - **Compaction** (`compact.rs`) moves the live records out of sealed segments that are
+//!   mostly dead and deletes those segments.
 //! - **Writes stream** (`write.rs`): a PUT's body goes into its reserved place in the
 //!   segment as it arrives, with bounded memory, and is published when complete.
 
+mod compact;
 mod entry;
 mod list;
 mod multipart;
@@ -26,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use kvtier_core::clock::{Clock, ClockExt, SystemClock};
@@ -37,6 +44,7 @@ use kvtier_ssd::store::{Loc, ReadFault};
 use kvtier_ssd::{SegmentStore, StoreConfig};
 use parking_lot::{Mutex, RwLock};
 
+pub use compact::Compacted;
 pub use entry::{Entry, Headers, ObjectInfo};
 pub use list::{ListPage, ListQuery, decode_token};
 pub use multipart::{Completed, UploadView};
@@ -133,6 +141,10 @@ pub struct Object {
 #[derive(Debug)]
 struct Bucket {
     rec: Rec,
+    /// Where the bucket's first record was written: objects and uploads placed before it
+    /// belong to an earlier bucket of the same name (the record itself may have been moved
+    /// by compaction since).
+    since: (u64, u64),
     created_ms: u64,
     /// Created with the canned ACL `public-read`.
     public_read: bool,
@@ -193,6 +205,9 @@ pub struct Opened {
     pub dropped: u64,
     /// Deletion markers found (objects and buckets that stay deleted).
     pub markers: u64,
+    /// Of `dropped`, records whose description could not be read: compaction stays off
+    /// until a restart reads them (their bucket's record may be among them).
+    pub unreadable: u64,
 }
 
 /// See the module docs.
@@ -204,7 +219,12 @@ pub struct GatewayStore {
     index: RwLock<Index>,
     /// Held across append + index update, so both happen in the same order.
     publish: Mutex<()>,
-    dead_bytes: AtomicU64,
+    /// Why compaction may not remove segments now (a tombstone that failed to write, or
+    /// records unreadable at open), if it may not.
+    compaction_blocked: Mutex<Option<String>>,
+    /// Segments compaction emptied, removed on its next pass (a read that began before the
+    /// move may still be reading the old copy).
+    emptied: Mutex<Vec<u64>>,
     upload_seq: AtomicU64,
     /// Wall time for records' stamps and objects' `Last-Modified`.
     clock: Arc<dyn Clock>,
@@ -240,11 +260,18 @@ impl GatewayStore {
             max_object,
             index: RwLock::new(Index::default()),
             publish: Mutex::new(()),
-            dead_bytes: AtomicU64::new(0),
+            compaction_blocked: Mutex::new(None),
+            emptied: Mutex::new(Vec::new()),
             upload_seq: AtomicU64::new(0),
             clock,
         };
         let opened = rebuild::rebuild(&store, recovered);
+        if opened.unreadable > 0 {
+            store.block_compaction(format!(
+                "{} records could not be read at open",
+                opened.unreadable
+            ));
+        }
         Ok((store, opened))
     }
 
@@ -279,12 +306,32 @@ impl GatewayStore {
         self.max_object
     }
 
-    /// Bytes of deleted or overwritten records still on disk.
+    /// Bytes of the store's segment files that no current record occupies: deleted and
+    /// overwritten records, markers, segment headers, space abandoned by failed writes.
     pub fn dead_bytes(&self) -> u64 {
-        self.dead_bytes.load(Ordering::Relaxed)
+        let on_disk: u64 = self
+            .segs
+            .segment_ids()
+            .into_iter()
+            .filter_map(|id| self.segs.segment_len(id))
+            .sum();
+        on_disk.saturating_sub(self.live_bytes())
+    }
+
+    /// Bytes of the records the index points at.
+    pub fn live_bytes(&self) -> u64 {
+        compact::live_records(&self.index.read())
+            .iter()
+            .map(|(_, rec)| rec.loc.record_len)
+            .sum()
     }
 
     fn write(&self, entry: &Entry, data: &[u8]) -> StoreResult<Rec> {
+        self.write_at(entry, data, self.now_ms())
+    }
+
+    /// [`Self::write`] stamped `created_ms` (a moved record keeps its stamp).
+    fn write_at(&self, entry: &Entry, data: &[u8], created_ms: u64) -> StoreResult<Rec> {
         if data.len() as u64 > self.max_object {
             return Err(StoreError::EntityTooLarge(self.max_object));
         }
@@ -298,7 +345,7 @@ impl GatewayStore {
             tokens: Vec::new(),
             extra_tag: None,
             payload_len: payload.len() as u64,
-            created_ms: self.now_ms(),
+            created_ms,
             chunk_log2: self.chunk_log2,
             chunk_crcs: chunk_crcs(&payload, self.chunk_log2),
         };
@@ -309,11 +356,28 @@ impl GatewayStore {
         })
     }
 
+    /// Tombstones a record that is no longer current. If that fails, compaction stops
+    /// removing segments until a restart (whose recovery writes the tombstones older
+    /// copies lack): without it, removing the segment of a newer copy could bring this one
+    /// back.
     fn kill(&self, rec: &Rec) -> StoreResult<()> {
-        self.segs.tombstone(&rec.loc, rec.header.key)?;
-        self.dead_bytes
-            .fetch_add(rec.loc.record_len, Ordering::Relaxed);
-        Ok(())
+        self.segs.tombstone(&rec.loc, rec.header.key).map_err(|e| {
+            self.block_compaction(format!("a tombstone could not be written: {e}"));
+            StoreError::from(e)
+        })
+    }
+
+    /// [`Self::kill`] for a record whose tombstone is tidiness, not correctness of what
+    /// is served now: a failure is logged (and blocks compaction), not returned.
+    fn kill_quietly(&self, rec: &Rec, what: &str) {
+        if let Err(e) = self.kill(rec) {
+            tracing::warn!(error = %e, "could not tombstone {what}");
+        }
+    }
+
+    fn block_compaction(&self, why: String) {
+        tracing::warn!(%why, "gateway compaction is off until the next start");
+        self.compaction_blocked.lock().get_or_insert(why);
     }
 
     /// Creates `bucket` (private).
@@ -338,6 +402,7 @@ impl GatewayStore {
                 bucket: bucket.to_owned(),
                 public_read,
                 location: location.clone(),
+                since: None,
             },
             &[],
         )?;
@@ -345,6 +410,7 @@ impl GatewayStore {
         self.index.write().buckets.insert(
             bucket.to_owned(),
             Bucket {
+                since: rebuild::place(&rec),
                 rec,
                 created_ms,
                 public_read,
@@ -366,13 +432,14 @@ impl GatewayStore {
             }
             b.rec.clone()
         };
-        self.write(
+        let marker = self.write(
             &Entry::BucketDeleted {
                 bucket: bucket.to_owned(),
             },
             &[],
         )?;
         self.kill(&rec)?;
+        self.kill_quietly(&marker, "a bucket's deletion marker");
         let uploads: Vec<Upload> = {
             let mut index = self.index.write();
             index.buckets.remove(bucket);
@@ -489,7 +556,7 @@ impl GatewayStore {
         let Some(current) = current else {
             return Ok(());
         };
-        self.write(
+        let marker = self.write(
             &Entry::Deleted {
                 bucket: bucket.to_owned(),
                 key: key.to_owned(),
@@ -504,7 +571,9 @@ impl GatewayStore {
             b.objects.remove(key);
         }
         drop(index);
-        self.kill(&current.rec)
+        self.kill(&current.rec)?;
+        self.kill_quietly(&marker, "an object's deletion marker");
+        Ok(())
     }
 
     /// One page of a listing.

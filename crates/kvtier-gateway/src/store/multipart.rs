@@ -145,9 +145,10 @@ impl GatewayStore {
             .uploads
             .get_mut(upload_id)
             .ok_or(StoreError::NoSuchUpload)?;
-        if let Some(old) = upload.parts.insert(number, Part { rec, view }) {
-            self.dead_bytes
-                .fetch_add(old.rec.loc.record_len, Ordering::Relaxed);
+        let old = upload.parts.insert(number, Part { rec, view });
+        drop(index);
+        if let Some(old) = old {
+            self.kill_quietly(&old.rec, "an overwritten upload part");
         }
         Ok(md5)
     }
@@ -232,13 +233,9 @@ impl GatewayStore {
 
     pub(super) fn forget_upload(&self, upload: &Upload) {
         for part in upload.parts.values() {
-            if let Err(e) = self.kill(&part.rec) {
-                tracing::warn!(error = %e, "could not tombstone an upload part");
-            }
+            self.kill_quietly(&part.rec, "an upload part");
         }
-        if let Err(e) = self.kill(&upload.rec) {
-            tracing::warn!(error = %e, "could not tombstone an upload");
-        }
+        self.kill_quietly(&upload.rec, "an upload");
     }
 
     /// Assembles the listed parts (ascending numbers, matching ETags) into the object,

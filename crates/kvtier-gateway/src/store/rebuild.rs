@@ -6,10 +6,11 @@
 //!
 //! - a **deletion marker** (`Deleted`, `BucketDeleted`) is the newest record of its key:
 //!   the object (bucket) stays deleted, whatever older copies the segments still hold;
-//! - an object **older than its bucket's record** belongs to an earlier bucket of the same
-//!   name (deleted, then created again) and is dropped. "Older" is the record's place in
-//!   the log, (segment, offset): a bucket must exist before an object's place in the log
-//!   is taken, so a live object always lies after its bucket's record;
+//! - an object **older than its bucket's first record** belongs to an earlier bucket of
+//!   the same name (deleted, then created again) and is dropped. "Older" is the record's
+//!   place in the log, (segment, offset): a bucket must exist before an object's place in
+//!   the log is taken, so a live object always lies after its bucket's first record. A
+//!   bucket record that compaction moved names that first place (`since`);
 //! - parts of unknown uploads, and objects of unknown buckets, are dropped.
 
 use std::collections::BTreeMap;
@@ -39,7 +40,10 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
         }
         match store.describe(&rec) {
             Some((entry, size)) => described.push((rec, entry, size)),
-            None => opened.dropped += 1,
+            None => {
+                opened.dropped += 1;
+                opened.unreadable += 1;
+            }
         }
     }
     // Buckets, then what lives in them, then parts of the uploads.
@@ -58,12 +62,14 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
                 bucket,
                 public_read,
                 location,
+                since,
             } => {
                 opened.buckets += 1;
                 let created_ms = rec.header.created_ms;
                 index.buckets.insert(
                     bucket,
                     Bucket {
+                        since: since.unwrap_or_else(|| place(&rec)),
                         rec,
                         created_ms,
                         public_read,
@@ -73,7 +79,7 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
                 );
             }
             Entry::Object { bucket, key, info } => match index.buckets.get_mut(&bucket) {
-                Some(b) if place(&rec) > place(&b.rec) => {
+                Some(b) if place(&rec) > b.since => {
                     opened.objects += 1;
                     b.objects.insert(key, Arc::new(Object { rec, size, info }));
                 }
@@ -86,7 +92,7 @@ pub(super) fn rebuild(store: &GatewayStore, recovered: Vec<Recovered>) -> Opened
                 upload_id,
                 info,
             } => match index.buckets.get(&bucket) {
-                Some(b) if place(&rec) > place(&b.rec) => {
+                Some(b) if place(&rec) > b.since => {
                     opened.uploads += 1;
                     index.uploads.insert(
                         upload_id,

@@ -210,6 +210,16 @@ impl GatewayStore {
 
     /// Commits a sealed record (its index entry); the caller holds the publish lock.
     pub(super) fn commit(&self, w: RecordWriter, entry: &Entry) -> StoreResult<Rec> {
+        self.commit_at(w, entry, self.now_ms())
+    }
+
+    /// [`Self::commit`] stamped `created_ms` (a moved record keeps its stamp).
+    pub(super) fn commit_at(
+        &self,
+        w: RecordWriter,
+        entry: &Entry,
+        created_ms: u64,
+    ) -> StoreResult<Rec> {
         let header = RecordHeader {
             kind: Kind::Object,
             layout: LayoutDigest([0; 16]),
@@ -219,7 +229,7 @@ impl GatewayStore {
             tokens: Vec::new(),
             extra_tag: None,
             payload_len: 0,
-            created_ms: self.now_ms(),
+            created_ms,
             chunk_log2: self.chunk_log2,
             chunk_crcs: Vec::new(),
         };
@@ -276,12 +286,13 @@ impl GatewayStore {
         let (bucket_place, current) = {
             let index = self.index.read();
             let b = index.buckets.get(bucket).ok_or(StoreError::NoSuchBucket)?;
-            (place(&b.rec), b.objects.get(key).cloned())
+            (b.since, b.objects.get(key).cloned())
         };
         condition.check_write(current.as_deref())?;
         let rec = self.commit(w, &entry)?;
         if place(&rec) < bucket_place {
             // The bucket was deleted and created again while the body arrived.
+            self.kill_quietly(&rec, "an object of a deleted bucket");
             return Err(StoreError::NoSuchBucket);
         }
         let Entry::Object { info, .. } = entry else {
@@ -298,13 +309,15 @@ impl GatewayStore {
             .buckets
             .get_mut(bucket)
             .ok_or(StoreError::NoSuchBucket)?;
-        if let Some(old) = b.objects.insert(key.to_owned(), object.clone()) {
-            // Superseded: recovery keeps the newest record of the key.
-            self.dead_bytes
-                .fetch_add(old.rec.loc.record_len, std::sync::atomic::Ordering::Relaxed);
-            if let Some(id) = &old.info.upload_id {
-                index.completed.remove(id);
-            }
+        let old = b.objects.insert(key.to_owned(), object.clone());
+        if let Some(id) = old.as_ref().and_then(|o| o.info.upload_id.as_ref()) {
+            index.completed.remove(id);
+        }
+        drop(index);
+        if let Some(old) = old {
+            // Superseded: recovery keeps the newest record of the key; the old one is
+            // tombstoned so that no segment removal can bring it back.
+            self.kill_quietly(&old.rec, "an overwritten object");
         }
         Ok(object)
     }

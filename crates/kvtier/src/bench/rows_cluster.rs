@@ -5,6 +5,9 @@
 //!   baseline: a raw etcd put → watch event of a value the size of the advertisement.
 //! - `cluster.remote_hit.load.2MiB.ms`: B loads A's 8×256 KiB run; baseline: one ranged
 //!   GET of the same bytes from the gateway with the same S3 client library.
+//! - `cluster.remote_hit.signed.load.2MiB.ms`: the same with a signing key on both
+//!   replicas (every block's keyed tag checked on the load; docs/remote-tier.md, "Signed
+//!   objects"), against the same baseline: the cost of signing on a hit.
 //! - `cluster.replay.100k.s`: a replica cold-starts until 100,000 advertised objects hit;
 //!   baseline: the paginated etcd read of the same records.
 //! - `cluster.publish.ops`: objects advertised per second while 4 threads report writes;
@@ -28,12 +31,13 @@ use kvtier_remote::{Endpoint, ObjectInfo, ObjectName, RemoteConfig, RemoteTier};
 use super::measure::pattern;
 use super::{Effort, Row};
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 6] = [
     "cluster.advertise.p50.ms",
     "cluster.advertise.p99.ms",
     "cluster.remote_hit.load.2MiB.ms",
     "cluster.replay.100k.s",
     "cluster.publish.ops",
+    "cluster.remote_hit.signed.load.2MiB.ms",
 ];
 const ACCESS: &str = "kvtier-bench";
 const SECRET: &str = "kvtier-bench-secret";
@@ -80,7 +84,11 @@ fn measure(
         rows.extend(bench.advertise()?);
     }
     if wanted(NAMES[2]) {
-        rows.push(bench.remote_hit()?);
+        rows.push(bench.remote_hit(None)?);
+    }
+    if wanted(NAMES[5]) {
+        let key = kvtier_remote::SigningKey::from_bytes(&[0x5a; 32]);
+        rows.push(bench.remote_hit(Some(key))?);
     }
     if wanted(NAMES[3]) {
         rows.push(bench.replay()?);
@@ -117,8 +125,21 @@ impl Bench {
 
     /// Replica `name` of `cluster`, registered and replayed.
     fn replica(&self, cluster: &str, name: &str) -> anyhow::Result<Replica> {
+        self.replica_signing(cluster, name, None)
+    }
+
+    /// [`Bench::replica`] signing its objects and records with `key`.
+    fn replica_signing(
+        &self,
+        cluster: &str,
+        name: &str,
+        key: Option<kvtier_remote::SigningKey>,
+    ) -> anyhow::Result<Replica> {
         let mut config = ClusterConfig::new(self.etcd.clone(), cluster, name);
         config.gc_leader = false;
+        config.signing_key = key.clone();
+        let mut remote = self.remote();
+        remote.signing_key = key;
         let catalog = ClusterCatalog::new(
             config,
             self.rt.handle().clone(),
@@ -126,7 +147,7 @@ impl Bench {
         )
         .map_err(anyhow::Error::msg)?;
         let tier = Arc::new(RemoteTier::open_with_catalog(
-            self.remote(),
+            remote,
             Arc::new(NoSink),
             catalog.clone(),
         )?);
@@ -226,10 +247,18 @@ impl Bench {
         Ok(took)
     }
 
-    fn remote_hit(&self) -> anyhow::Result<Row> {
+    /// B loads A's run; both sign with `key` if there is one.
+    fn remote_hit(&self, key: Option<kvtier_remote::SigningKey>) -> anyhow::Result<Row> {
         let layout = Layout::new(LayoutKey::new("bench-hit", KvDtype::F16, 16, 8, 8, 64))?;
         anyhow::ensure!(layout.block_bytes() == 256 << 10, "a block is not 256 KiB");
-        let (a, b) = (self.replica("hit", "a")?, self.replica("hit", "b")?);
+        let (cluster, name) = match key {
+            Some(_) => ("hit-signed", NAMES[5]),
+            None => ("hit", NAMES[2]),
+        };
+        let (a, b) = (
+            self.replica_signing(cluster, "a", key.clone())?,
+            self.replica_signing(cluster, "b", key)?,
+        );
         let chain = chain(&layout, 8, 1);
         let hashes: Vec<BlockHash> = chain.iter().map(|(m, _)| m.hash).collect();
         a.tier.put_many(&chain);
@@ -271,7 +300,7 @@ impl Bench {
             )?);
         }
         Ok(Row::paired(
-            NAMES[2],
+            name,
             &value,
             &baseline,
             "ms",
