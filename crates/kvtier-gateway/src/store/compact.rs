@@ -193,10 +193,7 @@ impl GatewayStore {
                 return Ok(None);
             }
             let rec = self.write_at(&entry, &[], created_ms)?;
-            let bytes = rec.loc.record_len;
-            self.swap(holder, rec);
-            self.kill_quietly(old, "a record compaction moved");
-            return Ok(Some(bytes));
+            return Ok(self.settle(holder, old, rec));
         }
         let mut w = self.begin(&entry, data_len)?;
         let mut at = 0;
@@ -220,10 +217,21 @@ impl GatewayStore {
             return Ok(None); // the unpublished copy is abandoned, never indexed
         }
         let rec = self.commit_at(w, &entry, created_ms)?;
+        Ok(self.settle(holder, old, rec))
+    }
+
+    /// Puts the committed copy `rec` in `old`'s place and tombstones `old`; if `holder`
+    /// went away meanwhile (an upload completed without the publish lock), the copy is
+    /// tombstoned instead. Its bytes, when it took the place.
+    fn settle(&self, holder: &Holder, old: &Rec, rec: Rec) -> Option<u64> {
         let bytes = rec.loc.record_len;
-        self.swap(holder, rec);
-        self.kill_quietly(old, "a record compaction moved");
-        Ok(Some(bytes))
+        if self.swap(holder, rec.clone()) {
+            self.kill_quietly(old, "a record compaction moved");
+            Some(bytes)
+        } else {
+            self.kill_quietly(&rec, "a copy whose record went away");
+            None
+        }
     }
 
     /// Whether `rec` is still the current record of `holder`.
@@ -247,34 +255,30 @@ impl GatewayStore {
     }
 
     /// Points `holder` at its moved record (the caller holds the publish lock and has
-    /// checked it is current).
-    fn swap(&self, holder: &Holder, rec: Rec) {
+    /// checked it is current); false if `holder` is gone.
+    fn swap(&self, holder: &Holder, rec: Rec) -> bool {
         let mut index = self.index.write();
         match holder {
-            Holder::Bucket(b) => {
-                if let Some(b) = index.buckets.get_mut(b) {
-                    b.rec = rec;
-                }
-            }
-            Holder::Object(b, k) => {
-                if let Some(o) = index.buckets.get_mut(b).and_then(|b| b.objects.get_mut(k)) {
+            Holder::Bucket(b) => index.buckets.get_mut(b).map(|b| b.rec = rec).is_some(),
+            Holder::Object(b, k) => index
+                .buckets
+                .get_mut(b)
+                .and_then(|b| b.objects.get_mut(k))
+                .map(|o| {
                     *o = std::sync::Arc::new(Object {
                         rec,
                         size: o.size,
                         info: o.info.clone(),
                     });
-                }
-            }
-            Holder::Upload(id) => {
-                if let Some(u) = index.uploads.get_mut(id) {
-                    u.rec = rec;
-                }
-            }
-            Holder::Part(id, n) => {
-                if let Some(p) = index.uploads.get_mut(id).and_then(|u| u.parts.get_mut(n)) {
-                    p.rec = rec;
-                }
-            }
+                })
+                .is_some(),
+            Holder::Upload(id) => index.uploads.get_mut(id).map(|u| u.rec = rec).is_some(),
+            Holder::Part(id, n) => index
+                .uploads
+                .get_mut(id)
+                .and_then(|u| u.parts.get_mut(n))
+                .map(|p| p.rec = rec)
+                .is_some(),
         }
     }
 }
