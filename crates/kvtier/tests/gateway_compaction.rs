@@ -117,7 +117,7 @@ fn churn(dir: &Path, below: &str, rounds: usize, ops: usize) -> (u64, u64) {
         }
         for op in 0..ops {
             let key = rng.next() % KEYS;
-            if rng.next() % 5 == 0 {
+            if rng.next().is_multiple_of(5) {
                 let (status, _) = request(&g.endpoint, "DELETE", &format!("k{key}"), &[]);
                 assert_eq!(status, 204);
                 model.insert(key, None);
@@ -129,7 +129,7 @@ fn churn(dir: &Path, below: &str, rounds: usize, ops: usize) -> (u64, u64) {
                 model.insert(key, Some(version));
                 written += OBJECT as u64;
             }
-            if op % 25 == 0 {
+            if op.is_multiple_of(25) {
                 peak = peak.max(disk(dir));
             }
         }
