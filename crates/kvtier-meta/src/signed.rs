@@ -102,16 +102,13 @@ fn split(value: &[u8]) -> (&[u8], Option<[u8; 32]>) {
     if value[cut] != b'\n' {
         return (value, None);
     }
-    let hex = &value[cut + 1..];
-    let mut tag = [0u8; 32];
-    for (i, b) in tag.iter_mut().enumerate() {
-        let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok();
-        match pair.and_then(|p| u8::from_str_radix(p, 16).ok()) {
-            Some(v) => *b = v,
-            None => return (value, None),
-        }
+    let tag = std::str::from_utf8(&value[cut + 1..])
+        .ok()
+        .and_then(kvtier_core::hash::unhex::<32>);
+    match tag {
+        Some(tag) => (&value[..cut], Some(tag)),
+        None => (value, None),
     }
-    (&value[..cut], Some(tag))
 }
 
 #[cfg(test)]

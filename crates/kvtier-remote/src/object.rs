@@ -25,6 +25,8 @@ use kvtier_core::layout::LayoutDigest;
 use kvtier_core::tier::BlockMeta;
 use serde::{Deserialize, Serialize};
 
+use kvtier_core::hash::unhex;
+
 use crate::sign::{BLOCK_TAG_BYTES, SigningKey, constant_time_eq};
 
 /// Manifest format version.
@@ -67,7 +69,7 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer: Option<String>,
     /// The manifest's seal under the cluster's signing key, hex: the keyed hash of the
-    /// manifest serialized without it ([`Manifest::sealed`]).
+    /// manifest serialized without it ([`Manifest::sealed_tags`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
 }
@@ -112,21 +114,6 @@ impl RunObject {
             manifest_digest,
         }
     }
-}
-
-fn hex16(s: &str) -> Option<[u8; 16]> {
-    unhex::<16>(s)
-}
-
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -231,26 +218,21 @@ impl Manifest {
         serde_json::to_vec(&self)
     }
 
-    /// Whether the manifest was sealed with `key` and every block carries a tag: what a
-    /// tier with a key requires before it serves an object. The seal is checked over the
-    /// manifest as this build serializes it, so a field this build does not know (which it
-    /// would drop) makes the check fail: a miss, never a block served on fields unchecked.
-    pub fn sealed(&self, key: &SigningKey) -> bool {
-        let Some(seal) = self.seal.as_deref().and_then(unhex::<32>) else {
-            return false;
-        };
+    /// Every block's tag, if the manifest was sealed with `key` and every block carries
+    /// a well-formed tag: what a tier with a key requires before it serves an object. The
+    /// seal is checked over the manifest as this build serializes it, so a field this
+    /// build does not know (which it would drop) makes the check fail: a miss, never a
+    /// block served on fields unchecked.
+    pub fn sealed_tags(&self, key: &SigningKey) -> Option<Vec<[u8; BLOCK_TAG_BYTES]>> {
+        let seal = self.seal.as_deref().and_then(unhex::<32>)?;
         let unsealed = Self {
             seal: None,
             ..self.clone()
         };
-        let Ok(bytes) = serde_json::to_vec(&unsealed) else {
-            return false;
-        };
-        constant_time_eq(&key.manifest_seal(&bytes), &seal) && self.tags().is_some()
-    }
-
-    /// Every block's tag, if every block has a well-formed one.
-    pub fn tags(&self) -> Option<Vec<[u8; BLOCK_TAG_BYTES]>> {
+        let bytes = serde_json::to_vec(&unsealed).ok()?;
+        if !constant_time_eq(&key.manifest_seal(&bytes), &seal) {
+            return None;
+        }
         self.blocks
             .iter()
             .map(|b| b.tag.as_deref().and_then(unhex::<BLOCK_TAG_BYTES>))
@@ -264,18 +246,18 @@ impl Manifest {
         if self.version != MANIFEST_VERSION || self.blocks.is_empty() || self.block_bytes == 0 {
             return None;
         }
-        let layout = LayoutDigest(hex16(&self.layout)?);
+        let layout = LayoutDigest(unhex::<16>(&self.layout)?);
         let mut out: Vec<BlockMeta> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            let hash = BlockHash(hex16(&b.hash)?);
-            let parent = BlockHash(hex16(&b.parent)?);
+            let hash = BlockHash(unhex::<16>(&b.hash)?);
+            let parent = BlockHash(unhex::<16>(&b.parent)?);
             if let Some(prev) = out.last()
                 && prev.hash != parent
             {
                 return None;
             }
             let extra_tag = match &b.extra_tag {
-                Some(t) => Some(hex16(t)?),
+                Some(t) => Some(unhex::<16>(t)?),
                 None => None,
             };
             // The manifest must be self-consistent: each hash is the chain hash of its

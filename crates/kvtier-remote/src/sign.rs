@@ -43,13 +43,7 @@ impl SigningKey {
                 hex.len()
             ));
         }
-        let mut key = [0u8; 32];
-        for (i, b) in key.iter_mut().enumerate() {
-            *b = hex
-                .get(2 * i..2 * i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .ok_or("a signing key is hex digits only")?;
-        }
+        let key = kvtier_core::hash::unhex::<32>(hex).ok_or("a signing key is hex digits only")?;
         Ok(Self::from_bytes(&key))
     }
 

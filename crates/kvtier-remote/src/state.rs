@@ -47,6 +47,7 @@ use crate::catalog::Listed;
 use crate::object::crc;
 use crate::s3::Fetch;
 use crate::sign::{SigningKey, constant_time_eq};
+use kvtier_core::hash::unhex;
 
 /// The first bytes of every state object.
 const MAGIC: &[u8; 8] = b"KVTSTATE";
@@ -112,17 +113,6 @@ pub fn parse_state_name(prefix: &str, name: &str) -> Option<(LayoutDigest, Snaps
     let key = file.strip_suffix(".kvs")?;
     let layout = LayoutDigest(unhex::<16>(layout)?);
     Some((layout, SnapshotKey(unhex::<32>(key)?)))
-}
-
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// The header of a state object holding `state` under `key` and `layout`: version 1, or

@@ -84,6 +84,19 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The `N` bytes that `s` spells in exactly `2·N` hex digits (either case), or `None`.
+pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    // Digits only: `from_str_radix` alone would take a leading `+`.
+    if s.len() != 2 * N || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// The seed of every chain of `layout`: `h[-1]`.
 pub fn chain_root(layout: &Layout) -> BlockHash {
     layout.digest().into()
@@ -182,6 +195,16 @@ mod tests {
         match Layout::new(LayoutKey::new("m", KvDtype::F16, tpb, 1, 1, 8)) {
             Ok(l) => l,
             Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    #[test]
+    fn unhex_reads_back_what_hex_writes_and_nothing_else() {
+        let bytes = [0u8, 1, 0x7f, 0x80, 0xab, 0xff];
+        assert_eq!(unhex::<6>(&hex(&bytes)), Some(bytes));
+        assert_eq!(unhex::<2>("ABcd"), Some([0xab, 0xcd]));
+        for bad in ["abc", "abcdef", "zz00", "+1ab", "é0"] {
+            assert_eq!(unhex::<2>(bad), None, "{bad}");
         }
     }
 

@@ -316,14 +316,7 @@ impl LayoutDigest {
 
     /// The digest spelled by 32 hex digits (either case), or `None`.
     pub fn from_hex(s: &str) -> Option<Self> {
-        if s.len() != 32 {
-            return None;
-        }
-        let mut out = [0u8; 16];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(Self(out))
+        crate::hash::unhex(s).map(Self)
     }
 }
 

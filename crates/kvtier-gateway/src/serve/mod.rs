@@ -214,11 +214,9 @@ pub struct RunningGateway {
     refusals: Arc<Refusals>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// The compaction thread, stopped by dropping its sender.
-    compaction: Option<(
-        std::sync::mpsc::Sender<()>,
-        Option<std::thread::JoinHandle<()>>,
-    )>,
+    /// Dropping it stops the compaction thread.
+    compaction_stop: Option<std::sync::mpsc::Sender<()>>,
+    compaction: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RunningGateway {
@@ -371,7 +369,8 @@ impl RunningGateway {
             refusals: refused,
             stop: Some(stop),
             thread: Some(thread),
-            compaction: Some((compaction_stop, compactor)),
+            compaction_stop: Some(compaction_stop),
+            compaction: compactor,
         })
     }
 
@@ -402,11 +401,9 @@ impl RunningGateway {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        if let Some((stop, thread)) = self.compaction.take() {
-            drop(stop);
-            if let Some(thread) = thread {
-                let _ = thread.join();
-            }
+        drop(self.compaction_stop.take());
+        if let Some(thread) = self.compaction.take() {
+            let _ = thread.join();
         }
     }
 }

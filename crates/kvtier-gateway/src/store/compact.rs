@@ -47,6 +47,16 @@ pub struct Compacted {
     pub blocked: Option<String>,
 }
 
+/// What became of a record compaction tried to move.
+enum Moved {
+    /// Copied to the tail (its bytes there) and current there.
+    To(u64),
+    /// No longer current (overwritten or deleted meanwhile): nothing to move.
+    Gone,
+    /// Could not be read: left in place, so its segment stays.
+    Left,
+}
+
 /// Which current record a [`Rec`] is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Holder {
@@ -110,26 +120,24 @@ impl GatewayStore {
             if done.bytes_moved + live > budget && done.bytes_moved > 0 {
                 break; // the rest next pass
             }
+            // Nothing becomes current in a sealed segment (every write commits at the
+            // tail), so it is empty once no record was left in it.
+            let mut emptied = true;
             for (holder, rec) in movers {
-                // `None`: no longer current (overwritten, deleted meanwhile), or left where
-                // it is because it could not be read; the check below tells which.
-                if let Some(bytes) = self.relocate(&holder, &rec)? {
-                    done.records_moved += 1;
-                    done.bytes_moved += bytes;
+                match self.relocate(&holder, &rec)? {
+                    Moved::To(bytes) => {
+                        done.records_moved += 1;
+                        done.bytes_moved += bytes;
+                    }
+                    Moved::Gone => {}
+                    Moved::Left => emptied = false,
                 }
             }
-            if !self.still_current_in(id) {
+            if emptied {
                 self.emptied.lock().push(id);
             }
         }
         Ok(done)
-    }
-
-    /// Whether any current record lives in segment `id`.
-    fn still_current_in(&self, id: u64) -> bool {
-        live_records(&self.index.read())
-            .iter()
-            .any(|(_, r)| r.loc.segment == id)
     }
 
     /// Removes the segments emptied by the previous pass that are still empty, after
@@ -141,8 +149,14 @@ impl GatewayStore {
             return Ok(());
         }
         self.segs.sync()?;
+        // Checked once more before anything is deleted: a segment still holding a current
+        // record is kept (it is looked at again next pass).
+        let holding: std::collections::HashSet<u64> = live_records(&self.index.read())
+            .iter()
+            .map(|(_, r)| r.loc.segment)
+            .collect();
         for id in ready {
-            if self.still_current_in(id) {
+            if holding.contains(&id) {
                 continue;
             }
             let bytes = self.segs.segment_len(id).unwrap_or(0);
@@ -153,16 +167,15 @@ impl GatewayStore {
         Ok(())
     }
 
-    /// Moves the current record `old` of `holder` to the tail; its bytes moved, or `None`
-    /// when it stopped being current meanwhile (its copy is then tombstoned).
-    fn relocate(&self, holder: &Holder, old: &Rec) -> StoreResult<Option<u64>> {
+    /// Moves the current record `old` of `holder` to the tail.
+    fn relocate(&self, holder: &Holder, old: &Rec) -> StoreResult<Moved> {
         let Some((entry, data_len)) = self.describe(old) else {
             // Unreadable now: left where it is, so its segment stays.
             tracing::warn!(
                 segment = old.loc.segment,
                 "compaction could not read a record's description; leaving it"
             );
-            return Ok(None);
+            return Ok(Moved::Left);
         };
         let entry = match (entry, holder) {
             // A moved bucket record names the place of the bucket's first one.
@@ -187,10 +200,10 @@ impl GatewayStore {
         };
         let created_ms = old.header.created_ms;
         // Bucket and upload records carry no data: small, written under the lock.
-        if data_len == 0 && matches!(holder, Holder::Bucket(_) | Holder::Upload(_)) {
+        if matches!(holder, Holder::Bucket(_) | Holder::Upload(_)) {
             let _p = self.publish.lock();
             if !self.is_current(holder, old) {
-                return Ok(None);
+                return Ok(Moved::Gone);
             }
             let rec = self.write_at(&entry, &[], created_ms)?;
             return Ok(self.settle(holder, old, rec));
@@ -205,7 +218,7 @@ impl GatewayStore {
                     // Damaged or unreadable: not moved; a GET of it finds the damage and
                     // drops it, and its segment stays until then.
                     tracing::warn!(error = ?e, segment = old.loc.segment, "compaction could not read a record; leaving it");
-                    return Ok(None);
+                    return Ok(Moved::Left);
                 }
             };
             w.write(&bytes)?;
@@ -214,7 +227,7 @@ impl GatewayStore {
         self.seal(&mut w, &entry)?;
         let _p = self.publish.lock();
         if !self.is_current(holder, old) {
-            return Ok(None); // the unpublished copy is abandoned, never indexed
+            return Ok(Moved::Gone); // the unpublished copy is abandoned, never indexed
         }
         let rec = self.commit_at(w, &entry, created_ms)?;
         Ok(self.settle(holder, old, rec))
@@ -222,15 +235,15 @@ impl GatewayStore {
 
     /// Puts the committed copy `rec` in `old`'s place and tombstones `old`; if `holder`
     /// went away meanwhile (an upload completed without the publish lock), the copy is
-    /// tombstoned instead. Its bytes, when it took the place.
-    fn settle(&self, holder: &Holder, old: &Rec, rec: Rec) -> Option<u64> {
+    /// tombstoned instead.
+    fn settle(&self, holder: &Holder, old: &Rec, rec: Rec) -> Moved {
         let bytes = rec.loc.record_len;
         if self.swap(holder, rec.clone()) {
             self.kill_quietly(old, "a record compaction moved");
-            Some(bytes)
+            Moved::To(bytes)
         } else {
             self.kill_quietly(&rec, "a copy whose record went away");
-            None
+            Moved::Gone
         }
     }
 

@@ -528,8 +528,7 @@ fn checked_manifest(
         serde_json::from_slice(bytes).map_err(|e| format!("the manifest is not JSON: {e}"))?;
     // The seal first: nothing an unsigned manifest says is worth parsing further.
     let tags = match key {
-        Some(key) if !manifest.sealed(key) => return Err(Refusal::Unsigned),
-        Some(_) => manifest.tags().unwrap_or_default(),
+        Some(key) => manifest.sealed_tags(key).ok_or(Refusal::Unsigned)?,
         None => Vec::new(),
     };
     let metas = manifest
