@@ -23,6 +23,7 @@
 //! over-long allocation or bytes outside the output.
 
 pub mod fp8;
+pub mod frame;
 pub mod lossless;
 mod planes;
 
@@ -166,6 +167,8 @@ pub enum DecodeError {
     /// A field is out of range, or the stream does not decode to exactly the expected
     /// length.
     Invalid(&'static str),
+    /// A segment decoded to bytes other than the ones it was encoded from.
+    Checksum,
 }
 
 impl fmt::Display for DecodeError {
@@ -174,6 +177,7 @@ impl fmt::Display for DecodeError {
             DecodeError::UnknownCodec(c) => write!(f, "unknown codec {c}"),
             DecodeError::Truncated => f.write_str("encoded stream truncated or over-long"),
             DecodeError::Invalid(what) => write!(f, "encoded stream invalid: {what}"),
+            DecodeError::Checksum => f.write_str("a decoded segment fails its checksum"),
         }
     }
 }
