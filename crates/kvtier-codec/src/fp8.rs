@@ -191,7 +191,10 @@ mod tests {
             let v = from_e4m3(c);
             let back = to_e4m3(v);
             // +0 and -0 are both zeros.
-            assert!(back == c || (v == 0.0 && back & 0x7F == 0), "code {c:#x} → {v} → {back:#x}");
+            assert!(
+                back == c || (v == 0.0 && back & 0x7F == 0),
+                "code {c:#x} → {v} → {back:#x}"
+            );
         }
         // Halfway between 1.0 (0x38) and 1.125 (0x39): to the even code.
         assert_eq!(to_e4m3(1.0625), 0x38);

@@ -35,7 +35,13 @@ pub fn crc(bytes: &[u8]) -> u32 {
 /// element width, at least one element), each with `codec` at zstd `level` or raw where
 /// that does not shrink it. `None` when the frame would not be smaller than the page, or
 /// when no segment shrank.
-pub fn encode(codec: Codec, shape: Shape, page: &[u8], segment: usize, level: i32) -> Option<Vec<u8>> {
+pub fn encode(
+    codec: Codec,
+    shape: Shape,
+    page: &[u8],
+    segment: usize,
+    level: i32,
+) -> Option<Vec<u8>> {
     if codec == Codec::Raw || page.is_empty() {
         return None;
     }
@@ -221,14 +227,13 @@ impl<'a> Frame<'a> {
                 let (mine, later) = rest.split_at_mut(span.len());
                 rest = later;
                 let base = self.segments[first].at - self.segments[0].at;
-                handles.push(scope.spawn(move || {
-                    self.decode_segments(segs, &encoded[base..], mine)
-                }));
+                handles
+                    .push(scope.spawn(move || self.decode_segments(segs, &encoded[base..], mine)));
             }
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(DecodeError::Invalid("decoder thread"))))
-                .collect::<Result<(), DecodeError>>()
+            handles.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or(Err(DecodeError::Invalid("decoder thread")))
+            })
         })
     }
 }
@@ -243,7 +248,11 @@ mod tests {
         (0..len)
             .map(|i| {
                 x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                if i % 2 == 1 { 0x3c + (x >> 30) as u8 } else { (x >> 16) as u8 }
+                if i % 2 == 1 {
+                    0x3c + (x >> 30) as u8
+                } else {
+                    (x >> 16) as u8
+                }
             })
             .collect()
     }

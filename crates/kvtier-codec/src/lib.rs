@@ -22,6 +22,7 @@
 //! before anything is written, so a damaged stream is an error, never a panic, an
 //! over-long allocation or bytes outside the output.
 
+pub mod coder;
 pub mod fp8;
 pub mod frame;
 pub mod lossless;
@@ -29,6 +30,8 @@ mod planes;
 
 use std::fmt;
 use std::str::FromStr;
+
+pub use coder::{CodecConfig, Encoded, PageCoder, Resident};
 
 /// How a stored page is encoded. The code is written into records and objects: never
 /// reuse one for another meaning.

@@ -106,7 +106,7 @@ pub fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
         } = &mut *s;
         planes.resize_with(width, Vec::new);
         let mut layout = Vec::with_capacity(width);
-        for p in 0..width {
+        for (p, plane) in planes[..width].iter_mut().enumerate() {
             let mode = cur.u8()?;
             let len = cur.u32()? as usize;
             let bytes = cur.take(len)?;
@@ -123,7 +123,6 @@ pub fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
                     let Some(zstd) = decompressor.as_mut() else {
                         return Err(DecodeError::Invalid("no zstd context"));
                     };
-                    let plane = &mut planes[p];
                     plane.clear();
                     plane.resize(n, 0);
                     match zstd.decompress_to_buffer(bytes, plane.as_mut_slice()) {
@@ -173,7 +172,12 @@ mod tests {
     fn a_kv_like_page_shrinks_and_comes_back_exactly() {
         let page = kv_like(4096);
         let enc = encode(2, &page, DEFAULT_LEVEL).unwrap();
-        assert!(enc.len() < page.len() * 3 / 4, "{} of {}", enc.len(), page.len());
+        assert!(
+            enc.len() < page.len() * 3 / 4,
+            "{} of {}",
+            enc.len(),
+            page.len()
+        );
         let mut out = vec![0u8; page.len()];
         decode(&enc, &mut out).unwrap();
         assert_eq!(out, page);

@@ -18,7 +18,10 @@ fn element(width: u8) -> Element {
 fn pages() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..5000),
-        proptest::collection::vec(prop_oneof![Just(0u8), Just(0x3c), Just(0xbc), any::<u8>()], 0..5000),
+        proptest::collection::vec(
+            prop_oneof![Just(0u8), Just(0x3c), Just(0xbc), any::<u8>()],
+            0..5000
+        ),
         (0usize..5000).prop_map(|n| vec![0u8; n]),
     ]
 }

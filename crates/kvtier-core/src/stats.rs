@@ -160,7 +160,38 @@ pub struct TierStats {
     /// Objects and blocks refused because they were not signed with the cluster's
     /// signing key (the remote tier, with a key): forged, or written without the key.
     pub refused_unsigned: u64,
+    /// What the tier's cold-page codec did, for tiers that encode pages.
+    pub codec: CodecStats,
 }
+
+/// What a tier's cold-page codec did (kvtier-codec, ADR 0021): bytes held encoded against
+/// the bytes they decode to, per codec, and the cost of encoding and decoding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodecStats {
+    /// Stored bytes of pages held losslessly encoded.
+    pub lossless_stored_bytes: u64,
+    /// What those pages decode to.
+    pub lossless_decoded_bytes: u64,
+    /// Stored bytes of pages held fp8-encoded.
+    pub fp8_stored_bytes: u64,
+    /// What those pages decode to.
+    pub fp8_decoded_bytes: u64,
+    /// Pages written encoded.
+    pub encoded_pages: u64,
+    /// Pages the codec did not shrink, written raw.
+    pub not_shrunk_pages: u64,
+    /// Pages (or parts of pages) decoded by reads.
+    pub decoded_pages: u64,
+    /// Encoded pages that did not decode to the bytes they were encoded from (a miss).
+    pub decode_failures: u64,
+    /// Time spent encoding, nanoseconds (on the tier's writer threads).
+    pub encode_ns: u64,
+    /// Time spent decoding, nanoseconds (on the load path).
+    pub decode_ns: u64,
+}
+
+const CODEC_STORED: &str = "Bytes a tier holds encoded, by codec";
+const CODEC_DECODED: &str = "Bytes the pages a tier holds encoded decode to, by codec";
 
 const REJECTED: &str = "Puts a tier refused, by reason";
 const EVICTIONS: &str = "Blocks a tier removed, by cause";
@@ -188,6 +219,16 @@ impl TierStats {
         Counter { name: "capacity_bytes", family: "tier_capacity_bytes", label: None, help: "Byte capacity", kind: G, read: |s| s.capacity_bytes },
         Counter { name: "relocated", family: "tier_relocated", label: None, help: "Records rewritten to reclaim space (compaction)", kind: C, read: |s| s.relocated },
         Counter { name: "refused_unsigned", family: "tier_refused_unsigned", label: None, help: "Objects and blocks refused for lacking the cluster's signature", kind: C, read: |s| s.refused_unsigned },
+        Counter { name: "codec_stored_bytes_lossless", family: "tier_codec_stored_bytes", label: Some(("codec", "lossless")), help: CODEC_STORED, kind: G, read: |s| s.codec.lossless_stored_bytes },
+        Counter { name: "codec_decoded_bytes_lossless", family: "tier_codec_decoded_bytes", label: Some(("codec", "lossless")), help: CODEC_DECODED, kind: G, read: |s| s.codec.lossless_decoded_bytes },
+        Counter { name: "codec_stored_bytes_fp8", family: "tier_codec_stored_bytes", label: Some(("codec", "fp8_e4m3")), help: CODEC_STORED, kind: G, read: |s| s.codec.fp8_stored_bytes },
+        Counter { name: "codec_decoded_bytes_fp8", family: "tier_codec_decoded_bytes", label: Some(("codec", "fp8_e4m3")), help: CODEC_DECODED, kind: G, read: |s| s.codec.fp8_decoded_bytes },
+        Counter { name: "codec_encoded_pages", family: "tier_codec_encoded_pages", label: None, help: "Pages a tier wrote encoded", kind: C, read: |s| s.codec.encoded_pages },
+        Counter { name: "codec_not_shrunk_pages", family: "tier_codec_not_shrunk_pages", label: None, help: "Pages a tier's codec did not shrink, written raw", kind: C, read: |s| s.codec.not_shrunk_pages },
+        Counter { name: "codec_decoded_pages", family: "tier_codec_decoded_pages", label: None, help: "Encoded pages (or parts) a tier decoded for reads", kind: C, read: |s| s.codec.decoded_pages },
+        Counter { name: "codec_decode_failures", family: "tier_codec_decode_failures", label: None, help: "Encoded pages that did not decode to their own bytes (served as misses)", kind: C, read: |s| s.codec.decode_failures },
+        Counter { name: "codec_encode_ns", family: "tier_codec_encode_nanoseconds", label: None, help: "Time a tier spent encoding pages, on its writer threads", kind: C, read: |s| s.codec.encode_ns },
+        Counter { name: "codec_decode_ns", family: "tier_codec_decode_nanoseconds", label: None, help: "Time a tier spent decoding pages, on the load path", kind: C, read: |s| s.codec.decode_ns },
     ];
 
     /// The counters as `(name, value)` pairs, each name starting with `prefix_`.

@@ -29,6 +29,7 @@ fn header(key: u8, payload: &[u8]) -> RecordHeader {
         created_ms: 1,
         chunk_log2: 12,
         chunk_crcs: chunk_crcs(payload, 12),
+        encoding: None,
     }
 }
 

@@ -1,15 +1,17 @@
-//! Golden fixture of on-disk format v1: a record header (with tokens and chunk table), a
-//! segment header and both kinds of index entry, as hex. A change to any byte fails here,
+//! Golden fixture of on-disk format v2: a raw record header (version 1, unchanged since
+//! before codecs), an encoded record header (version 2), a segment header and both kinds
+//! of index entry, as hex. A change to any byte fails here,
 //! so a format change is always deliberate (bump `FORMAT_VERSION`, update
 //! docs/ssd-format.md, then `INSTA_UPDATE=always cargo test -p kvtier-ssd --test format_golden`).
 
 #![allow(clippy::unwrap_used, reason = "test code")]
 
+use kvtier_codec::Codec;
 use kvtier_core::hash::{BlockHash, hex};
 use kvtier_core::layout::LayoutDigest;
 use kvtier_ssd::format::{
-    FORMAT_VERSION, IndexEntry, Kind, RecordHeader, SegmentHeader, chunk_crcs,
-    decode_index_entries, encode_index_entry,
+    Encoding, FORMAT_VERSION, IndexEntry, Kind, RAW_RECORD_VERSION, RecordHeader, SegmentHeader,
+    chunk_crcs, decode_index_entries, encode_index_entry,
 };
 
 fn header() -> RecordHeader {
@@ -28,6 +30,7 @@ fn header() -> RecordHeader {
         created_ms: 1_700_000_000_000,
         chunk_log2: 9,
         chunk_crcs: chunk_crcs(&payload, 9),
+        encoding: None,
     }
 }
 
@@ -36,8 +39,34 @@ fn dump(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn format_version_is_1() {
-    assert_eq!(FORMAT_VERSION, 1);
+fn format_version_is_2_and_raw_records_stay_version_1() {
+    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(RAW_RECORD_VERSION, 1);
+    assert_eq!(header().encode()[4..6], [1, 0]);
+}
+
+#[test]
+fn encoded_record_header_bytes() {
+    let mut h = header();
+    h.encoding = Some(Encoding {
+        codec: Codec::Lossless,
+        decoded_len: 4096,
+    });
+    let bytes = h.encode();
+    assert_eq!(bytes[4..6], [2, 0]);
+    assert_eq!(bytes[113], Codec::Lossless.code());
+    assert_eq!(RecordHeader::decode(&bytes).unwrap(), h);
+    assert_eq!(h.decoded_len(), 4096);
+    // A version-2 header naming no codec (or raw, or one this build does not know) is
+    // damaged: never read as a raw payload.
+    for code in [0u8, 9] {
+        let mut bad = bytes.clone();
+        bad[113] = code;
+        let crc = kvtier_ssd::format::crc_of(&[&bad[..124], &bad[128..]]);
+        bad[124..128].copy_from_slice(&crc.to_le_bytes());
+        assert!(RecordHeader::decode(&bad).is_err(), "codec {code}");
+    }
+    insta::assert_snapshot!(dump(&bytes));
 }
 
 #[test]

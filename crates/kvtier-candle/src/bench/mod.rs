@@ -2,7 +2,10 @@
 //! 2,048-token prefix is cached, against computing it cold, for Gemma 3 (KV blocks),
 //! Mamba (a state snapshot, or a checkpoint before a divergence) and the hybrid model (KV
 //! blocks and a checkpoint together); the load's throughput against memcpy of the same bytes; and
-//! how much of the load layer-wise loading hides behind the suffix's compute.
+//! how much of the load layer-wise loading hides behind the suffix's compute; and what the
+//! cold-page codecs do to these models' KV ([`codec`]).
+
+pub mod codec;
 
 use std::sync::Arc;
 
@@ -99,6 +102,9 @@ pub fn rows(
     }
     if any(&["model.hybrid.ttft.speedup"]) {
         out.extend(hybrid_rows(cold_samples, hit_samples)?);
+    }
+    if any(&["codec.lossless.gemma_bf16.ratio"]) {
+        out.extend(codec::rows(memcpy_gbps)?);
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@ use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::index::PrefixIndex;
+use crate::layout::Layout;
 use crate::poison::Poison;
 use crate::snapshot::{CheckpointConfig, Eviction, SnapshotBucket, SnapshotConfig};
 use crate::tier::writer::WriteBehind;
@@ -228,7 +229,7 @@ impl EngineBuilder {
         )?;
         let stack = Arc::new(Stack::default());
         for (policy, open) in self.tiers {
-            attach(&stack, &sink, policy, open)?;
+            attach(&stack, &sink, policy, open, &Vec::new)?;
         }
         let prefetcher = super::prefetch::Prefetcher::start(super::prefetch::Shared {
             ram: ram.clone(),
@@ -273,6 +274,7 @@ pub(super) fn attach(
     sink: &Arc<EngineSink>,
     policy: TierPolicy,
     open: TierOpener,
+    layouts: &dyn Fn() -> Vec<Arc<Layout>>,
 ) -> Result<Arc<Slot>> {
     let tier = open(sink.clone())?;
     let kind = tier.kind();
@@ -302,6 +304,11 @@ pub(super) fn attach(
     if let Err(e) = stack.insert(slot.clone()) {
         slot.writer.stop(std::time::Duration::from_secs(1));
         return Err(e);
+    }
+    // After joining the stack, so a layout registered meanwhile is learned either here or
+    // by `register_layout`.
+    for layout in layouts() {
+        slot.tier.layout_registered(&layout);
     }
     sink.demote_to_first_evict_only(stack);
     Ok(slot)

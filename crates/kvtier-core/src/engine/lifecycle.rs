@@ -284,7 +284,7 @@ impl Engine {
         let Some((policy, open)) = new else {
             return Ok(report);
         };
-        match super::builder::attach(&self.stack, &self.sink, policy, open) {
+        match super::builder::attach(&self.stack, &self.sink, policy, open, &|| self.layouts()) {
             Ok(slot) => {
                 report.attached_blocks = slot.tier.stats().resident_blocks;
                 report.attached = true;
@@ -292,7 +292,9 @@ impl Engine {
             }
             Err(e) => {
                 if let Some((policy, open)) = restore {
-                    match super::builder::attach(&self.stack, &self.sink, policy, open) {
+                    match super::builder::attach(&self.stack, &self.sink, policy, open, &|| {
+                        self.layouts()
+                    }) {
                         Ok(_) => {
                             tracing::warn!(error = %e, "the new persistent tier did not open; the previous one is attached again");
                         }

@@ -143,11 +143,24 @@ impl Engine {
                 layout.block_bytes()
             )));
         }
-        let mut layouts = self.layouts.write();
-        let entry = layouts
-            .entry(layout.digest())
-            .or_insert_with(|| Arc::new(layout));
-        Ok(entry.clone())
+        let layout = {
+            let mut layouts = self.layouts.write();
+            layouts
+                .entry(layout.digest())
+                .or_insert_with(|| Arc::new(layout))
+                .clone()
+        };
+        // Every tier learns the layout (a tier attached meanwhile learns it from the
+        // registry after joining the stack: one of the two sees it).
+        for slot in self.stack.slots().iter() {
+            slot.tier.layout_registered(&layout);
+        }
+        Ok(layout)
+    }
+
+    /// Every registered layout.
+    pub(super) fn layouts(&self) -> Vec<Arc<Layout>> {
+        self.layouts.read().values().cloned().collect()
     }
 
     /// The registered layout with this digest.

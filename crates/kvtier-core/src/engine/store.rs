@@ -281,14 +281,16 @@ impl Payloads<'_> {
 /// for a sync covering them. An error names what could not be made durable.
 fn persist(tier: &dyn Tier, items: &[(BlockMeta, Bytes)], ack: Ack) -> Result<()> {
     let mut refused = None;
-    let outcomes = if ack == Ack::Synced {
-        items
-            .iter()
-            .map(|(meta, payload)| tier.put_to_sync(meta, payload.clone()))
-            .collect()
-    } else {
-        tier.put_many(items)
-    };
+    let outcomes: Vec<Result<PutOutcome>> = items
+        .iter()
+        .map(|(meta, payload)| {
+            if ack == Ack::Synced {
+                tier.put_to_sync(meta, payload.clone())
+            } else {
+                tier.put_for_caller(meta, payload.clone())
+            }
+        })
+        .collect();
     for (outcome, (meta, _)) in outcomes.into_iter().zip(items) {
         match outcome {
             Ok(PutOutcome::Stored | PutOutcome::Duplicate) => {}

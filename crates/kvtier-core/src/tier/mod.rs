@@ -278,6 +278,22 @@ pub trait Tier: Send + Sync + Debug + 'static {
             .collect()
     }
 
+    /// [`Tier::put`] on the thread of a caller waiting for its acknowledgement (a store
+    /// acknowledged as `written`, or a write-behind queue overflowing onto its caller): a
+    /// tier that spends CPU on a write where it can (encoding a page, ADR 0021) skips that
+    /// here, so the caller waits for the disk and no more. Default: [`Tier::put`].
+    fn put_for_caller(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put(meta, payload)
+    }
+
+    /// A layout the engine serves, registered now or before the tier was attached; may
+    /// come more than once. A tier that encodes pages learns from it the element type and
+    /// page size of the layout's blocks (an unknown layout's pages are kept raw). Default:
+    /// nothing.
+    fn layout_registered(&self, layout: &crate::layout::Layout) {
+        let _ = layout;
+    }
+
     /// [`Tier::put`] for a caller that calls [`Tier::make_durable`] right after (a durable
     /// acknowledgement): a tier with a faster way to stable storage for such writes uses
     /// it (the SSD tier writes them with `O_DIRECT`). Default: [`Tier::put`].

@@ -442,7 +442,8 @@ impl WriteBehind {
         match self.config.overflow {
             Overflow::SyncWrite => {
                 s.counters.sync_fallback.fetch_add(1, Ordering::Relaxed);
-                Enqueued::WrittenInline(s.write(&meta, payload))
+                let outcome = s.target.put_for_caller(&meta, payload);
+                Enqueued::WrittenInline(s.count(&meta, outcome))
             }
             Overflow::Drop => {
                 s.counters.dropped_full.fetch_add(1, Ordering::Relaxed);

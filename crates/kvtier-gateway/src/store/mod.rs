@@ -348,6 +348,7 @@ impl GatewayStore {
             created_ms,
             chunk_log2: self.chunk_log2,
             chunk_crcs: chunk_crcs(&payload, self.chunk_log2),
+            encoding: None,
         };
         let loc = self.segs.append(&header, &payload)?;
         Ok(Rec {

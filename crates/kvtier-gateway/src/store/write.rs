@@ -232,6 +232,7 @@ impl GatewayStore {
             created_ms,
             chunk_log2: self.chunk_log2,
             chunk_crcs: Vec::new(),
+            encoding: None,
         };
         let (loc, header) = self.segs.commit(w.res, header)?;
         Ok(Rec {

@@ -1,4 +1,4 @@
-//! The on-disk format, version 1. `docs/ssd-format.md` is its specification; the golden
+//! The on-disk format, version 2 (version 1 plus encoded records). `docs/ssd-format.md` is its specification; the golden
 //! fixture in `tests/format_golden.rs` pins the bytes, so a change is always deliberate.
 //!
 //! A store directory holds segments. Each segment is a pair of append-only files:
@@ -16,11 +16,17 @@ mod segment;
 pub use index_log::{
     IndexEntry, LogDamage, decode_index_entries, encode_index_entry, salvage_index_entries,
 };
-pub use record::{DecodeError, Kind, RECORD_HEADER_LEN, RecordHeader, chunk_crcs};
+pub use record::{DecodeError, Encoding, Kind, RECORD_HEADER_LEN, RecordHeader, chunk_crcs};
 pub use segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 
-/// Version of everything in this module.
-pub const FORMAT_VERSION: u16 = 1;
+/// The store format: the newest record version this build writes and reads. Version 2
+/// added records with an encoded payload (ADR 0021); raw records are still written as
+/// version 1, so a store whose tier never encodes stays readable by older builds.
+pub const FORMAT_VERSION: u16 = 2;
+
+/// The version of records with a raw payload, of segment headers and of index logs: the
+/// format as it was before codecs.
+pub const RAW_RECORD_VERSION: u16 = 1;
 
 /// Records and payloads start on multiples of this, so payload reads can bypass the page
 /// cache (O_DIRECT) and never straddle a record boundary.

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field (little-endian)
 //!      0     4  magic "KVTR"
-//!      4     2  format version (1)
+//!      4     2  record version: 1 raw payload, 2 encoded payload
 //!      6     1  kind: 1 block, 2 snapshot, 3 gateway object
 //!      7     1  flags: bit 0 = has extra-key tag
 //!      8    16  layout digest
@@ -15,7 +15,9 @@
 //!     96     8  payload length
 //!    104     8  created, milliseconds since the Unix epoch
 //!    112     1  log2 of the checksum chunk size
-//!    113    11  reserved, zero
+//!    113     1  version 2: codec code (kvtier-codec); version 1: zero
+//!    114     2  zero
+//!    116     8  version 2: decoded payload length; version 1: zero
 //!    124     4  CRC-32C of bytes 0..124, then the tokens, then the chunk CRC table
 //!    128     …  tokens (token count × u32)
 //!      …     …  chunk CRC table: one CRC-32C per chunk of the payload (u32 each)
@@ -26,11 +28,17 @@
 //!
 //! The payload is checksummed in chunks so that a read of one layer's page verifies just
 //! the chunks it touches; a whole-block read verifies them all.
+//!
+//! A version-2 record's payload is a kvtier-codec frame (ADR 0021): the chunk checksums
+//! cover the encoded bytes as stored, and the frame's own table carries a checksum of
+//! each decoded segment, so a page is checked both before and after decoding. Raw
+//! payloads are still written as version 1, byte for byte as before codecs existed.
 
+use kvtier_codec::Codec;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 
-use super::{FORMAT_VERSION, align_up, crc_of};
+use super::{FORMAT_VERSION, RAW_RECORD_VERSION, align_up, crc_of};
 
 /// Bytes of the fixed part of a record header.
 pub const RECORD_HEADER_LEN: u64 = 128;
@@ -75,6 +83,17 @@ pub struct RecordHeader {
     pub chunk_log2: u8,
     /// CRC-32C of each chunk of the payload.
     pub chunk_crcs: Vec<u32>,
+    /// How the payload is encoded; `None` for a raw payload (a version-1 record).
+    pub encoding: Option<Encoding>,
+}
+
+/// An encoded payload: a kvtier-codec frame of a page of `decoded_len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoding {
+    /// The frame's codec (never raw).
+    pub codec: Codec,
+    /// Bytes the payload decodes to.
+    pub decoded_len: u64,
 }
 
 /// Why a header could not be decoded.
@@ -119,6 +138,11 @@ impl RecordHeader {
         len.div_ceil(1u64 << chunk_log2)
     }
 
+    /// Bytes the payload decodes to: the payload length for a raw payload.
+    pub fn decoded_len(&self) -> u64 {
+        self.encoding.map_or(self.payload_len, |e| e.decoded_len)
+    }
+
     /// The block hash stored in the key.
     pub fn block_hash(&self) -> BlockHash {
         let mut h = [0u8; 16];
@@ -130,7 +154,11 @@ impl RecordHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.meta_len() as usize);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let version = match self.encoding {
+            None => RAW_RECORD_VERSION,
+            Some(_) => FORMAT_VERSION,
+        };
+        out.extend_from_slice(&version.to_le_bytes());
         out.push(self.kind as u8);
         out.push(u8::from(self.extra_tag.is_some()));
         out.extend_from_slice(&self.layout.0);
@@ -142,7 +170,14 @@ impl RecordHeader {
         out.extend_from_slice(&self.payload_len.to_le_bytes());
         out.extend_from_slice(&self.created_ms.to_le_bytes());
         out.push(self.chunk_log2);
-        out.extend_from_slice(&[0u8; 11]);
+        match self.encoding {
+            None => out.extend_from_slice(&[0u8; 11]),
+            Some(e) => {
+                out.push(e.codec.code());
+                out.extend_from_slice(&[0u8; 2]);
+                out.extend_from_slice(&e.decoded_len.to_le_bytes());
+            }
+        }
         debug_assert_eq!(out.len(), 124);
         let mut tail = Vec::with_capacity(4 * (self.tokens.len() + self.chunk_crcs.len()));
         for t in &self.tokens {
@@ -176,9 +211,22 @@ impl RecordHeader {
             b.copy_from_slice(&fixed[o..o + 16]);
             b
         };
-        if &fixed[..4] != MAGIC || u16_at(4) != FORMAT_VERSION {
+        let version = u16_at(4);
+        if &fixed[..4] != MAGIC || !(RAW_RECORD_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(DecodeError::BadMagicOrVersion);
         }
+        let encoding = if version == RAW_RECORD_VERSION {
+            None
+        } else {
+            let codec = Codec::from_code(fixed[113])
+                .filter(|c| *c != Codec::Raw)
+                .ok_or(DecodeError::Invalid("codec"))?;
+            let decoded_len = u64_at(116);
+            if decoded_len == 0 || decoded_len > 1 << 31 {
+                return Err(DecodeError::Invalid("decoded length"));
+            }
+            Some(Encoding { codec, decoded_len })
+        };
         let kind = match fixed[6] {
             1 => Kind::Block,
             2 => Kind::Snapshot,
@@ -221,6 +269,7 @@ impl RecordHeader {
             created_ms: u64_at(104),
             chunk_log2,
             chunk_crcs,
+            encoding,
         })
     }
 }

@@ -12,7 +12,7 @@
 //!     36 4060 zero
 //! ```
 
-use super::{ALIGN, FORMAT_VERSION, crc};
+use super::{ALIGN, RAW_RECORD_VERSION, crc};
 
 /// Bytes reserved for the segment header (records start after it).
 pub const SEGMENT_HEADER_LEN: u64 = ALIGN;
@@ -33,7 +33,7 @@ impl SegmentHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; SEGMENT_HEADER_LEN as usize];
         out[..8].copy_from_slice(MAGIC);
-        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[8..10].copy_from_slice(&RAW_RECORD_VERSION.to_le_bytes());
         out[16..24].copy_from_slice(&self.id.to_le_bytes());
         out[24..32].copy_from_slice(&self.created_ms.to_le_bytes());
         let c = crc(&out[..32]);
@@ -44,7 +44,7 @@ impl SegmentHeader {
     /// Decodes and checks a header; `None` when it is not a valid version-1 header.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let b = bytes.get(..36)?;
-        if &b[..8] != MAGIC || b[8..10] != FORMAT_VERSION.to_le_bytes() {
+        if &b[..8] != MAGIC || b[8..10] != RAW_RECORD_VERSION.to_le_bytes() {
             return None;
         }
         let stored = u32::from_le_bytes([b[32], b[33], b[34], b[35]]);

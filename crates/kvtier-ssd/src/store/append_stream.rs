@@ -180,6 +180,8 @@ impl SegmentStore {
         header.payload_len = res.payload_len;
         header.chunk_log2 = res.chunk_log2;
         header.chunk_crcs = std::mem::take(&mut res.crcs);
+        // A streamed payload is written as it arrives: raw.
+        header.encoding = None;
         if header.payload_offset() != res.payload_offset {
             return Err(Error::invalid(
                 "the header's tokens differ from the reservation's",
@@ -269,6 +271,7 @@ mod tests {
             created_ms: 1,
             chunk_log2: 0,
             chunk_crcs: Vec::new(),
+            encoding: None,
         }
     }
 

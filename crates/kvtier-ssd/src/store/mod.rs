@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvtier_codec::{CodecConfig, PageCoder};
 use kvtier_core::clock::{Clock, ClockExt, SystemClock};
 use kvtier_core::{Error, ErrorKind, Result};
 use parking_lot::{Mutex, RwLock};
@@ -47,7 +48,7 @@ pub use lock::{DirLock, io_error};
 pub use recovery::{Recovered, RecoveryReport};
 
 use crate::format::{
-    IndexEntry, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, encode_index_entry,
+    Encoding, IndexEntry, RecordHeader, SEGMENT_HEADER_LEN, SegmentHeader, encode_index_entry,
 };
 
 /// When an append or tombstone returns — the engine's acknowledgement levels
@@ -104,6 +105,8 @@ pub struct Loc {
     pub payload_len: u64,
     /// Bytes the record occupies, padding included.
     pub record_len: u64,
+    /// How the payload is encoded (`None`: raw).
+    pub encoding: Option<Encoding>,
 }
 
 impl Loc {
@@ -115,7 +118,13 @@ impl Loc {
             payload_offset: h.payload_offset(),
             payload_len: h.payload_len,
             record_len: h.record_len(),
+            encoding: h.encoding,
         }
+    }
+
+    /// Bytes the payload decodes to (its length when raw): what a read returns.
+    pub fn decoded_len(&self) -> u64 {
+        self.encoding.map_or(self.payload_len, |e| e.decoded_len)
     }
 
     /// Offset just past the payload: the file must be at least this long.
@@ -188,6 +197,9 @@ pub struct SegmentStore {
     read_only: bool,
     /// Stamps new segments with their creation date.
     clock: Arc<dyn Clock>,
+    /// Decodes encoded payloads on reads (and counts what that costs); the tier that
+    /// writes them shares its coder ([`SegmentStore::use_coder`]).
+    coder: Arc<PageCoder>,
     _lock: Option<DirLock>,
 }
 
@@ -292,8 +304,14 @@ impl SegmentStore {
             direct_appends: AtomicU64::new(0),
             read_only,
             clock,
+            coder: Arc::new(PageCoder::new(CodecConfig::default())),
             _lock: lock,
         }
+    }
+
+    /// Decodes reads with `coder` (the writing tier's, so its counters see every decode).
+    pub fn use_coder(&mut self, coder: Arc<PageCoder>) {
+        self.coder = coder;
     }
 
     fn writable(&self) -> Result<()> {

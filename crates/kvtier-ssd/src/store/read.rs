@@ -18,7 +18,9 @@ use bytes::Bytes;
 use kvtier_core::Error;
 
 use super::{Loc, ReadFault, Segment, SegmentStore, seg_path};
-use crate::format::{ALIGN, RecordHeader, crc};
+use kvtier_codec::frame::{self, Frame};
+
+use crate::format::{ALIGN, Encoding, RecordHeader, crc};
 
 /// Bytes per `pread` of a whole-record read: small enough to stay in L2 until verified,
 /// large enough that the extra system calls cost nothing measurable.
@@ -45,17 +47,29 @@ impl SegmentStore {
             loc,
             key,
         };
-        let range = range.unwrap_or(0..loc.payload_len);
-        if range.start >= range.end || range.end > loc.payload_len {
+        let len = loc.decoded_len();
+        let range = range.unwrap_or(0..len);
+        if range.start >= range.end || range.end > len {
             return Err(ReadFault::Io(Error::invalid(format!(
-                "byte range {}..{} is empty or past the end of a {}-byte payload",
-                range.start, range.end, loc.payload_len
+                "byte range {}..{} is empty or past the end of a {len}-byte payload",
+                range.start, range.end
             ))));
         }
-        if range.start == 0 && range.end == loc.payload_len {
-            reader.whole()
-        } else {
-            reader.part(range)
+        match (loc.encoding, range.start == 0 && range.end == len) {
+            (None, true) => reader.whole(),
+            (None, false) => reader.part(range),
+            (Some(enc), true) => {
+                let encoded = reader.whole()?;
+                self.buffers.filled(len as usize, |out| {
+                    self.coder
+                        .decode_all(enc.codec, &encoded, out)
+                        .map_err(|e| reader.corrupt(&format!("encoded payload ({e})")))
+                })
+            }
+            (Some(enc), false) => {
+                let header = reader.meta()?;
+                reader.decoded_part(&header, enc, range)
+            }
         }
     }
 
@@ -77,12 +91,14 @@ impl SegmentStore {
             )));
         };
         if range.start >= range.end
-            || range.end > loc.payload_len
+            || range.end > header.decoded_len()
             || header.payload_len != loc.payload_len
         {
             return Err(ReadFault::Io(Error::invalid(format!(
                 "byte range {}..{} is empty or past the end of a {}-byte payload",
-                range.start, range.end, loc.payload_len
+                range.start,
+                range.end,
+                header.decoded_len()
             ))));
         }
         let reader = Reader {
@@ -91,7 +107,10 @@ impl SegmentStore {
             loc,
             key: &header.key,
         };
-        reader.span(header, range)
+        match header.encoding {
+            None => reader.span(header, range),
+            Some(enc) => reader.decoded_part(header, enc, range),
+        }
     }
 }
 
@@ -182,6 +201,12 @@ impl Reader<'_> {
 
     /// Part of the payload: the header, then the chunks covering `range`, all verified.
     fn part(&self, range: Range<u64>) -> Result<Bytes, ReadFault> {
+        let header = self.meta()?;
+        self.span(&header, range)
+    }
+
+    /// The record's header (with tokens and chunk table), read and checked.
+    fn meta(&self) -> Result<RecordHeader, ReadFault> {
         let loc = self.loc;
         let meta = self
             .store
@@ -190,9 +215,41 @@ impl Reader<'_> {
                 self.seg.seg.read_exact_at(buf, loc.offset)
             })
             .map_err(|e| self.io(e))?;
-        let header = self.header(&meta)?;
-        drop(meta);
-        self.span(&header, range)
+        self.header(&meta)
+    }
+
+    /// Decoded bytes `range` of an encoded payload: the frame's table, then only the
+    /// segments holding the range, each read through [`Reader::span`] (so its chunks are
+    /// verified) and decoded (so its decoded checksum is verified).
+    fn decoded_part(
+        &self,
+        header: &RecordHeader,
+        enc: Encoding,
+        range: Range<u64>,
+    ) -> Result<Bytes, ReadFault> {
+        let stored = header.payload_len;
+        let bad = |e: kvtier_codec::DecodeError| self.corrupt(&format!("encoded payload ({e})"));
+        let head = self.span(header, 0..stored.min(8))?;
+        let table_len = frame::table_len(&head).map_err(bad)? as u64;
+        if table_len > stored {
+            return Err(self.corrupt("encoded payload (frame table past its end)"));
+        }
+        let table = self.span(header, 0..table_len)?;
+        let frame =
+            Frame::parse(enc.codec, &table, enc.decoded_len as usize, false).map_err(bad)?;
+        let (segments, at) = frame.segments_for(range.start as usize..range.end as usize);
+        if at.start as u64 >= stored || at.end as u64 > stored || at.start >= at.end {
+            return Err(self.corrupt("encoded payload (segment past its end)"));
+        }
+        let encoded = self.span(header, at.start as u64..at.end as u64)?;
+        let span = frame.decoded_span(segments.clone());
+        let out = self.store.buffers.filled(span.len(), |out| {
+            self.store
+                .coder
+                .decode_segments(&frame, segments, &encoded, out)
+                .map_err(bad)
+        })?;
+        Ok(out.slice(range.start as usize - span.start..range.end as usize - span.start))
     }
 
     /// The chunks covering `range` in one positioned read, each checked against `header`'s

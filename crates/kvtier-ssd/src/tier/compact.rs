@@ -77,7 +77,9 @@ impl SsdTier {
                     }
                     Err(ReadFault::Io(e)) => return Err(e),
                 };
-                let loc = self.write_record(&old.meta, &payload, false)?;
+                // On the maintenance thread: a record written raw by an acknowledged
+                // store is encoded now, if its namespace has a codec.
+                let loc = self.write_record(&old.meta, &payload, false, true)?;
                 let moved = Arc::new(Held {
                     loc,
                     meta: old.meta.clone(),
@@ -91,10 +93,8 @@ impl SsdTier {
                 drop(blocks);
                 let mut c = self.counters.lock();
                 if still_same {
-                    if let Some(l) = c.segment_live.get_mut(&id) {
-                        *l = l.saturating_sub(old.loc.record_len);
-                    }
-                    *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
+                    c.release(old.meta.layout, &old.loc);
+                    c.hold(old.meta.layout, &loc);
                     c.records_relocated += 1;
                     done.relocated += 1;
                 } else {

@@ -39,7 +39,9 @@ use kvtier_core::tier::{
 use kvtier_core::{Error, PassThroughHasher, Result};
 use parking_lot::{Mutex, RwLock};
 
-use crate::format::{Kind, RecordHeader, chunk_crcs};
+use kvtier_codec::{CodecConfig, PageCoder, Resident};
+
+use crate::format::{Encoding, Kind, RecordHeader, chunk_crcs};
 use crate::store::{Loc, ReadFault, RecoveryReport, SegmentStore, StoreConfig};
 
 /// Settings of the SSD tier.
@@ -64,6 +66,11 @@ pub struct SsdConfig {
     /// Stop admitting blocks while the filesystem has less than this many bytes free
     /// (default 1 GiB; 0 turns the check off); what is stored keeps being served.
     pub min_free_bytes: u64,
+    /// How pages are encoded on their way down (default: raw; ADR 0021). Pages are
+    /// encoded on the tier's writer and maintenance threads only: a store acknowledged
+    /// `written` or `synced` writes raw on its caller's thread, and compaction encodes
+    /// such a record when it moves it.
+    pub codec: CodecConfig,
 }
 
 impl SsdConfig {
@@ -78,6 +85,7 @@ impl SsdConfig {
             namespace_overrides: BTreeMap::new(),
             ttl: Duration::from_secs(7 * 24 * 3600),
             min_free_bytes: 1 << 30,
+            codec: CodecConfig::default(),
         }
     }
 }
@@ -108,6 +116,34 @@ struct Counters {
     /// Segments reclaimed by compaction, and records moved out of them.
     segments_reclaimed: u64,
     records_relocated: u64,
+    /// Bytes of the blocks held encoded, per codec.
+    codec: Resident,
+}
+
+impl Counters {
+    /// Counts block record `loc` of `layout` as held.
+    fn hold(&mut self, layout: LayoutDigest, loc: &Loc) {
+        self.resident_bytes += loc.payload_len;
+        *self.namespace_bytes.entry(layout).or_default() += loc.payload_len;
+        *self.segment_live.entry(loc.segment).or_default() += loc.record_len;
+        if let Some(e) = loc.encoding {
+            self.codec.add(e.codec, loc.payload_len, e.decoded_len);
+        }
+    }
+
+    /// Counts block record `loc` of `layout` as gone.
+    fn release(&mut self, layout: LayoutDigest, loc: &Loc) {
+        self.resident_bytes = self.resident_bytes.saturating_sub(loc.payload_len);
+        if let Some(b) = self.namespace_bytes.get_mut(&layout) {
+            *b = b.saturating_sub(loc.payload_len);
+        }
+        if let Some(live) = self.segment_live.get_mut(&loc.segment) {
+            *live = live.saturating_sub(loc.record_len);
+        }
+        if let Some(e) = loc.encoding {
+            self.codec.remove(e.codec, loc.payload_len, e.decoded_len);
+        }
+    }
 }
 
 /// See the module docs.
@@ -128,6 +164,8 @@ pub struct SsdTier {
     shift: u64,
     sink: Arc<dyn ResidencySink>,
     recovery: RecoveryReport,
+    /// Encodes pages on their way down; the store decodes with it.
+    coder: Arc<PageCoder>,
 }
 
 impl fmt::Debug for SsdTier {
@@ -172,8 +210,14 @@ impl SsdTier {
         clock: Arc<dyn Clock>,
         sink: Arc<dyn ResidencySink>,
     ) -> Result<Self> {
-        let (store, recovered, recovery) =
+        config
+            .codec
+            .validate()
+            .map_err(|e| Error::invalid(format!("invalid SSD codec settings: {e}")))?;
+        let (mut store, recovered, recovery) =
             SegmentStore::open_with_clock(&config.dir, config.store, clock.clone())?;
+        let coder = Arc::new(PageCoder::new(config.codec.clone()));
+        store.use_coder(coder.clone());
         let mut blocks: HashMap<BlockHash, Arc<Held>, BuildHasherDefault<PassThroughHasher>> =
             HashMap::with_capacity_and_hasher(recovered.len(), BuildHasherDefault::default());
         let mut counters = Counters::default();
@@ -213,9 +257,7 @@ impl SsdTier {
                 tokens: Arc::from(std::mem::take(&mut r.header.tokens)),
                 extra_tag: r.header.extra_tag,
             };
-            counters.resident_bytes += r.loc.payload_len;
-            *counters.namespace_bytes.entry(meta.layout).or_default() += r.loc.payload_len;
-            *counters.segment_live.entry(r.loc.segment).or_default() += r.loc.record_len;
+            counters.hold(meta.layout, &r.loc);
             // The creation stamp stands in for the last access (see above).
             blocks.insert(
                 meta.hash,
@@ -252,6 +294,7 @@ impl SsdTier {
             shift,
             sink,
             recovery,
+            coder,
         })
     }
 
@@ -347,13 +390,7 @@ impl SsdTier {
         };
         {
             let mut c = self.counters.lock();
-            c.resident_bytes -= held.loc.payload_len;
-            if let Some(live) = c.segment_live.get_mut(&held.loc.segment) {
-                *live = live.saturating_sub(held.loc.record_len);
-            }
-            if let Some(b) = c.namespace_bytes.get_mut(&held.meta.layout) {
-                *b -= held.loc.payload_len;
-            }
+            c.release(held.meta.layout, &held.loc);
             match cause {
                 RemovalCause::Budget => c.evictions.budget += 1,
                 RemovalCause::Ttl => c.evictions.ttl += 1,
@@ -372,8 +409,15 @@ impl SsdTier {
     }
 
     /// Writes a block record (durable as configured) and returns where it lives.
-    /// [`Tier::put`]; with `to_sync`, for a caller that syncs right after.
-    fn put_as(&self, meta: &BlockMeta, payload: Bytes, to_sync: bool) -> Result<PutOutcome> {
+    /// [`Tier::put`]; with `to_sync`, for a caller that syncs right after; with `encode`,
+    /// through the codec (on a writer thread, never a waiting caller's).
+    fn put_as(
+        &self,
+        meta: &BlockMeta,
+        payload: Bytes,
+        to_sync: bool,
+        encode: bool,
+    ) -> Result<PutOutcome> {
         if self.is_quarantined(&meta.hash) {
             self.counters.lock().rejected_quarantined += 1;
             return Ok(PutOutcome::Rejected(RejectReason::Quarantined));
@@ -385,7 +429,7 @@ impl SsdTier {
         // this writes it. Never two copies written side by side (see `claims.rs`).
         let _claim = self.claims.claim(key);
         if let Some(held) = self.blocks.read().get(&meta.hash).cloned() {
-            if held.meta == *meta && held.loc.payload_len == payload.len() as u64 {
+            if held.meta == *meta && held.loc.decoded_len() == payload.len() as u64 {
                 held.last_access.store(self.now(), Ordering::Relaxed);
                 self.counters.lock().dedup_skips += 1;
                 return Ok(PutOutcome::Duplicate);
@@ -394,7 +438,7 @@ impl SsdTier {
                 block = %meta.hash,
                 held_tokens = held.meta.tokens.len(),
                 new_tokens = meta.tokens.len(),
-                held_len = held.loc.payload_len,
+                held_len = held.loc.decoded_len(),
                 new_len = payload.len(),
                 "hash collision: one hash, two different blocks; quarantining the hash"
             );
@@ -411,7 +455,7 @@ impl SsdTier {
         if !self.make_room(meta.layout, payload.len() as u64)? {
             return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
         }
-        let loc = match self.write_record(meta, &payload, to_sync) {
+        let loc = match self.write_record(meta, &payload, to_sync, encode) {
             Ok(loc) => loc,
             Err(e) => {
                 self.counters.lock().io_errors += 1;
@@ -430,17 +474,34 @@ impl SsdTier {
         {
             let mut c = self.counters.lock();
             c.stores += 1;
-            c.resident_bytes += loc.payload_len;
-            *c.namespace_bytes.entry(meta.layout).or_default() += loc.payload_len;
-            *c.segment_live.entry(loc.segment).or_default() += loc.record_len;
+            c.hold(meta.layout, &loc);
         }
         // Published under the map lock, so a concurrent removal reports after this.
         self.sink.inserted(TierKind::Ssd, meta);
         Ok(PutOutcome::Stored)
     }
 
-    fn write_record(&self, meta: &BlockMeta, payload: &[u8], to_sync: bool) -> Result<Loc> {
+    fn write_record(
+        &self,
+        meta: &BlockMeta,
+        payload: &[u8],
+        to_sync: bool,
+        encode: bool,
+    ) -> Result<Loc> {
         let chunk_log2 = self.config.store.chunk_log2;
+        let encoded = encode
+            .then(|| self.coder.encode_block(meta.layout, payload))
+            .flatten();
+        let (stored, encoding) = match &encoded {
+            Some(e) => (
+                e.frame.as_slice(),
+                Some(Encoding {
+                    codec: e.codec,
+                    decoded_len: payload.len() as u64,
+                }),
+            ),
+            None => (payload, None),
+        };
         let header = RecordHeader {
             kind: Kind::Block,
             layout: meta.layout,
@@ -449,15 +510,16 @@ impl SsdTier {
             position: meta.position,
             tokens: meta.tokens.to_vec(),
             extra_tag: meta.extra_tag,
-            payload_len: payload.len() as u64,
+            payload_len: stored.len() as u64,
             created_ms: self.clock.wall_unix_ms(),
             chunk_log2,
-            chunk_crcs: chunk_crcs(payload, chunk_log2),
+            chunk_crcs: chunk_crcs(stored, chunk_log2),
+            encoding,
         };
         if to_sync {
-            self.store.append_to_sync(&header, payload)
+            self.store.append_to_sync(&header, stored)
         } else {
-            self.store.append(&header, payload)
+            self.store.append(&header, stored)
         }
     }
 
@@ -514,11 +576,19 @@ impl Tier for SsdTier {
     }
 
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_as(meta, payload, false)
+        self.put_as(meta, payload, false, true)
+    }
+
+    fn put_for_caller(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_as(meta, payload, false, false)
     }
 
     fn put_to_sync(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_as(meta, payload, true)
+        self.put_as(meta, payload, true, false)
+    }
+
+    fn layout_registered(&self, layout: &kvtier_core::layout::Layout) {
+        self.coder.learn(layout);
     }
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
         Ok(self.read(hash, None)?.ok())
@@ -547,7 +617,7 @@ impl Tier for SsdTier {
         hash: &BlockHash,
         range: Range<u64>,
     ) -> Result<std::result::Result<Bytes, ShortRead>> {
-        let Some(len) = self.blocks.read().get(hash).map(|h| h.loc.payload_len) else {
+        let Some(len) = self.blocks.read().get(hash).map(|h| h.loc.decoded_len()) else {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return Ok(Err(ShortRead::NotHeld));
         };
@@ -598,6 +668,7 @@ impl Tier for SsdTier {
             capacity_bytes: self.config.capacity_bytes,
             rejected_no_space: c.rejected_no_space,
             relocated: c.records_relocated,
+            codec: c.codec.fill(self.coder.stats()),
             ..TierStats::default()
         }
     }

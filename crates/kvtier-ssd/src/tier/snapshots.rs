@@ -14,7 +14,7 @@ use kvtier_core::snapshot::SnapshotKey;
 use kvtier_core::tier::SnapshotStore;
 
 use super::SsdTier;
-use crate::format::{Kind, RecordHeader, chunk_crcs};
+use crate::format::{Encoding, Kind, RecordHeader, chunk_crcs};
 use crate::store::{Loc, ReadFault};
 
 /// A snapshot the tier holds.
@@ -110,6 +110,19 @@ impl SsdTier {
         replacing: Option<&Arc<HeldSnapshot>>,
     ) -> Result<bool> {
         let chunk_log2 = self.config.store.chunk_log2;
+        // Snapshots are written by the writer and maintenance threads only: encoded as
+        // the layout's namespace says (seed 003 §6).
+        let encoded = self.coder.encode_state(layout, blob);
+        let (stored, encoding) = match &encoded {
+            Some(e) => (
+                e.frame.as_slice(),
+                Some(Encoding {
+                    codec: e.codec,
+                    decoded_len: blob.len() as u64,
+                }),
+            ),
+            None => (blob.as_ref(), None),
+        };
         let header = RecordHeader {
             kind: Kind::Snapshot,
             layout,
@@ -118,12 +131,13 @@ impl SsdTier {
             position: 0,
             tokens: Vec::new(),
             extra_tag: None,
-            payload_len: blob.len() as u64,
+            payload_len: stored.len() as u64,
             created_ms: self.clock.wall_unix_ms(),
             chunk_log2,
-            chunk_crcs: chunk_crcs(blob, chunk_log2),
+            chunk_crcs: chunk_crcs(stored, chunk_log2),
+            encoding,
         };
-        let loc = self.store.append(&header, blob).inspect_err(|_| {
+        let loc = self.store.append(&header, stored).inspect_err(|_| {
             self.counters.lock().io_errors += 1;
         })?;
         let held = Arc::new(HeldSnapshot {

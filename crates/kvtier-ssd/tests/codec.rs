@@ -1,0 +1,384 @@
+//! The SSD tier with a cold-page codec (ADR 0021): encoded blocks are smaller on disk and
+//! come back exactly — whole, by layer, in runs, after a restart, beside raw records and
+//! under any later codec setting; pages that do not shrink, of unknown layouts, or stored
+//! for a waiting caller are written raw (compaction encodes the latter); and damage
+//! anywhere in an encoded record is a miss, never wrong bytes.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvtier_codec::Codec;
+use kvtier_core::clock::SystemClock;
+use kvtier_core::snapshot::SnapshotKey;
+use kvtier_core::tier::conformance::RecordingSink;
+use kvtier_core::tier::{BlockMeta, ResidencySink, ShortRead, SnapshotStore, Tier};
+use kvtier_ssd::SsdTier;
+use kvtier_ssd::format::{ALIGN, RecordHeader};
+
+/// Pages shaped like f16 KV: a few sign-and-exponent bytes, noisy mantissa bytes.
+fn kv_page(len: usize, seed: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut page = Vec::with_capacity(len);
+    while page.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        page.push(x as u8);
+        page.push([0x38, 0x3c, 0x3d, 0xbc, 0xb8][(x >> 40) as usize % 5]);
+    }
+    page.truncate(len);
+    Bytes::from(page)
+}
+
+/// `n` chained blocks of the test layout with KV-like payloads.
+fn kv_chain(n: usize, seed: u32) -> Vec<(BlockMeta, Bytes)> {
+    common::chain(n, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (m, p))| (m, kv_page(p.len(), u64::from(seed) * 1000 + i as u64)))
+        .collect()
+}
+
+fn open_with(dir: &Path, codec: Codec, learn: bool) -> (SsdTier, Arc<RecordingSink>) {
+    let sink = Arc::new(RecordingSink::default());
+    let mut config = common::config(dir);
+    config.codec.default = codec;
+    let tier = SsdTier::open(
+        config,
+        Arc::new(SystemClock::new()),
+        sink.clone() as Arc<dyn ResidencySink>,
+    )
+    .unwrap();
+    if learn {
+        tier.layout_registered(&common::layout());
+    }
+    (tier, sink)
+}
+
+fn seg_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every record of a segment file: its offset and header, walked as recovery does.
+fn records(seg: &Path) -> Vec<(u64, RecordHeader)> {
+    let bytes = std::fs::read(seg).unwrap();
+    let mut out = Vec::new();
+    let mut at = ALIGN as usize;
+    while at < bytes.len() {
+        let Ok(h) = RecordHeader::decode(&bytes[at..]) else {
+            break;
+        };
+        let len = h.record_len() as usize;
+        out.push((at as u64, h));
+        at += len;
+    }
+    out
+}
+
+fn disk_bytes(dir: &Path) -> u64 {
+    seg_files(dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// Every block is served exactly or missed; returns how many were served.
+fn served_exactly(tier: &SsdTier, blocks: &[(BlockMeta, Bytes)]) -> usize {
+    blocks
+        .iter()
+        .filter(|(m, p)| match tier.get(&m.hash) {
+            Ok(Some(got)) => {
+                assert_eq!(&got, p, "wrong bytes served for {}", m.hash);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => panic!("a damaged record must be a miss, not an error: {e}"),
+        })
+        .count()
+}
+
+#[test]
+fn encoded_blocks_are_smaller_on_disk_and_come_back_exactly_every_way() {
+    let layout = common::layout();
+    let geometry = layout.geometry();
+    let blocks = kv_chain(12, 1);
+    let raw_dir = tempfile::tempdir().unwrap();
+    {
+        let (raw, _) = open_with(raw_dir.path(), Codec::Raw, true);
+        for (m, p) in &blocks {
+            raw.put(m, p.clone()).unwrap();
+        }
+        assert_eq!(raw.stats().codec.encoded_pages, 0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        for (m, p) in &blocks {
+            tier.put(m, p.clone()).unwrap();
+        }
+        let s = tier.stats();
+        assert_eq!(s.codec.encoded_pages, 12, "{:?}", s.codec);
+        assert_eq!(s.codec.lossless_decoded_bytes, 12 * layout.block_bytes());
+        assert_eq!(s.codec.lossless_stored_bytes, s.resident_bytes);
+        assert!(
+            s.codec.lossless_stored_bytes * 10 < s.codec.lossless_decoded_bytes * 8,
+            "{:?}",
+            s.codec
+        );
+        assert_eq!(served_exactly(&tier, &blocks), 12);
+        // By layer: only the segments holding the layer are read and decoded.
+        for (m, p) in &blocks[..3] {
+            for l in 0..geometry.num_layers {
+                let r = geometry.layer_range(l..l + 1).unwrap();
+                let got = tier.get_range(&m.hash, r.clone()).unwrap().unwrap();
+                assert_eq!(&got[..], &p[r.start as usize..r.end as usize]);
+            }
+            let odd = 1000u64..20_000;
+            let got = tier.get_range(&m.hash, odd.clone()).unwrap().unwrap();
+            assert_eq!(&got[..], &p[1000..20_000]);
+        }
+        let hashes: Vec<_> = blocks.iter().map(|(m, _)| m.hash).collect();
+        let run = tier.read_run(&hashes).unwrap();
+        assert_eq!(run.blocks.len(), 12);
+        assert!(tier.stats().codec.decoded_pages > 0);
+    }
+    assert!(
+        disk_bytes(dir.path()) < disk_bytes(raw_dir.path()),
+        "encoded {} bytes against raw {}",
+        disk_bytes(dir.path()),
+        disk_bytes(raw_dir.path())
+    );
+    // After a restart, under the same setting and under raw: the records say how they are
+    // encoded, the setting only decides how new pages are written.
+    for codec in [Codec::Lossless, Codec::Raw] {
+        let (tier, sink) = open_with(dir.path(), codec, false);
+        assert_eq!(sink.events().len(), 12);
+        assert_eq!(served_exactly(&tier, &blocks), 12);
+        assert_eq!(
+            tier.stats().codec.lossless_decoded_bytes,
+            12 * layout.block_bytes()
+        );
+    }
+}
+
+#[test]
+fn raw_and_encoded_records_live_side_by_side_and_both_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = kv_chain(10, 2);
+    {
+        // Written before the codec was turned on (or by an older build): version-1 records.
+        let (tier, _) = open_with(dir.path(), Codec::Raw, true);
+        for (m, p) in &blocks[..5] {
+            tier.put(m, p.clone()).unwrap();
+        }
+    }
+    {
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        for (m, p) in &blocks[5..] {
+            tier.put(m, p.clone()).unwrap();
+        }
+        assert_eq!(tier.stats().codec.encoded_pages, 5);
+    }
+    let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+    assert_eq!(served_exactly(&tier, &blocks), 10);
+    let encoded = seg_files(dir.path())
+        .iter()
+        .flat_map(|s| records(s))
+        .filter(|(_, h)| h.encoding.is_some())
+        .count();
+    assert_eq!(encoded, 5);
+    // Storing a block held raw again is a duplicate, not a rewrite, whatever the codec.
+    let again = tier.put(&blocks[0].0, blocks[0].1.clone()).unwrap();
+    assert_eq!(again, kvtier_core::tier::PutOutcome::Duplicate);
+}
+
+#[test]
+fn pages_stored_for_a_waiting_caller_are_raw_until_compaction_moves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = kv_chain(20, 3);
+    let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+    for (i, (m, p)) in blocks.iter().enumerate() {
+        if i % 2 == 0 {
+            tier.put_for_caller(m, p.clone()).unwrap();
+        } else {
+            tier.put_to_sync(m, p.clone()).unwrap();
+        }
+    }
+    let s = tier.stats();
+    assert_eq!((s.codec.encoded_pages, s.codec.not_shrunk_pages), (0, 0));
+    assert_eq!(s.codec.lossless_stored_bytes, 0);
+    // Free most of the first segment, then compact it: its live records move, encoded.
+    let first: Vec<_> = records(&seg_files(dir.path())[0])
+        .into_iter()
+        .map(|(_, h)| h.block_hash())
+        .collect();
+    assert!(first.len() >= 3);
+    for h in &first[1..] {
+        tier.remove(h).unwrap();
+    }
+    let done = tier.compact(0.9).unwrap();
+    assert!(done.relocated >= 1, "{done:?}");
+    let s = tier.stats();
+    assert!(s.codec.encoded_pages >= 1, "{:?}", s.codec);
+    assert!(s.codec.lossless_stored_bytes > 0);
+    let kept: Vec<_> = blocks
+        .iter()
+        .filter(|(m, _)| !first[1..].contains(&m.hash))
+        .cloned()
+        .collect();
+    assert_eq!(served_exactly(&tier, &kept), kept.len());
+}
+
+#[test]
+fn noise_and_unknown_layouts_are_stored_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let noise = common::chain(3, 4)
+        .into_iter()
+        .map(|(m, p)| {
+            let mut x = 7u64;
+            let bytes: Vec<u8> = (0..p.len())
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            (m, Bytes::from(bytes))
+        })
+        .collect::<Vec<_>>();
+    {
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        for (m, p) in &noise {
+            tier.put(m, p.clone()).unwrap();
+        }
+        let s = tier.stats();
+        assert_eq!((s.codec.encoded_pages, s.codec.not_shrunk_pages), (0, 3));
+        assert_eq!(served_exactly(&tier, &noise), 3);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = kv_chain(3, 5);
+    let (tier, _) = open_with(dir.path(), Codec::Lossless, false);
+    for (m, p) in &blocks {
+        tier.put(m, p.clone()).unwrap();
+    }
+    let s = tier.stats();
+    assert_eq!((s.codec.encoded_pages, s.codec.not_shrunk_pages), (0, 0));
+    assert_eq!(served_exactly(&tier, &blocks), 3);
+}
+
+#[test]
+fn a_lossy_codec_is_refused_as_a_tier_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::config(dir.path());
+    config.codec.default = Codec::Fp8E4M3;
+    let err = SsdTier::open(
+        config,
+        Arc::new(SystemClock::new()),
+        Arc::new(RecordingSink::default()) as Arc<dyn ResidencySink>,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("lossy"), "{err}");
+}
+
+#[test]
+fn damage_anywhere_in_an_encoded_record_is_a_miss_never_wrong_bytes() {
+    let blocks = kv_chain(6, 6);
+    // Places to damage, relative to a record: its header, its frame table, the start and
+    // the middle of its encoded segments, its last byte.
+    let places = |h: &RecordHeader| {
+        let p = h.payload_offset();
+        vec![
+            40,
+            115,
+            p,
+            p + 5,
+            p + 30,
+            p + h.payload_len / 3,
+            p + h.payload_len / 2,
+            p + h.payload_len - 1,
+        ]
+    };
+    let (recs, n) = {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        for (m, p) in &blocks {
+            tier.put(m, p.clone()).unwrap();
+        }
+        let seg = seg_files(dir.path())[0].clone();
+        let recs = records(&seg);
+        (recs.clone(), places(&recs[0].1).len())
+    };
+    assert!(recs.iter().all(|(_, h)| h.encoding.is_some()));
+    for place in 0..n {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+            for (m, p) in &blocks {
+                tier.put(m, p.clone()).unwrap();
+            }
+        }
+        let seg = seg_files(dir.path())[0].clone();
+        let (at, h) = &records(&seg)[2];
+        let offset = at + places(h)[place];
+        common::flip(&seg, offset, 0x5a);
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        // A layer read of the damaged block first (it may touch undamaged segments only:
+        // then it is served, exactly), then whole reads of everything.
+        let layer = common::layout().geometry().layer_range(3..4).unwrap();
+        match tier.read_range(&blocks[2].0.hash, layer.clone()) {
+            Ok(Ok(got)) => assert_eq!(
+                &got[..],
+                &blocks[2].1[layer.start as usize..layer.end as usize]
+            ),
+            Ok(Err(short)) => assert!(matches!(short, ShortRead::Corrupt | ShortRead::NotHeld)),
+            Err(e) => panic!("damage is a miss, not an error: {e}"),
+        }
+        let served = served_exactly(&tier, &blocks);
+        assert_eq!(
+            served,
+            5,
+            "damage at record offset {} was served",
+            places(h)[place]
+        );
+        assert!(!tier.contains(&blocks[2].0.hash));
+    }
+}
+
+#[test]
+fn snapshots_are_encoded_on_their_way_down_and_come_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = common::layout();
+    let key = SnapshotKey::new(layout.digest(), &[1, 2, 3], None);
+    let blob = kv_page(300_000, 9);
+    {
+        let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+        tier.put_snapshot(&key, layout.digest(), &blob).unwrap();
+        assert_eq!(tier.stats().codec.encoded_pages, 1);
+        assert_eq!(tier.get_snapshot(&key).unwrap().unwrap(), blob);
+    }
+    let recs: Vec<_> = seg_files(dir.path())
+        .iter()
+        .flat_map(|s| records(s))
+        .collect();
+    assert!(recs[0].1.encoding.is_some() && recs[0].1.payload_len < blob.len() as u64);
+    let (tier, _) = open_with(dir.path(), Codec::Raw, false);
+    assert_eq!(tier.get_snapshot(&key).unwrap().unwrap(), blob);
+}
