@@ -36,12 +36,16 @@ pub use coder::{CodecConfig, Encoded, PageCoder, Resident};
 /// How a stored page is encoded. The code is written into records and objects: never
 /// reuse one for another meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Codec {
     /// The page's own bytes.
+    #[cfg_attr(feature = "serde", serde(rename = "raw"))]
     Raw,
     /// Byte planes, each zstd-coded or stored ([`lossless`]).
+    #[cfg_attr(feature = "serde", serde(rename = "lossless"))]
     Lossless,
     /// fp8 e4m3 with one scale per group ([`fp8`]); lossy.
+    #[cfg_attr(feature = "serde", serde(rename = "fp8_e4m3"))]
     Fp8E4M3,
 }
 

@@ -388,6 +388,9 @@ fn ssd_opener(
     config.namespace_bytes = ssd.namespace_budget.map(|b| b.0);
     config.ttl = ssd.ttl.0;
     config.min_free_bytes = ssd.min_free.0;
+    // Checked when the settings are (`Settings::validate`); a bad value here still fails
+    // the open with its message.
+    let codec = ssd.codec_config();
     config.store.segment_bytes = ssd.segment_size.0;
     let maintenance_every = ssd.maintenance_every.0;
     // Syncs are the engine's business (a `synced` store waits for a group commit): the
@@ -396,6 +399,8 @@ fn ssd_opener(
         retries: ssd.retries,
     };
     let open: TierOpener = Box::new(move |sink: Arc<dyn ResidencySink>| {
+        let mut config = config;
+        config.codec = codec?;
         let tier = Arc::new(SsdTier::open(config, clock, sink)?);
         *recovery.lock() = Some(tier.recovery_report().clone());
         let poison = poison.clone();

@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvtier_codec::{Codec, CodecConfig};
 use kvtier_core::engine::RemoteAttach;
+use kvtier_core::layout::LayoutDigest;
 use kvtier_core::tier::writer::Overflow;
 use kvtier_core::{Ack, Error, ErrorKind, PersistConfig, PersistMode};
 use serde::{Deserialize, Serialize};
@@ -67,9 +69,38 @@ pub struct SsdSettings {
     pub segment_size: ByteSize,
     /// How often expiry, budgets and compaction run.
     pub maintenance_every: HumanDuration,
+    /// How pages are written to the SSD: `raw` or `lossless` (byte planes + zstd, ADR
+    /// 0021). Each record says how it was written, so this may change between runs.
+    pub codec: Codec,
+    /// zstd level of the lossless codec (-7..=9).
+    pub codec_level: i32,
+    /// Codecs of particular namespaces: layout digest (32 hex digits) → codec.
+    pub namespace_codecs: BTreeMap<String, Codec>,
 }
 
 impl SsdSettings {
+    /// The codec settings as the tier takes them; an error names a bad digest or codec.
+    pub fn codec_config(&self) -> Result<CodecConfig, Error> {
+        let mut namespaces = BTreeMap::new();
+        for (hex, codec) in &self.namespace_codecs {
+            let digest = LayoutDigest::from_hex(hex).ok_or_else(|| {
+                Error::invalid(format!(
+                    "ssd.namespace_codecs: `{hex}` is not a layout digest (32 hex digits)"
+                ))
+            })?;
+            namespaces.insert(digest, *codec);
+        }
+        let config = CodecConfig {
+            default: self.codec,
+            namespaces,
+            level: self.codec_level,
+        };
+        config
+            .validate()
+            .map_err(|e| Error::invalid(format!("ssd.codec: {e}")))?;
+        Ok(config)
+    }
+
     /// The store directory: `dir`, or `ssd` under the data directory.
     pub fn dir_under(&self, data_dir: &std::path::Path) -> PathBuf {
         self.dir.clone().unwrap_or_else(|| data_dir.join("ssd"))
@@ -99,6 +130,9 @@ impl Default for SsdSettings {
             drain_timeout: HumanDuration(Duration::from_secs(30)),
             segment_size: ByteSize(256 << 20),
             maintenance_every: HumanDuration(Duration::from_secs(10)),
+            codec: CodecConfig::default().default,
+            codec_level: CodecConfig::default().level,
+            namespace_codecs: BTreeMap::new(),
         }
     }
 }
@@ -724,6 +758,7 @@ impl Settings {
                 "ssd.maintenance_every must be longer than 0",
             ));
         }
+        self.ssd.codec_config()?;
         if self.max_body.0 < 1024 {
             return Err(Error::invalid("max_body must be at least 1KiB"));
         }
@@ -820,6 +855,36 @@ mod tests {
         // An unset setting is left out, and reads back unset.
         assert!(!text.contains("admin_token"), "{text}");
         assert_eq!(back.auth.admin_token, None);
+    }
+
+    #[test]
+    fn the_ssd_codec_reads_by_name_per_namespace_too_and_a_lossy_or_unknown_one_is_refused() {
+        let digest = "00112233445566778899aabbccddeeff";
+        let text = format!(
+            "[ssd]\ncodec = \"lossless\"\ncodec_level = -1\n[ssd.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
+        );
+        let s: Settings = toml::from_str(&text).unwrap();
+        s.validate().unwrap();
+        let config = s.ssd.codec_config().unwrap();
+        assert_eq!(config.default, Codec::Lossless);
+        assert_eq!(config.level, -1);
+        let d = LayoutDigest::from_hex(digest).unwrap();
+        assert_eq!(config.namespaces.get(&d), Some(&Codec::Raw));
+        let back: Settings = toml::from_str(&s.to_toml_redacted().unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert!(toml::from_str::<Settings>("[ssd]\ncodec = \"zstd\"\n").is_err());
+        let mut bad = Settings::default();
+        bad.ssd.codec = Codec::Fp8E4M3;
+        assert!(bad.validate().unwrap_err().to_string().contains("lossy"));
+        let mut bad = Settings::default();
+        bad.ssd
+            .namespace_codecs
+            .insert("xyz".into(), Codec::Lossless);
+        assert!(bad.validate().unwrap_err().to_string().contains("xyz"));
+        let mut bad = Settings::default();
+        bad.ssd.codec_level = 22;
+        assert!(bad.validate().is_err());
+        assert_eq!(Settings::default().ssd.codec, Codec::Raw);
     }
 
     #[test]

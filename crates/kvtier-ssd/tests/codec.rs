@@ -382,3 +382,79 @@ fn snapshots_are_encoded_on_their_way_down_and_come_back_exactly() {
     let (tier, _) = open_with(dir.path(), Codec::Raw, false);
     assert_eq!(tier.get_snapshot(&key).unwrap().unwrap(), blob);
 }
+
+fn engine_with(dir: &Path, codec: Codec, attach_now: bool) -> kvtier_core::Engine {
+    let mut config = common::config(dir);
+    config.codec.default = codec;
+    let open = move |sink: Arc<dyn ResidencySink>| {
+        Ok(Arc::new(SsdTier::open(config, Arc::new(SystemClock::new()), sink)?) as Arc<dyn Tier>)
+    };
+    let builder = kvtier_core::Engine::builder();
+    if attach_now {
+        builder
+            .persistent_tier(kvtier_core::PersistConfig::default(), open)
+            .build()
+            .unwrap()
+    } else {
+        let e = builder.build().unwrap();
+        // Attached later, as `POST /admin/ssd` does: the tier learns the layouts the
+        // engine registered before it came.
+        e.register_layout(common::layout().key().clone()).unwrap();
+        e.reattach_persistent(
+            Some((kvtier_core::PersistConfig::default(), Box::new(open))),
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        e
+    }
+}
+
+#[test]
+fn an_engine_store_is_encoded_by_the_writer_and_loads_back_exactly_after_a_restart() {
+    use kvtier_core::ExtraKeys;
+    use kvtier_core::tier::TierKind;
+    let layout = common::layout();
+    let blocks = kv_chain(10, 8);
+    let tokens: Vec<u32> = blocks
+        .iter()
+        .flat_map(|(m, _)| m.tokens.iter().copied())
+        .collect();
+    for attach_now in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let e = engine_with(dir.path(), Codec::Lossless, attach_now);
+            // Registered again only where the tier came first: registering notifies every
+            // attached tier, which would hide a tier that missed the earlier layouts.
+            let l = if attach_now {
+                e.register_layout(layout.key().clone()).unwrap()
+            } else {
+                e.layout(layout.digest()).unwrap()
+            };
+            let prompt = e.prompt(l.digest(), &tokens, &ExtraKeys::none()).unwrap();
+            let refs: Vec<&[u8]> = blocks.iter().map(|(_, p)| p.as_ref()).collect();
+            e.store(&prompt, &refs).unwrap();
+            assert!(
+                e.shutdown(std::time::Duration::from_secs(10))
+                    .unwrap()
+                    .clean
+            );
+            let s = e.stats();
+            let codec = s.tier(TierKind::Ssd).unwrap().codec;
+            assert_eq!(
+                codec.encoded_pages, 10,
+                "attached at build: {attach_now}; {codec:?}"
+            );
+            assert!(codec.lossless_stored_bytes < codec.lossless_decoded_bytes);
+        }
+        let e = engine_with(dir.path(), Codec::Lossless, true);
+        let l = e.register_layout(layout.key().clone()).unwrap();
+        let prompt = e.prompt(l.digest(), &tokens, &ExtraKeys::none()).unwrap();
+        let hit = e.lookup(&prompt);
+        assert_eq!(hit.blocks.len(), 10);
+        let loaded = e.load(&hit).unwrap();
+        assert!(loaded.complete);
+        for (got, (_, want)) in loaded.blocks.iter().zip(&blocks) {
+            assert_eq!(got, want);
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod rows_shm;
 mod rows_snapshot;
 mod rows_snapshot_remote;
 mod rows_ssd;
+mod rows_ssd_codec;
 mod s3;
 
 pub use s3::S3BenchArgs;

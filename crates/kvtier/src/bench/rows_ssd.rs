@@ -9,6 +9,8 @@
 //!   same ranges of the raw file, cache also dropped; the three contenders rotate through
 //!   the three positions, each measured once per sample. Dropping needs root; without it
 //!   the rows say so in their baseline note.
+//! - `ssd.store.2MiB.lossless.GBps`, `ssd.load.2MiB.effective.GBps`: the same through the
+//!   lossless codec, in `rows_ssd_codec.rs`.
 //! - `ssd.store.durable.256KiB.*`: stores acknowledged once synced, in `rows_durable.rs`.
 //! - `ssd.enqueue.p99.us`: enqueue latency into the write-behind queue while the disk is
 //!   saturated (non-blocking configuration: a full queue drops), against the p99 of a
@@ -37,7 +39,7 @@ use super::raw_write::{AlignedCopy, Pattern, write_file};
 use super::{Effort, Row};
 
 /// Drops the page cache; false without permission.
-fn drop_caches() -> bool {
+pub(super) fn drop_caches() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok()
 }
 
@@ -53,7 +55,7 @@ fn layout(layers: u32) -> anyhow::Result<Layout> {
 }
 
 /// `n` independent blocks of `layout` (first blocks of distinct prompts) and one payload.
-fn blocks(layout: &Layout, n: usize, salt: u32) -> Vec<BlockMeta> {
+pub(super) fn blocks(layout: &Layout, n: usize, salt: u32) -> Vec<BlockMeta> {
     let root = hash::chain_root(layout);
     (0..n)
         .map(|i| {
@@ -95,6 +97,7 @@ pub fn rows(
             rows.extend(io_rows(effort, root, label, layers, &store, &load)?);
         }
     }
+    rows.extend(super::rows_ssd_codec::rows(effort, wanted, root)?);
     rows.extend(super::rows_durable::rows(effort, wanted, root)?);
     if wanted("ssd.enqueue.p99.us") {
         rows.push(enqueue_row(effort, root)?);

@@ -1,0 +1,206 @@
+//! `ssd.*` rows of the lossless codec (ADR 0021), on 2 MiB bf16 blocks shaped like KV
+//! (Gaussian values, a different spread per head; real KV is measured by the `codec.*`
+//! model rows):
+//!
+//! - `ssd.store.2MiB.lossless.GBps`: the SSD tier storing blocks through the codec (the
+//!   encoding a writer thread does), then one `fdatasync` — against the same tier storing
+//!   the same blocks raw in the same sample.
+//! - `ssd.load.2MiB.effective.GBps`: reading them back decoded (decoded bytes per second,
+//!   page cache dropped first) — against the better of cached and O_DIRECT `pread`s of
+//!   the same decoded bytes from a raw file, cache also dropped; the three contenders
+//!   rotate through the three positions, as in `rows_ssd.rs`.
+
+use std::fs::OpenOptions;
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvtier_codec::Codec;
+use kvtier_core::clock::SystemClock;
+use kvtier_core::tier::{NoSink, Tier};
+use kvtier_core::{KvDtype, Layout, LayoutKey};
+use kvtier_ssd::{SsdConfig, SsdTier};
+
+use super::measure::seconds;
+use super::{Effort, Row};
+
+const STORE: &str = "ssd.store.2MiB.lossless.GBps";
+const LOAD: &str = "ssd.load.2MiB.effective.GBps";
+
+/// bf16 bytes of `size` shaped like a KV page: each head's 128 values Gaussian with its
+/// own spread.
+pub fn kv_like_bf16(size: usize, seed: u64) -> Vec<u8> {
+    const SPREAD: [f32; 8] = [0.5, 1.0, 2.0, 4.0, 0.25, 1.5, 3.0, 0.75];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut uniform = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut out = Vec::with_capacity(size);
+    let mut i = 0usize;
+    while out.len() < size {
+        // Box–Muller: one normal value per pair of uniforms.
+        let (u, v) = (uniform(), uniform());
+        let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+        let value = normal as f32 * SPREAD[(i / 128) % SPREAD.len()];
+        let bits = value.to_bits();
+        let rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+        out.extend_from_slice(&(rounded as u16).to_le_bytes());
+        i += 1;
+    }
+    out.truncate(size);
+    out
+}
+
+fn open(dir: &Path, codec: Codec, layout: &Layout) -> anyhow::Result<SsdTier> {
+    let mut config = SsdConfig::new(dir);
+    config.codec.default = codec;
+    config.min_free_bytes = 0;
+    let tier = SsdTier::open(config, Arc::new(SystemClock::new()), Arc::new(NoSink))?;
+    tier.layout_registered(layout);
+    Ok(tier)
+}
+
+pub fn rows(
+    effort: Effort,
+    wanted: &dyn Fn(&str) -> bool,
+    root: &Path,
+) -> anyhow::Result<Vec<Row>> {
+    if !wanted(STORE) && !wanted(LOAD) {
+        return Ok(Vec::new());
+    }
+    let layout = Layout::new(LayoutKey::new(
+        "bench-ssd-codec",
+        KvDtype::Bf16,
+        16,
+        32,
+        8,
+        128,
+    ))?;
+    let size = layout.block_bytes() as usize;
+    let n = ((64usize << 20) * effort.scale / size).max(8);
+    let payloads: Vec<Bytes> = (0..n)
+        .map(|i| Bytes::from(kv_like_bf16(size, i as u64 + 1)))
+        .collect();
+    let metas = super::rows_ssd::blocks(&layout, n, 77);
+    let bytes = (n * size) as f64;
+    let (mut store_enc, mut store_raw) = (Vec::new(), Vec::new());
+    let mut loads: [Vec<f64>; 3] = Default::default();
+    let mut dropped = true;
+    let mut ratio = 0.0;
+    for sample in 0..effort.samples.min(5) {
+        let dir = root.join(format!("codec-{sample}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let raw_tier = open(&dir.join("raw"), Codec::Raw, &layout)?;
+        let tier = open(&dir.join("lossless"), Codec::Lossless, &layout)?;
+        // The two stores alternate which goes first.
+        for turn in 0..2 {
+            let (t, out) = if (turn + sample) % 2 == 0 {
+                (&tier, &mut store_enc)
+            } else {
+                (&raw_tier, &mut store_raw)
+            };
+            out.push(
+                bytes
+                    / seconds(|| {
+                        for (m, p) in metas.iter().zip(&payloads) {
+                            black_box(t.put(m, p.clone()).ok());
+                        }
+                        black_box(t.sync().ok());
+                    })
+                    / 1e9,
+            );
+        }
+        drop(raw_tier);
+        let s = tier.stats().codec;
+        ratio = s.lossless_decoded_bytes as f64 / s.lossless_stored_bytes.max(1) as f64;
+        // The baseline's file: the same decoded bytes, written untimed.
+        let stride = kvtier_ssd::format::align_up(size as u64 + 4096);
+        let raw_path = dir.join("raw-file");
+        let raw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&raw_path)?;
+        for (i, p) in payloads.iter().enumerate() {
+            raw.write_all_at(p, 4096 + i as u64 * stride)?;
+        }
+        raw.sync_data()?;
+        let direct = kvtier_ssd::store::direct::open_direct(&raw_path);
+        let mut buf = vec![0u8; size];
+        for turn in 0..3 {
+            let contender = (turn + sample) % 3;
+            dropped &= super::rows_ssd::drop_caches();
+            let secs = match contender {
+                0 => seconds(|| {
+                    for m in &metas {
+                        black_box(tier.get(&m.hash).ok());
+                    }
+                }),
+                1 => seconds(|| {
+                    for i in 0..n as u64 {
+                        black_box(raw.read_exact_at(&mut buf, 4096 + i * stride).ok());
+                    }
+                }),
+                _ => match &direct {
+                    Some(file) => seconds(|| {
+                        for i in 0..n as u64 {
+                            let got = kvtier_ssd::store::direct::read_direct(
+                                file,
+                                4096 + i * stride,
+                                size,
+                            );
+                            black_box(got.ok());
+                        }
+                    }),
+                    None => continue,
+                },
+            };
+            loads[contender].push(bytes / secs / 1e9);
+        }
+        drop(tier);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let [mut ours, mut cached, mut direct] = loads;
+    let (cached, direct) = (med(&mut cached), med(&mut direct));
+    let cache = if dropped {
+        "page cache dropped"
+    } else {
+        "page cache NOT dropped (no permission)"
+    };
+    let which = if cached >= direct {
+        "cached"
+    } else {
+        "O_DIRECT"
+    };
+    Ok(vec![
+        Row::paired(
+            STORE,
+            &store_enc,
+            &store_raw,
+            "GB/s",
+            format!(
+                "the SSD tier storing the same blocks raw, same sample (target ≥ 0.9×); ratio {ratio:.2}×"
+            ),
+        ),
+        Row::new(
+            LOAD,
+            med(&mut ours),
+            "GB/s",
+            cached.max(direct),
+            format!(
+                "{which} pread of the same decoded bytes, {cache} (target ≥ 1.3× where the disk is the limit); ratio {ratio:.2}×"
+            ),
+        ),
+    ])
+}
