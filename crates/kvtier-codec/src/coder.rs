@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use kvtier_core::layout::{KvDtype, Layout, LayoutDigest};
+use kvtier_core::layout::{ColdCodec, KvDtype, Layout, LayoutDigest};
 use kvtier_core::stats::CodecStats;
 use parking_lot::RwLock;
 
@@ -141,16 +141,21 @@ impl PageCoder {
         &self.config
     }
 
-    /// Learns how `layout`'s blocks are laid out (see `Tier::layout_registered`).
+    /// Learns how `layout`'s blocks are laid out (see `Tier::layout_registered`). A
+    /// layout registered with a lossy cold codec gets it whatever the tier's setting: the
+    /// layout's digest already promises it, and only such a layout ever does.
     pub fn learn(&self, layout: &Layout) {
         let digest = layout.digest();
-        let codec = self
-            .config
-            .namespaces
-            .get(&digest)
-            .copied()
-            .unwrap_or(self.config.default);
         let key = layout.key();
+        let codec = match key.cold_codec {
+            Some(ColdCodec::Fp8E4M3) => Codec::Fp8E4M3,
+            _ => self
+                .config
+                .namespaces
+                .get(&digest)
+                .copied()
+                .unwrap_or(self.config.default),
+        };
         let plan = Plan {
             codec,
             shape: Shape {

@@ -11,7 +11,8 @@
 //!      the segments' encoded bytes, in order
 //! ```
 //!
-//! The checksums are of the decoded bytes, so verification does not depend on the codec:
+//! The checksums are of the decoded bytes (for a lossy codec: of what the stream decodes
+//! to, not of the page it was made from), so verification does not depend on the codec:
 //! a damaged stream, a codec bug or a stream from another page all fail here, and the
 //! caller serves nothing.
 
@@ -55,14 +56,26 @@ pub fn encode(
     table.extend_from_slice(&count_u32.to_le_bytes());
     let mut body = Vec::with_capacity(page.len() / 2);
     let mut any = false;
+    let mut decoded = Vec::new();
     for seg in page.chunks(segment) {
         let (used, bytes) = match crate::encode(codec, shape, seg, level) {
             Some(enc) => (codec, enc),
             None => (Codec::Raw, seg.to_vec()),
         };
         any |= used != Codec::Raw;
+        // The checksum is of what a read will give back: the page's own bytes, or for a
+        // lossy codec what its encoding decodes to (decoded here, once, so a codec that
+        // cannot give back its own stream is caught at the writer).
+        let sum = if used.is_lossless() {
+            crc(seg)
+        } else {
+            decoded.clear();
+            decoded.resize(seg.len(), 0);
+            crate::decode(used, &bytes, &mut decoded).ok()?;
+            crc(&decoded)
+        };
         table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        table.extend_from_slice(&crc(seg).to_le_bytes());
+        table.extend_from_slice(&sum.to_le_bytes());
         table.push(used.code());
         body.extend_from_slice(&bytes);
     }
@@ -299,6 +312,19 @@ mod tests {
         assert!(Frame::parse(Codec::Lossless, &enc[..enc.len() - 1], p.len(), true).is_err());
         assert!(Frame::parse(Codec::Lossless, &enc, p.len() + 1, true).is_err());
         assert!(Frame::parse(Codec::Fp8E4M3, &enc, p.len(), true).is_err());
+    }
+
+    #[test]
+    fn a_lossy_frame_checks_what_it_decodes_to() {
+        let p = page(1 << 20);
+        let enc = encode(Codec::Fp8E4M3, BF16, &p, 64 << 10, 1).unwrap();
+        assert!(enc.len() < p.len() * 6 / 10);
+        let frame = Frame::parse(Codec::Fp8E4M3, &enc, p.len(), true).unwrap();
+        let (mut a, mut b) = (vec![0u8; p.len()], vec![0u8; p.len()]);
+        frame.decode_all(&mut a, 1).unwrap();
+        frame.decode_all(&mut b, 4).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, p, "fp8 is lossy on these values");
     }
 
     #[test]

@@ -52,6 +52,6 @@ pub use engine::{
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{BlockHash, ExtraKeys};
 pub use index::{BlockRef, Lookup, Prompt, StateRef};
-pub use layout::{KvDtype, Layout, LayoutDigest, LayoutKey, StateGroup};
+pub use layout::{ColdCodec, KvDtype, Layout, LayoutDigest, LayoutKey, StateGroup};
 pub use shard::PassThroughHasher;
 pub use tier::{Tier, TierKind};

@@ -458,3 +458,66 @@ fn an_engine_store_is_encoded_by_the_writer_and_loads_back_exactly_after_a_resta
         }
     }
 }
+
+#[test]
+fn only_a_layout_registered_with_fp8_gets_fp8_pages() {
+    use kvtier_core::tier::conformance::test_chain;
+    use kvtier_core::{ColdCodec, Layout};
+    let exact = common::layout();
+    let mut key = exact.key().clone();
+    key.cold_codec = Some(ColdCodec::Fp8E4M3);
+    let lossy = Layout::new(key).unwrap();
+    assert_ne!(lossy.digest(), exact.digest());
+    let with_kv = |layout: &Layout, seed: u32| -> Vec<(BlockMeta, Bytes)> {
+        test_chain(layout, 4, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (m, p))| (m, kv_page(p.len(), u64::from(seed) * 100 + i as u64)))
+            .collect()
+    };
+    let exact_blocks = with_kv(&exact, 1);
+    let lossy_blocks = with_kv(&lossy, 2);
+    let dir = tempfile::tempdir().unwrap();
+    // The tier's own setting is lossless: the fp8 layout gets fp8 all the same, the other
+    // never does.
+    let (tier, _) = open_with(dir.path(), Codec::Lossless, false);
+    tier.layout_registered(&exact);
+    tier.layout_registered(&lossy);
+    for (m, p) in exact_blocks.iter().chain(&lossy_blocks) {
+        tier.put(m, p.clone()).unwrap();
+    }
+    let s = tier.stats().codec;
+    assert_eq!(s.fp8_decoded_bytes, 4 * lossy.block_bytes(), "{s:?}");
+    assert!(s.fp8_stored_bytes * 10 < s.fp8_decoded_bytes * 6, "{s:?}");
+    assert_eq!(s.lossless_decoded_bytes, 4 * exact.block_bytes());
+    for (_, h) in seg_files(dir.path()).iter().flat_map(|s| records(s)) {
+        let codec = h.encoding.map(|e| e.codec);
+        if h.layout == exact.digest() {
+            assert_ne!(
+                codec,
+                Some(Codec::Fp8E4M3),
+                "an exact layout got an fp8 page"
+            );
+        } else {
+            assert_eq!(codec, Some(Codec::Fp8E4M3));
+        }
+    }
+    assert_eq!(served_exactly(&tier, &exact_blocks), 4);
+    for (m, p) in &lossy_blocks {
+        let got = tier.get(&m.hash).unwrap().unwrap();
+        assert_eq!(got.len(), p.len());
+        assert_ne!(&got, p, "fp8 gave back every byte: it was not applied");
+        // Signs and magnitudes survive: the high byte (sign, exponent, top mantissa bits)
+        // differs by at most one step almost everywhere.
+        let close = got
+            .chunks_exact(2)
+            .zip(p.chunks_exact(2))
+            .filter(|(a, b)| (i16::from(a[1] as i8) - i16::from(b[1] as i8)).abs() <= 1)
+            .count();
+        assert!(
+            close * 100 >= 99 * (p.len() / 2),
+            "{close} of {}",
+            p.len() / 2
+        );
+    }
+}

@@ -4,7 +4,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use super::{BlockGeometry, KvDtype};
+use super::{BlockGeometry, ColdCodec, KvDtype};
 use crate::error::{Error, Result};
 
 /// Version of the canonical [`LayoutKey`] encoding. Bump it whenever the encoding or the
@@ -65,6 +65,11 @@ pub struct LayoutKey {
     /// only at boundaries where their state is stored too (see `docs/hybrid.md`); its
     /// `num_layers` counts the attention layers alone and may then be 0.
     pub state_groups: Vec<StateGroup>,
+    /// A lossy encoding the cold tiers may hold this layout's pages in (default none:
+    /// every tier gives back exactly the bytes stored). With fp8, a hit served from the
+    /// SSD or the bucket carries values within fp8's precision of the stored ones; the
+    /// field is part of the digest (ADR 0021).
+    pub cold_codec: Option<ColdCodec>,
 }
 
 /// A group of recurrent layers (Mamba, gated delta net, RWKV, ...): what carries their
@@ -116,6 +121,7 @@ impl LayoutKey {
             lora_id: None,
             tenant_salt: Vec::new(),
             state_groups: Vec::new(),
+            cold_codec: None,
         }
     }
 
@@ -146,6 +152,14 @@ impl LayoutKey {
             }
         }
         self.validate_state_groups()?;
+        if self.cold_codec.is_some()
+            && !matches!(self.dtype, KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16)
+        {
+            return bad(format!(
+                "a lossy cold codec needs a float dtype (f32, f16, bf16), not {}",
+                self.dtype
+            ));
+        }
         if self.num_layers == 0 && self.state_groups.is_empty() {
             return bad(
                 "num_layers is 0 and no state group is named: the layout holds nothing".into(),
@@ -291,6 +305,13 @@ impl LayoutKey {
                 out.extend_from_slice(&g.num_layers.to_le_bytes());
                 out.extend_from_slice(&g.state_bytes.to_le_bytes());
             }
+        }
+        // Also only when present (no digest of an exact layout changes); the marker byte
+        // differs from the state groups' and both sections have a known length, so every
+        // combination encodes differently.
+        if let Some(codec) = self.cold_codec {
+            out.push(b'C');
+            out.push(codec.code());
         }
         out
     }
@@ -440,6 +461,11 @@ mod tests {
                 k.num_layers = 0;
                 k.state_groups = vec![group("mamba1/f32", 2, 64)];
             },
+            |k| k.cold_codec = Some(ColdCodec::Fp8E4M3),
+            |k| {
+                k.state_groups = vec![group("mamba1/f32", 2, 64)];
+                k.cold_codec = Some(ColdCodec::Fp8E4M3);
+            },
         ];
         for e in edits {
             let mut k = b.clone();
@@ -472,6 +498,26 @@ mod tests {
         with.state_groups = vec![group("mamba1/f32", 2, 64)];
         assert!(with.canonical_bytes().starts_with(&bytes));
         assert_ne!(with.digest(), b.digest());
+    }
+
+    #[test]
+    fn a_cold_codec_is_appended_only_when_set_and_needs_a_float_dtype() {
+        let b = base();
+        let mut with = b.clone();
+        with.cold_codec = Some(ColdCodec::Fp8E4M3);
+        let bytes = with.canonical_bytes();
+        assert!(bytes.starts_with(&b.canonical_bytes()));
+        assert_eq!(&bytes[bytes.len() - 2..], b"C\x01");
+        assert!(with.validate().is_ok());
+        with.dtype = KvDtype::I8;
+        assert!(
+            with.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("float dtype")
+        );
+        assert_eq!("fp8_e4m3".parse::<ColdCodec>().unwrap(), ColdCodec::Fp8E4M3);
+        assert!("int4".parse::<ColdCodec>().is_err());
     }
 
     #[test]

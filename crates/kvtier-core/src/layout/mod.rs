@@ -6,9 +6,12 @@
 //! of those facts is a field of [`LayoutKey`]; its 128-bit digest seeds every block hash
 //! (see [`crate::hash`]), so blocks of two layouts live in disjoint key spaces.
 
+mod cold;
 mod dtype;
 mod geometry;
 mod key;
+
+pub use cold::ColdCodec;
 
 pub use dtype::KvDtype;
 pub use geometry::BlockGeometry;
