@@ -79,7 +79,19 @@ impl HybridRunner {
         backend: Arc<Cache>,
         checkpoint_every: usize,
     ) -> Result<Self> {
-        let layout = backend.register_layout(Self::layout_key(&model), None)?;
+        let key = Self::layout_key(&model);
+        Self::with_layout(model, backend, checkpoint_every, key)
+    }
+
+    /// [`HybridRunner::new`] storing under `key`, which must describe this model's blocks
+    /// (its size is checked against the model's; a cold codec may be added, ADR 0021).
+    pub fn with_layout(
+        model: Arc<HybridModel>,
+        backend: Arc<Cache>,
+        checkpoint_every: usize,
+        key: LayoutKey,
+    ) -> Result<Self> {
+        let layout = backend.register_layout(key, None)?;
         if layout.block_bytes() != model.config().block_bytes() as u64 {
             return Err(Error::Invalid(format!(
                 "the cache computes {}-byte blocks for this layout; the model writes {}",

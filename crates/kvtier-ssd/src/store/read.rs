@@ -229,7 +229,10 @@ impl Reader<'_> {
     ) -> Result<Bytes, ReadFault> {
         let stored = header.payload_len;
         let bad = |e: kvtier_codec::DecodeError| self.corrupt(&format!("encoded payload ({e})"));
-        let head = self.span(header, 0..stored.min(8))?;
+        if stored < 8 {
+            return Err(self.corrupt("encoded payload (shorter than a frame)"));
+        }
+        let head = self.span(header, 0..8)?;
         let table_len = frame::table_len(&head).map_err(bad)? as u64;
         if table_len > stored {
             return Err(self.corrupt("encoded payload (frame table past its end)"));
