@@ -3,6 +3,7 @@
 //!
 //! Row names are stable: BENCHMARKS.md and CI scripts refer to them.
 
+mod cold_loads;
 mod measure;
 mod progress;
 mod raw_write;

@@ -19,9 +19,7 @@
 //!   against reading its index logs as plain bytes.
 //! - `ssd.restart.hit_ratio`: blocks found after a clean shutdown and restart, against 1.0.
 
-use std::fs::OpenOptions;
 use std::hint::black_box;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,14 +32,10 @@ use kvtier_core::tier::{BlockMeta, NoSink, RamConfig, ResidencySink, Tier};
 use kvtier_core::{Engine, ExtraKeys, KvDtype, Layout, LayoutKey, PersistConfig};
 use kvtier_ssd::{SsdConfig, SsdTier};
 
+use super::cold_loads::{Loads, RawBlocks, drop_caches};
 use super::measure::{pattern, seconds};
 use super::raw_write::{AlignedCopy, Pattern, write_file};
 use super::{Effort, Row};
-
-/// Drops the page cache; false without permission.
-pub(super) fn drop_caches() -> bool {
-    std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok()
-}
 
 fn layout(layers: u32) -> anyhow::Result<Layout> {
     Ok(Layout::new(LayoutKey::new(
@@ -128,9 +122,7 @@ fn io_rows(
     // Per sample: ours, and the best raw pattern with its index in `Pattern::ALL`.
     let mut store_ours = Vec::new();
     let mut store_best: Vec<(f64, usize)> = Vec::new();
-    // Load throughputs of [ours, cached pread, O_DIRECT pread].
-    let mut loads: [Vec<f64>; 3] = Default::default();
-    let mut dropped = true;
+    let mut loads = Loads::default();
     for sample in 0..effort.samples {
         let dir = root.join(format!("io-{label}-{sample}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -177,75 +169,24 @@ fn io_rows(
             continue;
         }
         // The file the load contenders read: the same blocks, written untimed.
-        let raw_path = dir.join("raw");
-        let raw = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&raw_path)?;
-        for i in 0..n as u64 {
-            raw.write_all_at(&payload, 4096 + i * stride)?;
-        }
-        raw.sync_data()?;
-        // Loads with a cold page cache, three contenders: our tier, cached `pread`s of the
-        // raw file (the kernel's readahead) and O_DIRECT `pread`s of it. Each runs once per
-        // sample and they rotate through the three positions, because on this virtual disk
-        // the position matters (the first read after the stores runs slower) and the
-        // baseline must not get more draws than we do.
-        let direct = kvtier_ssd::store::direct::open_direct(&raw_path);
-        let mut buf = vec![0u8; size];
-        // One untimed cold pass over both first: the virtual disk is still settling the
-        // stores, and the first read after them ran up to 3x slower, whoever it was.
-        drop_caches();
-        for (i, m) in metas.iter().enumerate() {
-            black_box(tier.get(&m.hash).ok());
-            black_box(raw.read_exact_at(&mut buf, 4096 + i as u64 * stride).ok());
-        }
-        for turn in 0..3 {
-            let contender = (turn + sample) % 3;
-            dropped &= drop_caches();
-            let secs = match contender {
-                0 => seconds(|| {
-                    for m in &metas {
-                        black_box(tier.get(&m.hash).ok());
-                    }
-                }),
-                1 => seconds(|| {
-                    for i in 0..n as u64 {
-                        black_box(raw.read_exact_at(&mut buf, 4096 + i * stride).ok());
-                    }
-                }),
-                _ => match &direct {
-                    Some(file) => seconds(|| {
-                        for i in 0..n as u64 {
-                            let got = kvtier_ssd::store::direct::read_direct(
-                                file,
-                                4096 + i * stride,
-                                size,
-                            );
-                            black_box(got.ok());
-                        }
-                    }),
-                    None => continue,
-                },
-            };
-            loads[contender].push((n * size) as f64 / secs / 1e9);
-        }
+        let raw = RawBlocks::write(
+            &dir.join("raw"),
+            std::iter::repeat_n(payload.as_ref(), n),
+            size,
+        )?;
+        loads.sample(
+            sample,
+            &|| {
+                for m in &metas {
+                    black_box(tier.get(&m.hash).ok());
+                }
+            },
+            &raw,
+        );
         drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let [mut ours, mut cached, mut direct] = loads;
-    let (cached, direct) = (med(&mut cached), med(&mut direct));
-    let load_note = match (dropped, cached >= direct) {
-        (true, true) => "cached pread of the same ranges (beat O_DIRECT), page cache dropped",
-        (true, false) => "O_DIRECT pread of the same ranges (beat cached), page cache dropped",
-        (false, _) => "best of cached and O_DIRECT pread; page cache NOT dropped (no permission)",
-    };
+    let (ours, baseline, load_note) = loads.medians();
     // The pattern that was best most often names the baseline.
     let mut wins = [0usize; Pattern::ALL.len()];
     for (_, p) in &store_best {
@@ -264,7 +205,7 @@ fn io_rows(
                 Pattern::ALL[most].describe()
             ),
         ),
-        Row::new(load, med(&mut ours), "GB/s", cached.max(direct), load_note),
+        Row::new(load, ours, "GB/s", baseline, load_note),
     ])
 }
 

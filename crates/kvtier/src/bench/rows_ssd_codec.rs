@@ -7,12 +7,10 @@
 //!   the same blocks raw in the same sample.
 //! - `ssd.load.2MiB.effective.GBps`: reading them back decoded (decoded bytes per second,
 //!   page cache dropped first) — against the better of cached and O_DIRECT `pread`s of
-//!   the same decoded bytes from a raw file, cache also dropped; the three contenders
-//!   rotate through the three positions, as in `rows_ssd.rs`.
+//!   the same decoded bytes from a raw file, cache also dropped (`cold_loads.rs`, as the
+//!   raw tier's load rows).
 
-use std::fs::OpenOptions;
 use std::hint::black_box;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,6 +21,7 @@ use kvtier_core::tier::{NoSink, Tier};
 use kvtier_core::{KvDtype, Layout, LayoutKey};
 use kvtier_ssd::{SsdConfig, SsdTier};
 
+use super::cold_loads::{Loads, RawBlocks};
 use super::measure::seconds;
 use super::{Effort, Row};
 
@@ -89,8 +88,7 @@ pub fn rows(
     let metas = super::rows_ssd::blocks(&layout, n, 77);
     let bytes = (n * size) as f64;
     let (mut store_enc, mut store_raw) = (Vec::new(), Vec::new());
-    let mut loads: [Vec<f64>; 3] = Default::default();
-    let mut dropped = true;
+    let mut loads = Loads::default();
     let mut ratio = 0.0;
     for sample in 0..effort.samples.min(5) {
         let dir = root.join(format!("codec-{sample}"));
@@ -120,69 +118,24 @@ pub fn rows(
         let s = tier.stats().codec;
         ratio = s.lossless_decoded_bytes as f64 / s.lossless_stored_bytes.max(1) as f64;
         // The baseline's file: the same decoded bytes, written untimed.
-        let stride = kvtier_ssd::format::align_up(size as u64 + 4096);
-        let raw_path = dir.join("raw-file");
-        let raw = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&raw_path)?;
-        for (i, p) in payloads.iter().enumerate() {
-            raw.write_all_at(p, 4096 + i as u64 * stride)?;
-        }
-        raw.sync_data()?;
-        let direct = kvtier_ssd::store::direct::open_direct(&raw_path);
-        let mut buf = vec![0u8; size];
-        for turn in 0..3 {
-            let contender = (turn + sample) % 3;
-            dropped &= super::rows_ssd::drop_caches();
-            let secs = match contender {
-                0 => seconds(|| {
-                    for m in &metas {
-                        black_box(tier.get(&m.hash).ok());
-                    }
-                }),
-                1 => seconds(|| {
-                    for i in 0..n as u64 {
-                        black_box(raw.read_exact_at(&mut buf, 4096 + i * stride).ok());
-                    }
-                }),
-                _ => match &direct {
-                    Some(file) => seconds(|| {
-                        for i in 0..n as u64 {
-                            let got = kvtier_ssd::store::direct::read_direct(
-                                file,
-                                4096 + i * stride,
-                                size,
-                            );
-                            black_box(got.ok());
-                        }
-                    }),
-                    None => continue,
-                },
-            };
-            loads[contender].push(bytes / secs / 1e9);
-        }
+        let raw = RawBlocks::write(
+            &dir.join("raw-file"),
+            payloads.iter().map(|p| p.as_ref()),
+            size,
+        )?;
+        loads.sample(
+            sample,
+            &|| {
+                for m in &metas {
+                    black_box(tier.get(&m.hash).ok());
+                }
+            },
+            &raw,
+        );
         drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let [mut ours, mut cached, mut direct] = loads;
-    let (cached, direct) = (med(&mut cached), med(&mut direct));
-    let cache = if dropped {
-        "page cache dropped"
-    } else {
-        "page cache NOT dropped (no permission)"
-    };
-    let which = if cached >= direct {
-        "cached"
-    } else {
-        "O_DIRECT"
-    };
+    let (ours, baseline, note) = loads.medians();
     Ok(vec![
         Row::paired(
             STORE,
@@ -195,11 +148,11 @@ pub fn rows(
         ),
         Row::new(
             LOAD,
-            med(&mut ours),
+            ours,
             "GB/s",
-            cached.max(direct),
+            baseline,
             format!(
-                "{which} pread of the same decoded bytes, {cache} (target ≥ 1.3× where the disk is the limit); ratio {ratio:.2}×"
+                "{note}; decoded bytes (target ≥ 1.3× where the disk is the limit); ratio {ratio:.2}×"
             ),
         ),
     ])
