@@ -141,6 +141,11 @@ impl PageCoder {
         &self.config
     }
 
+    /// Threads a whole page is encoded or decoded on, at most.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Learns how `layout`'s blocks are laid out (see `Tier::layout_registered`). A
     /// layout registered with a lossy cold codec gets it whatever the tier's setting: the
     /// layout's digest already promises it, and only such a layout ever does.
@@ -203,6 +208,7 @@ impl PageCoder {
             page,
             plan.segment,
             self.config.level,
+            self.threads,
         );
         let c = &self.counters;
         c.encode_ns

@@ -32,16 +32,40 @@ pub fn crc(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes)
 }
 
+/// One encoded segment: the codec it used, its bytes, the checksum of what it decodes to.
+type Coded = (Codec, Vec<u8>, u32);
+
+/// Encodes one segment (see [`encode`]); `None` if a lossy stream does not decode.
+fn encode_segment(codec: Codec, shape: Shape, seg: &[u8], level: i32) -> Option<Coded> {
+    let (used, bytes) = match crate::encode(codec, shape, seg, level) {
+        Some(enc) => (codec, enc),
+        None => (Codec::Raw, seg.to_vec()),
+    };
+    // The checksum is of what a read will give back: the page's own bytes, or for a lossy
+    // codec what its encoding decodes to (decoded here, once, so a codec that cannot give
+    // back its own stream is caught at the writer).
+    let sum = if used.is_lossless() {
+        crc(seg)
+    } else {
+        let mut decoded = vec![0u8; seg.len()];
+        crate::decode(used, &bytes, &mut decoded).ok()?;
+        crc(&decoded)
+    };
+    Some((used, bytes, sum))
+}
+
 /// Encodes `page` as a frame of `segment`-byte segments (rounded down to a multiple of the
 /// element width, at least one element), each with `codec` at zstd `level` or raw where
-/// that does not shrink it. `None` when the frame would not be smaller than the page, or
-/// when no segment shrank.
+/// that does not shrink it, on up to `threads` threads for a page large enough to gain
+/// from it (segments are independent). `None` when the frame would not be smaller than
+/// the page, or when no segment shrank.
 pub fn encode(
     codec: Codec,
     shape: Shape,
     page: &[u8],
     segment: usize,
     level: i32,
+    threads: usize,
 ) -> Option<Vec<u8>> {
     if codec == Codec::Raw || page.is_empty() {
         return None;
@@ -51,39 +75,51 @@ pub fn encode(
     let count = page.len().div_ceil(segment);
     let segment_u32 = u32::try_from(segment).ok()?;
     let count_u32 = u32::try_from(count).ok()?;
-    let mut table = Vec::with_capacity(FIXED + ENTRY * count);
-    table.extend_from_slice(&segment_u32.to_le_bytes());
-    table.extend_from_slice(&count_u32.to_le_bytes());
-    let mut body = Vec::with_capacity(page.len() / 2);
-    let mut any = false;
-    let mut decoded = Vec::new();
-    for seg in page.chunks(segment) {
-        let (used, bytes) = match crate::encode(codec, shape, seg, level) {
-            Some(enc) => (codec, enc),
-            None => (Codec::Raw, seg.to_vec()),
-        };
-        any |= used != Codec::Raw;
-        // The checksum is of what a read will give back: the page's own bytes, or for a
-        // lossy codec what its encoding decodes to (decoded here, once, so a codec that
-        // cannot give back its own stream is caught at the writer).
-        let sum = if used.is_lossless() {
-            crc(seg)
-        } else {
-            decoded.clear();
-            decoded.resize(seg.len(), 0);
-            crate::decode(used, &bytes, &mut decoded).ok()?;
-            crc(&decoded)
-        };
-        table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        table.extend_from_slice(&sum.to_le_bytes());
-        table.push(used.code());
-        body.extend_from_slice(&bytes);
-    }
-    if !any || table.len() + body.len() >= page.len() {
+    let segments: Vec<&[u8]> = page.chunks(segment).collect();
+    let threads = threads.clamp(1, count);
+    let coded: Vec<Coded> = if threads == 1 || page.len() < PARALLEL_FROM {
+        segments
+            .iter()
+            .map(|seg| encode_segment(codec, shape, seg, level))
+            .collect::<Option<_>>()?
+    } else {
+        let per = count.div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = segments
+                .chunks(per)
+                .map(|share| {
+                    scope.spawn(move || {
+                        share
+                            .iter()
+                            .map(|seg| encode_segment(codec, shape, seg, level))
+                            .collect::<Option<Vec<Coded>>>()
+                    })
+                })
+                .collect();
+            let mut all = Vec::with_capacity(count);
+            for h in handles {
+                all.extend(h.join().ok()??);
+            }
+            Some(all)
+        })?
+    };
+    let body_len: usize = coded.iter().map(|(_, b, _)| b.len()).sum();
+    let table_len = FIXED + ENTRY * count;
+    if coded.iter().all(|(used, _, _)| *used == Codec::Raw) || table_len + body_len >= page.len() {
         return None;
     }
-    table.extend_from_slice(&body);
-    Some(table)
+    let mut out = Vec::with_capacity(table_len + body_len);
+    out.extend_from_slice(&segment_u32.to_le_bytes());
+    out.extend_from_slice(&count_u32.to_le_bytes());
+    for (used, bytes, sum) in &coded {
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(&sum.to_le_bytes());
+        out.push(used.code());
+    }
+    for (_, bytes, _) in &coded {
+        out.extend_from_slice(bytes);
+    }
+    Some(out)
 }
 
 /// One segment of a parsed frame.
@@ -167,6 +203,17 @@ impl<'a> Frame<'a> {
     /// The codec the frame was written with.
     pub fn codec(&self) -> Codec {
         self.codec
+    }
+
+    /// Every segment's encoded bytes (where they are in the stream) and decoded bytes (where
+    /// they go in the page), in order: for a reader that reads and decodes segment by
+    /// segment.
+    pub fn spans(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
+        self.segments.iter().enumerate().map(|(i, s)| {
+            let start = i * self.segment;
+            let end = (start + self.segment).min(self.decoded_len);
+            (s.at..s.at + s.len, start..end)
+        })
     }
 
     /// The segments holding decoded bytes `range`, and where their encoded bytes are in
@@ -278,7 +325,7 @@ mod tests {
     #[test]
     fn a_frame_decodes_whole_in_parallel_and_by_segment_ranges() {
         let p = page(3 << 20 | 6);
-        let enc = encode(Codec::Lossless, BF16, &p, 256 << 10, 1).unwrap();
+        let enc = encode(Codec::Lossless, BF16, &p, 256 << 10, 1, 2).unwrap();
         let frame = Frame::parse(Codec::Lossless, &enc, p.len(), true).unwrap();
         for threads in [1, 2, 4] {
             let mut out = vec![0u8; p.len()];
@@ -301,7 +348,7 @@ mod tests {
     #[test]
     fn a_segment_that_decodes_to_other_bytes_fails_its_checksum() {
         let p = page(1 << 20);
-        let mut enc = encode(Codec::Lossless, BF16, &p, 64 << 10, 1).unwrap();
+        let mut enc = encode(Codec::Lossless, BF16, &p, 64 << 10, 1, 1).unwrap();
         // Change one stored byte of the first segment's stored (low) plane: zstd and the
         // framing are happy, the decoded bytes are not the page's.
         let first = table_len(&enc).unwrap();
@@ -317,7 +364,7 @@ mod tests {
     #[test]
     fn a_lossy_frame_checks_what_it_decodes_to() {
         let p = page(1 << 20);
-        let enc = encode(Codec::Fp8E4M3, BF16, &p, 64 << 10, 1).unwrap();
+        let enc = encode(Codec::Fp8E4M3, BF16, &p, 64 << 10, 1, 2).unwrap();
         assert!(enc.len() < p.len() * 6 / 10);
         let frame = Frame::parse(Codec::Fp8E4M3, &enc, p.len(), true).unwrap();
         let (mut a, mut b) = (vec![0u8; p.len()], vec![0u8; p.len()]);
@@ -338,6 +385,6 @@ mod tests {
                 x as u8
             })
             .collect();
-        assert!(encode(Codec::Lossless, BF16, &noise, 16 << 10, 1).is_none());
+        assert!(encode(Codec::Lossless, BF16, &noise, 16 << 10, 1, 1).is_none());
     }
 }

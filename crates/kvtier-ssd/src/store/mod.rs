@@ -23,6 +23,7 @@
 
 mod append_stream;
 mod buffers;
+mod decoding_read;
 pub mod direct;
 mod group_commit;
 mod lock;

@@ -58,14 +58,7 @@ impl SegmentStore {
         match (loc.encoding, range.start == 0 && range.end == len) {
             (None, true) => reader.whole(),
             (None, false) => reader.part(range),
-            (Some(enc), true) => {
-                let encoded = reader.whole()?;
-                self.buffers.filled(len as usize, |out| {
-                    self.coder
-                        .decode_all(enc.codec, &encoded, out)
-                        .map_err(|e| reader.corrupt(&format!("encoded payload ({e})")))
-                })
-            }
+            (Some(enc), true) => reader.whole_decoded(enc),
             (Some(enc), false) => {
                 let header = reader.meta()?;
                 reader.decoded_part(&header, enc, range)
@@ -115,15 +108,15 @@ impl SegmentStore {
 }
 
 /// One read of one record.
-struct Reader<'a> {
-    store: &'a SegmentStore,
-    seg: &'a Segment,
-    loc: &'a Loc,
+pub(super) struct Reader<'a> {
+    pub(super) store: &'a SegmentStore,
+    pub(super) seg: &'a Segment,
+    pub(super) loc: &'a Loc,
     key: &'a [u8; 32],
 }
 
 impl Reader<'_> {
-    fn corrupt(&self, what: &str) -> ReadFault {
+    pub(super) fn corrupt(&self, what: &str) -> ReadFault {
         ReadFault::Corrupt(format!(
             "{what}: segment `{}` offset {}",
             seg_path(&self.store.dir, self.seg.id).display(),
@@ -131,7 +124,7 @@ impl Reader<'_> {
         ))
     }
 
-    fn io(&self, e: std::io::Error) -> ReadFault {
+    pub(super) fn io(&self, e: std::io::Error) -> ReadFault {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             self.corrupt("record truncated")
         } else {
@@ -206,7 +199,7 @@ impl Reader<'_> {
     }
 
     /// The record's header (with tokens and chunk table), read and checked.
-    fn meta(&self) -> Result<RecordHeader, ReadFault> {
+    pub(super) fn meta(&self) -> Result<RecordHeader, ReadFault> {
         let loc = self.loc;
         let meta = self
             .store
