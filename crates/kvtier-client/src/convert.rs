@@ -47,6 +47,7 @@ impl LayoutSpec {
                 })
                 .collect(),
             checkpoint_every,
+            cold_codec: key.cold_codec.map(|c| c.name().to_owned()),
         }
     }
 
@@ -85,6 +86,13 @@ impl LayoutSpec {
                 state_bytes: g.state_bytes,
             })
             .collect();
+        key.cold_codec = match &self.cold_codec {
+            None => None,
+            Some(name) => Some(name.parse().map_err(|e: Error| BadSpec {
+                code: "bad_layout",
+                message: e.message().to_owned(),
+            })?),
+        };
         Ok(key)
     }
 }
@@ -174,9 +182,11 @@ mod tests {
             num_layers: 3,
             state_bytes: 96,
         }];
+        key.cold_codec = Some(kvtier_core::ColdCodec::Fp8E4M3);
         let spec = LayoutSpec::of_key(&key, Some(64));
         assert_eq!(spec.tenant_salt, "ab01");
         assert_eq!(spec.checkpoint_every, Some(64));
+        assert_eq!(spec.cold_codec.as_deref(), Some("fp8_e4m3"));
         assert_eq!(spec.to_key().unwrap(), key);
     }
 
@@ -190,6 +200,9 @@ mod tests {
         assert_eq!(spec.to_key().unwrap_err().code, "bad_hex");
         spec.tenant_salt.clear();
         spec.dtype = "f13".into();
+        assert_eq!(spec.to_key().unwrap_err().code, "bad_layout");
+        spec.dtype = "f16".into();
+        spec.cold_codec = Some("int4".into());
         assert_eq!(spec.to_key().unwrap_err().code, "bad_layout");
     }
 

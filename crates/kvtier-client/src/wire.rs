@@ -77,6 +77,10 @@ pub struct LayoutSpec {
     /// last registration's value is in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<u32>,
+    /// A lossy encoding the SSD and remote tiers may hold the layout's pages in:
+    /// `fp8_e4m3` (default none: exact bytes). Part of the layout's identity (ADR 0021).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_codec: Option<String>,
 }
 
 /// One group of recurrent layers of a [`LayoutSpec`].

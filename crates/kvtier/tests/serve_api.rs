@@ -69,6 +69,15 @@ fn stored_blocks_load_byte_for_byte_and_hit_from_ssd_after_a_restart() {
         );
         let again = c.register_layout(&spec).await.unwrap();
         assert_eq!(again, layout, "same key, same digest");
+        // The same key allowing fp8 in the cold tiers is another layout (ADR 0021); a
+        // cold codec the server does not know is refused.
+        let mut lossy = spec.clone();
+        lossy.cold_codec = Some("fp8_e4m3".into());
+        let other = c.register_layout(&lossy).await.unwrap();
+        assert_ne!(other.layout, layout.layout);
+        lossy.cold_codec = Some("int4".into());
+        let refused = c.register_layout(&lossy).await.unwrap_err().to_string();
+        assert!(refused.contains("int4"), "{refused}");
         let hit = c.lookup(&p).await.unwrap();
         assert_eq!(hit.matched_tokens, 128, "recovered from the SSD");
         let got = load_all(&c, &layout, &hit).await;
