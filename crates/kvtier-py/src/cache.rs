@@ -155,7 +155,8 @@ impl Cache {
     #[pyo3(signature = (
         model, dtype, tokens_per_block, num_layers, num_kv_heads, head_dim, *,
         tp_rank=0, tp_size=1, pp_stage=0, pp_size=1, lora_id=None, tenant_salt=None,
-        weights_digest=None, tokenizer_digest=None, state_groups=None, checkpoint_every=None
+        weights_digest=None, tokenizer_digest=None, state_groups=None, checkpoint_every=None,
+        cold_codec=None
     ))]
     #[allow(
         clippy::too_many_arguments,
@@ -180,6 +181,7 @@ impl Cache {
         tokenizer_digest: Option<String>,
         state_groups: Option<Vec<GroupArg>>,
         checkpoint_every: Option<u32>,
+        cold_codec: Option<&str>,
     ) -> PyResult<Layout> {
         // Parsed here for an engine and a server alike; a bad name gets the code the
         // server answers it with.
@@ -201,6 +203,10 @@ impl Cache {
         key.weights_digest = weights_digest.unwrap_or_default();
         key.tokenizer_digest = tokenizer_digest.unwrap_or_default();
         key.state_groups = groups_of(state_groups);
+        key.cold_codec = cold_codec
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| with_code(e, "bad_layout"))?;
         let cache = self.inner()?;
         let inner = py
             .detach(|| cache.register_layout(key, checkpoint_every))

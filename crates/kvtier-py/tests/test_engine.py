@@ -97,6 +97,17 @@ def test_a_block_is_only_served_under_its_own_layout(kv, layout):
     assert kv.lookup(layout, tokens(3, 2)).matched_tokens == 2 * TPB
 
 
+def test_a_layout_allowing_fp8_in_the_cold_tiers_is_another_layout(kv, layout):
+    lossy = kv.register_layout("py-test", "f16", TPB, 2, 2, 64, cold_codec="fp8_e4m3")
+    assert lossy.digest != layout.digest
+    kv.store(layout, tokens(4, 2), payload(layout, 4, 2))
+    assert kv.lookup(lossy, tokens(4, 2)).matched_tokens == 0
+    with pytest.raises(kvtier.InvalidError, match="int4"):
+        kv.register_layout("py-test", "f16", TPB, 2, 2, 64, cold_codec="int4")
+    with pytest.raises(kvtier.InvalidError, match="float dtype"):
+        kv.register_layout("py-test", "i8", TPB, 2, 2, 64, cold_codec="fp8_e4m3")
+
+
 def test_loaded_blocks_are_read_only_views_of_kvtiers_own_bytes(kv, layout):
     kv.store(layout, tokens(4, 2), payload(layout, 4, 2))
     hit = kv.lookup(layout, tokens(4, 2))

@@ -151,6 +151,7 @@ class Cache:
         tokenizer_digest: str | None = None,
         state_groups: Sequence[_StateGroup] | None = None,
         checkpoint_every: int | None = None,
+        cold_codec: Literal["fp8_e4m3"] | None = None,
     ) -> Layout: ...
     def lookup(self, layout: Layout, tokens: Sequence[int]) -> Hit: ...
     def lookup_many(self, layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Hit]:
