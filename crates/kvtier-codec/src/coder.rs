@@ -228,19 +228,8 @@ impl PageCoder {
         }
     }
 
-    /// Decodes a whole frame of `codec` into `out` (the page's length), on several threads
-    /// for a large page. A failure is counted; the caller serves nothing.
-    pub fn decode_all(
-        &self,
-        codec: Codec,
-        stream: &[u8],
-        out: &mut [u8],
-    ) -> Result<(), DecodeError> {
-        self.timed(|| Frame::parse(codec, stream, out.len(), true)?.decode_all(out, self.threads))
-    }
-
-    /// Decodes `segments` of `frame` from `encoded` (their bytes) into `out`, counted as
-    /// [`PageCoder::decode_all`].
+    /// Decodes `segments` of `frame` from `encoded` (their bytes) into `out`, counted in
+    /// the coder's (decode time, decodes, failures).
     pub fn decode_segments(
         &self,
         frame: &Frame<'_>,

@@ -20,7 +20,7 @@ use kvtier_codec::DecodeError;
 use kvtier_codec::frame::{self, Frame};
 
 use super::ReadFault;
-use super::read::Reader;
+use super::read::{Reader, TABLE_READ};
 use crate::format::{Encoding, RecordHeader};
 
 /// Checks stored bytes against a record's chunk checksums as they arrive, in order.
@@ -102,14 +102,17 @@ impl Reader<'_> {
         if stored < 8 {
             return Err(self.corrupt("encoded payload (shorter than a frame)"));
         }
-        let mut head = [0u8; 8];
-        read(&mut head, 0)?;
-        let table_len = frame::table_len(&head).map_err(bad)?;
+        let mut table = vec![0u8; stored.min(TABLE_READ as usize)];
+        read(&mut table, 0)?;
+        let table_len = frame::table_len(&table).map_err(bad)?;
         if table_len > stored {
             return Err(self.corrupt("encoded payload (frame table past its end)"));
         }
-        let mut table = vec![0u8; table_len];
-        read(&mut table, 0)?;
+        let first = table.len();
+        table.resize(table_len, 0);
+        if table_len > first {
+            read(&mut table[first..], first)?;
+        }
         let mut check = ChunkCheck::new(&header);
         let chunk_failed = |c: usize| self.corrupt(&format!("checksum mismatch in chunk {c}"));
         check.feed(&table).map_err(chunk_failed)?;

@@ -26,6 +26,10 @@ use crate::format::{ALIGN, Encoding, RecordHeader, crc};
 /// large enough that the extra system calls cost nothing measurable.
 const PIECE: usize = 256 << 10;
 
+/// Bytes read first from an encoded payload: its frame's table fits in them unless the
+/// frame has over 450 segments.
+pub(super) const TABLE_READ: u64 = 4096;
+
 impl SegmentStore {
     /// Reads the payload of the record at `loc` (or only `range` of it), verifying the
     /// header against `key` and the checksum of every chunk it returns.
@@ -225,12 +229,17 @@ impl Reader<'_> {
         if stored < 8 {
             return Err(self.corrupt("encoded payload (shorter than a frame)"));
         }
-        let head = self.span(header, 0..8)?;
+        // One read for the frame's table in all but huge frames (9 bytes a segment).
+        let head = self.span(header, 0..stored.min(TABLE_READ))?;
         let table_len = frame::table_len(&head).map_err(bad)? as u64;
         if table_len > stored {
             return Err(self.corrupt("encoded payload (frame table past its end)"));
         }
-        let table = self.span(header, 0..table_len)?;
+        let table = if table_len <= head.len() as u64 {
+            head.slice(..table_len as usize)
+        } else {
+            self.span(header, 0..table_len)?
+        };
         let frame =
             Frame::parse(enc.codec, &table, enc.decoded_len as usize, false).map_err(bad)?;
         let (segments, at) = frame.segments_for(range.start as usize..range.end as usize);

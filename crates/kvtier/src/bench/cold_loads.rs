@@ -6,6 +6,8 @@ use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use kvtier_core::tier::{BlockMeta, Tier};
+
 use super::measure::seconds;
 
 /// Drops the page cache; false without permission.
@@ -61,8 +63,8 @@ impl RawBlocks {
 #[derive(Default)]
 pub struct Loads {
     samples: [Vec<f64>; 3],
-    dropped: bool,
-    measured: bool,
+    /// A drop of the page cache failed (no permission).
+    not_dropped: bool,
 }
 
 impl Loads {
@@ -75,16 +77,12 @@ impl Loads {
         let direct = kvtier_ssd::store::direct::open_direct(&raw.path);
         let mut buf = vec![0u8; raw.size];
         let bytes = (raw.n * raw.size) as f64;
-        if !self.measured {
-            self.dropped = true;
-            self.measured = true;
-        }
         drop_caches();
         ours();
         raw.read_cached(&mut buf);
         for turn in 0..3 {
             let contender = (turn + sample) % 3;
-            self.dropped &= drop_caches();
+            self.not_dropped |= !drop_caches();
             let secs = match contender {
                 0 => seconds(ours),
                 1 => seconds(|| raw.read_cached(&mut buf)),
@@ -103,6 +101,22 @@ impl Loads {
         }
     }
 
+    /// [`Loads::sample`] with `tier` reading every block of `metas` as ours.
+    pub fn sample_tier(
+        &mut self,
+        sample: usize,
+        tier: &dyn Tier,
+        metas: &[BlockMeta],
+        raw: &RawBlocks,
+    ) {
+        let ours = || {
+            for m in metas {
+                black_box(tier.get(&m.hash).ok());
+            }
+        };
+        self.sample(sample, &ours, raw);
+    }
+
     /// Our median, the baseline (the better median of the two reads) and what it was.
     pub fn medians(self) -> (f64, f64, &'static str) {
         let med = |mut v: Vec<f64>| {
@@ -111,7 +125,7 @@ impl Loads {
         };
         let [ours, cached, direct] = self.samples;
         let (ours, cached, direct) = (med(ours), med(cached), med(direct));
-        let note = match (self.dropped, cached >= direct) {
+        let note = match (!self.not_dropped, cached >= direct) {
             (true, true) => "cached pread of the same bytes (beat O_DIRECT), page cache dropped",
             (true, false) => "O_DIRECT pread of the same bytes (beat cached), page cache dropped",
             (false, _) => {

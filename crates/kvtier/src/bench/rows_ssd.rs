@@ -174,15 +174,7 @@ fn io_rows(
             std::iter::repeat_n(payload.as_ref(), n),
             size,
         )?;
-        loads.sample(
-            sample,
-            &|| {
-                for m in &metas {
-                    black_box(tier.get(&m.hash).ok());
-                }
-            },
-            &raw,
-        );
+        loads.sample_tier(sample, &tier, &metas, &raw);
         drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }

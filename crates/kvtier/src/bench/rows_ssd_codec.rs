@@ -123,15 +123,7 @@ pub fn rows(
             payloads.iter().map(|p| p.as_ref()),
             size,
         )?;
-        loads.sample(
-            sample,
-            &|| {
-                for m in &metas {
-                    black_box(tier.get(&m.hash).ok());
-                }
-            },
-            &raw,
-        );
+        loads.sample_tier(sample, &tier, &metas, &raw);
         drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }
