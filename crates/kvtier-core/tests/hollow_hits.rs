@@ -214,20 +214,9 @@ fn a_tier_that_answers_a_miss_for_a_reason_is_counted_under_that_reason() -> kvt
 fn a_load_a_closed_engine_refuses_is_counted_as_refused() -> kvtier_core::Result<()> {
     let FourBlocks { e, tpb, lookup, .. } = four_blocks_looked_up()?;
 
+    kvtier_testkit::time_panic_reports();
     e.inject_background_panic();
-    let started = std::time::Instant::now();
-    let err = loop {
-        match e.load(&lookup) {
-            Err(err) => break err,
-            Ok(_) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(1),
-                    "still open after 1 s"
-                );
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    };
+    let err = kvtier_testkit::first_error_after_panic(Duration::from_secs(1), || e.load(&lookup));
     assert_eq!(err.kind(), ErrorKind::Closed);
     let h = hits(&e);
     assert_eq!(h.load_tokens_undelivered_refused, 4 * tpb, "{h:?}");

@@ -15,6 +15,8 @@
 //!   announcing the one they bound.
 //! - [`EtcdCluster`]: real etcd members on free ports; [`Host`]: a network namespace
 //!   joined by links the test can take down (a partition the kernel makes).
+//! - [`time_panic_reports`], [`first_error_after_panic`]: a deadline after a panic on
+//!   another thread, counted from when the panic hook finished printing it.
 //! - [`TestDir`]: a temporary directory that is kept, and its path printed, when the test
 //!   using it fails.
 //!
@@ -27,6 +29,7 @@ mod etcd;
 mod net;
 mod netns;
 mod output;
+mod panic_clock;
 mod process;
 
 pub use dir::{KEEP_ENV, TestDir, test_dir};
@@ -34,5 +37,6 @@ pub use error::{Error, Result};
 pub use etcd::{EtcdCluster, TlsFiles};
 pub use net::{Cuttable, free_port, wait_for_port};
 pub use netns::{Host, Link};
+pub use panic_clock::{first_error_after_panic, last_panic_reported, time_panic_reports};
 pub use process::{Process, Ready, with_nofile_limit};
 pub use rustix::process::Signal;
