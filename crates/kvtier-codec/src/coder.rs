@@ -240,14 +240,56 @@ impl PageCoder {
         self.timed(|| frame.decode_segments(segments, encoded, out))
     }
 
+    /// Decodes whole frames, each `(codec, frame, out)` with `out` exactly its page (a
+    /// run of blocks read at once): several frames are spread over the coder's threads,
+    /// one frame over its segments. Counted in the coder's; the first failure is returned.
+    pub fn decode_frames(&self, frames: Vec<(Codec, &[u8], &mut [u8])>) -> Result<(), DecodeError> {
+        let pages = frames.len() as u64;
+        let decoded: usize = frames.iter().map(|(_, _, out)| out.len()).sum();
+        let one = |(codec, stream, out): (Codec, &[u8], &mut [u8]), threads: usize| {
+            Frame::parse(codec, stream, out.len(), true)?.decode_all(out, threads)
+        };
+        self.timed_pages(pages, || {
+            let threads = self.threads.min(frames.len());
+            if threads <= 1 || decoded < frame::PARALLEL_FROM {
+                return frames.into_iter().try_for_each(|f| one(f, self.threads));
+            }
+            // Contiguous shares of frames, one per thread, each decoded on that thread.
+            let per = frames.len().div_ceil(threads);
+            let mut frames = frames;
+            std::thread::scope(|scope| {
+                let mut handles = Vec::with_capacity(threads);
+                while !frames.is_empty() {
+                    let rest = frames.split_off(per.min(frames.len()));
+                    let mine = std::mem::replace(&mut frames, rest);
+                    handles.push(scope.spawn(move || mine.into_iter().try_for_each(|f| one(f, 1))));
+                }
+                handles.into_iter().try_for_each(|h| {
+                    h.join()
+                        .unwrap_or(Err(DecodeError::Invalid("decoder thread")))
+                })
+            })
+        })
+    }
+
     fn timed(&self, f: impl FnOnce() -> Result<(), DecodeError>) -> Result<(), DecodeError> {
+        self.timed_pages(1, f)
+    }
+
+    /// Runs `f`, a decode of `pages` pages, and counts it: its time, and the pages as
+    /// decoded or (once) as a failure.
+    fn timed_pages(
+        &self,
+        pages: u64,
+        f: impl FnOnce() -> Result<(), DecodeError>,
+    ) -> Result<(), DecodeError> {
         let started = Instant::now();
         let result = f();
         let c = &self.counters;
         c.decode_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match result {
-            Ok(()) => c.decoded.fetch_add(1, Ordering::Relaxed),
+            Ok(()) => c.decoded.fetch_add(pages, Ordering::Relaxed),
             Err(_) => c.failures.fetch_add(1, Ordering::Relaxed),
         };
         result

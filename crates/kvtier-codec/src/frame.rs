@@ -25,7 +25,7 @@ const FIXED: usize = 8;
 /// Bytes per segment entry.
 const ENTRY: usize = 9;
 /// Below this many decoded bytes a whole-frame decode stays on the calling thread.
-const PARALLEL_FROM: usize = 512 << 10;
+pub(crate) const PARALLEL_FROM: usize = 512 << 10;
 
 /// CRC-32C, as the SSD format uses.
 pub fn crc(bytes: &[u8]) -> u32 {

@@ -75,6 +75,7 @@ pub fn remote_config(settings: &Settings) -> Result<Option<kvtier_remote::Remote
     config.prefix = r.prefix.clone();
     config.deadline = r.deadline.0;
     config.signing_key = r.signing_key()?;
+    config.codec = r.codec_config()?;
     Ok(Some(config))
 }
 

@@ -78,27 +78,38 @@ pub struct SsdSettings {
     pub namespace_codecs: BTreeMap<String, Codec>,
 }
 
+/// The codec settings of tier `section` (`ssd`, `remote`) as the tier takes them; an
+/// error names a bad digest or codec.
+fn codec_config(
+    section: &str,
+    codec: Codec,
+    level: i32,
+    namespace_codecs: &BTreeMap<String, Codec>,
+) -> Result<CodecConfig, Error> {
+    let mut namespaces = BTreeMap::new();
+    for (hex, codec) in namespace_codecs {
+        let digest = LayoutDigest::from_hex(hex).ok_or_else(|| {
+            Error::invalid(format!(
+                "{section}.namespace_codecs: `{hex}` is not a layout digest (32 hex digits)"
+            ))
+        })?;
+        namespaces.insert(digest, *codec);
+    }
+    let config = CodecConfig {
+        default: codec,
+        namespaces,
+        level,
+    };
+    config
+        .validate()
+        .map_err(|e| Error::invalid(format!("{section}.codec: {e}")))?;
+    Ok(config)
+}
+
 impl SsdSettings {
     /// The codec settings as the tier takes them; an error names a bad digest or codec.
     pub fn codec_config(&self) -> Result<CodecConfig, Error> {
-        let mut namespaces = BTreeMap::new();
-        for (hex, codec) in &self.namespace_codecs {
-            let digest = LayoutDigest::from_hex(hex).ok_or_else(|| {
-                Error::invalid(format!(
-                    "ssd.namespace_codecs: `{hex}` is not a layout digest (32 hex digits)"
-                ))
-            })?;
-            namespaces.insert(digest, *codec);
-        }
-        let config = CodecConfig {
-            default: self.codec,
-            namespaces,
-            level: self.codec_level,
-        };
-        config
-            .validate()
-            .map_err(|e| Error::invalid(format!("ssd.codec: {e}")))?;
-        Ok(config)
+        codec_config("ssd", self.codec, self.codec_level, &self.namespace_codecs)
     }
 
     /// The store directory: `dir`, or `ssd` under the data directory.
@@ -168,6 +179,15 @@ pub struct RemoteSettings {
     /// degraded instead — RAM and SSD serve; remote calls miss within the deadline and
     /// count as failures until the endpoint answers.
     pub require_at_start: bool,
+    /// How pages and states are written to the bucket: `raw` or `lossless` (ADR 0021).
+    /// Each manifest and state object says how it was written, so this may change
+    /// between runs and differ between replicas (a build without codecs misses on
+    /// encoded objects, never misreads them).
+    pub codec: Codec,
+    /// zstd level of the lossless codec (-7..=9).
+    pub codec_level: i32,
+    /// Codecs of particular namespaces: layout digest (32 hex digits) → codec.
+    pub namespace_codecs: BTreeMap<String, Codec>,
 }
 
 impl Default for RemoteSettings {
@@ -183,11 +203,24 @@ impl Default for RemoteSettings {
             deadline: HumanDuration(Duration::from_secs(2)),
             promote_to_ssd: RemoteAttach::default().promote_to_ssd,
             require_at_start: false,
+            codec: CodecConfig::default().default,
+            codec_level: CodecConfig::default().level,
+            namespace_codecs: BTreeMap::new(),
         }
     }
 }
 
 impl RemoteSettings {
+    /// The codec settings as the tier takes them; an error names a bad digest or codec.
+    pub fn codec_config(&self) -> Result<CodecConfig, Error> {
+        codec_config(
+            "remote",
+            self.codec,
+            self.codec_level,
+            &self.namespace_codecs,
+        )
+    }
+
     /// The signing key, if one is set; `Invalid` when it is not 64 hex digits.
     pub fn signing_key(&self) -> Result<Option<kvtier_remote::SigningKey>, Error> {
         self.signing_key
@@ -803,6 +836,7 @@ impl Settings {
             ));
         }
         self.remote.signing_key()?;
+        self.remote.codec_config()?;
         if self.cluster.enabled() {
             self.cluster.etcd_access()?;
         }
@@ -885,6 +919,32 @@ mod tests {
         bad.ssd.codec_level = 22;
         assert!(bad.validate().is_err());
         assert_eq!(Settings::default().ssd.codec, Codec::Raw);
+    }
+
+    #[test]
+    fn the_remote_codec_reads_like_the_ssd_one_and_names_its_section_when_refused() {
+        let digest = "00112233445566778899aabbccddeeff";
+        let text = format!(
+            "[remote]\ncodec = \"lossless\"\ncodec_level = 3\n[remote.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
+        );
+        let s: Settings = toml::from_str(&text).unwrap();
+        s.validate().unwrap();
+        let config = s.remote.codec_config().unwrap();
+        assert_eq!(config.default, Codec::Lossless);
+        assert_eq!(config.level, 3);
+        let d = LayoutDigest::from_hex(digest).unwrap();
+        assert_eq!(config.namespaces.get(&d), Some(&Codec::Raw));
+        // The SSD's setting is its own.
+        assert_eq!(s.ssd.codec, Codec::Raw);
+        let mut bad = Settings::default();
+        bad.remote.codec = Codec::Fp8E4M3;
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("remote.codec") && e.contains("lossy"), "{e}");
+        let mut bad = Settings::default();
+        bad.remote.namespace_codecs.insert("xyz".into(), Codec::Raw);
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("remote.namespace_codecs"), "{e}");
+        assert_eq!(Settings::default().remote.codec, Codec::Raw);
     }
 
     #[test]

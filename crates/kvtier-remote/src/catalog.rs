@@ -42,8 +42,8 @@ pub struct ObjectInfo {
     pub first_parent: BlockHash,
     /// Its blocks' hashes in chain order: a reader may use any leading part.
     pub blocks: Vec<BlockHash>,
-    /// Bytes per block: block `i` is bytes `i·block_bytes .. (i+1)·block_bytes` of the
-    /// data object.
+    /// Bytes per block, decoded. Where each block is in the data object (its blocks may
+    /// be encoded) only the manifest says: it is read before any byte is served.
     pub block_bytes: u64,
     /// SHA-256 of its manifest: a reader that learned of the object from a record checks
     /// the manifest it reads against this before serving any byte.

@@ -73,6 +73,10 @@ pub struct RemoteConfig {
     /// never served (a miss, counted as `remote_forged`). Every replica sharing the bucket
     /// needs the same key.
     pub signing_key: Option<crate::SigningKey>,
+    /// How block payloads and states are written (default raw; ADR 0021). Each manifest
+    /// and state object says how its bytes were written, so this may change between
+    /// runs and differ between replicas sharing a bucket.
+    pub codec: kvtier_codec::CodecConfig,
 }
 
 impl RemoteConfig {
@@ -85,6 +89,7 @@ impl RemoteConfig {
             retries: 3,
             max_run_blocks: 1024,
             signing_key: None,
+            codec: kvtier_codec::CodecConfig::default(),
         }
     }
 }

@@ -1,16 +1,21 @@
 //! The object layout of the remote tier (docs/remote-tier.md).
 //!
-//! A **run object** holds the payloads of consecutive blocks of one chain, back to back in
-//! chain order, nothing between them: block `i` of the object is bytes
-//! `[i·B, (i+1)·B)` where `B` is the layout's block size. An object always starts at the
-//! chain's first block when its writer could get the ancestors' bytes, so the KV of any
-//! block-aligned prefix is the one range `[0, k·B)` — a hit is one GET with one Range.
+//! A **run object** holds the stored bytes of consecutive blocks of one chain, back to
+//! back in chain order, nothing between them. A block is stored as its payload (`B`
+//! bytes, the layout's block size) or, where the tier's codec shrank it, as a frame of
+//! the codec (`kvtier_codec::frame`, ADR 0021). An object always starts at the chain's
+//! first block when its writer could get the ancestors' bytes, so the KV of any
+//! block-aligned prefix is the one range `[0, end of block k)` — a hit is one GET with
+//! one Range. With every block raw, block `i` is bytes `[i·B, (i+1)·B)`.
 //!
 //! Its **manifest** (`….kvm`, JSON) names the layout, the block size, the first block's
-//! position, and for every block its hash, parent, tokens, extra-key tag and CRC-32C.
-//! The manifest is written after the data object and is the commit point: an object
-//! without a manifest is invisible (a crashed writer's leftover), and a reader verifies
-//! every block it serves against the manifest's checksum.
+//! position, and for every block its hash, parent, tokens, extra-key tag, the CRC-32C of
+//! its stored bytes and, for an encoded block, the codec and the frame's length. The
+//! manifest is written after the data object and is the commit point: an object without
+//! a manifest is invisible (a crashed writer's leftover), and a reader verifies every
+//! block it serves against the manifest's checksum (and a frame's segments against the
+//! checksums of the bytes they decode to). A manifest with an encoded block is version
+//! 2; one whose blocks are all raw is version 1, exactly as before codecs existed.
 //!
 //! Names: `PREFIX/LAYOUT/FIRST-LAST.kvo` and `.kvm`, hashes in hex; in cluster mode the
 //! writer is part of the name, `PREFIX/LAYOUT/FIRST-LAST.w.REPLICA.GENERATION.SEQ.kvo`, so
@@ -20,6 +25,9 @@
 
 use std::sync::Arc;
 
+use std::ops::Range;
+
+use kvtier_codec::Codec;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
 use kvtier_core::tier::BlockMeta;
@@ -29,8 +37,20 @@ use kvtier_core::hash::unhex;
 
 use crate::sign::{BLOCK_TAG_BYTES, SigningKey, constant_time_eq};
 
-/// Manifest format version.
+/// Manifest format version of an object whose every block is stored raw.
 pub const MANIFEST_VERSION: u32 = 1;
+/// Manifest format version of an object with at least one encoded block. A build that
+/// reads only version 1 refuses such a manifest, so it never serves a frame as a payload.
+pub const ENCODED_MANIFEST_VERSION: u32 = 2;
+
+/// How a block is stored in its object when it is not its payload's own bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encoded {
+    /// The codec of the frame (never raw).
+    pub codec: Codec,
+    /// Bytes of the frame in the object (fewer than the block's).
+    pub bytes: u64,
+}
 
 /// One block in a manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,22 +64,25 @@ pub struct ManifestBlock {
     /// Extra-key tag, hex, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_tag: Option<String>,
-    /// CRC-32C of the block's payload.
+    /// CRC-32C of the block's bytes as stored (its payload, or its frame).
     pub crc32c: u32,
-    /// The payload's tag under the cluster's signing key, hex (`crate::sign`), when the
-    /// writer had one.
+    /// The stored bytes' tag under the cluster's signing key, hex (`crate::sign`), when
+    /// the writer had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// How the block is stored when it is encoded (version 2 only); absent: raw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoded: Option<Encoded>,
 }
 
 /// The manifest of a run object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// [`MANIFEST_VERSION`].
+    /// [`MANIFEST_VERSION`], or [`ENCODED_MANIFEST_VERSION`] when a block is encoded.
     pub version: u32,
     /// Layout digest, hex.
     pub layout: String,
-    /// Bytes per block.
+    /// Bytes per block, decoded.
     pub block_bytes: u64,
     /// Chain position of the object's first block.
     pub first_position: u32,
@@ -83,17 +106,83 @@ pub struct RunObject {
     pub data_name: String,
     /// The blocks, in order.
     pub metas: Vec<BlockMeta>,
-    /// CRC-32C of each block.
+    /// CRC-32C of each block's stored bytes.
     pub crcs: Vec<u32>,
     /// Each block's tag under the signing key (empty when the tier has none): with a key,
     /// a block is served only when its tag holds, the CRC alone being forgeable.
     pub tags: Vec<[u8; BLOCK_TAG_BYTES]>,
-    /// Bytes per block.
+    /// Bytes per block, decoded.
     pub block_bytes: u64,
+    /// Where each block's stored bytes are in the data object, and how they are stored.
+    pub spans: Spans,
     /// `Some(SHA-256 of the manifest)` while the object is known from a cluster record
-    /// only: `metas` then have no tokens and `crcs` is empty until the manifest is read
-    /// and checked against the record (before any byte of the object is served).
+    /// only: `metas` then have no tokens and `crcs` and `spans` are empty until the
+    /// manifest is read and checked against the record (before any byte of the object is
+    /// served).
     pub pending: Option<[u8; 32]>,
+}
+
+/// Where the blocks of a run object are in its data object, and how each is stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spans {
+    /// Block `i` is bytes `offsets[i]..offsets[i + 1]`; one more entry than blocks.
+    offsets: Vec<u64>,
+    /// Each block's encoding; empty when every block is raw.
+    encoded: Vec<Option<Encoded>>,
+}
+
+impl Spans {
+    /// `blocks` blocks of `block_bytes`, every one raw.
+    pub fn raw(blocks: usize, block_bytes: u64) -> Self {
+        Self {
+            offsets: (0..=blocks as u64).map(|i| i * block_bytes).collect(),
+            encoded: Vec::new(),
+        }
+    }
+
+    /// Blocks of `block_bytes` decoded, stored as `encoded` says (`None`: raw), or `None`
+    /// when an encoding is impossible (a raw codec, an empty frame, a frame not smaller
+    /// than its block) or the object would be larger than a `u64` counts.
+    pub fn of(encoded: Vec<Option<Encoded>>, block_bytes: u64) -> Option<Self> {
+        let mut offsets = Vec::with_capacity(encoded.len() + 1);
+        let mut at = 0u64;
+        offsets.push(at);
+        for e in &encoded {
+            let len = match e {
+                None => block_bytes,
+                Some(e) if e.codec != Codec::Raw && e.bytes > 0 && e.bytes < block_bytes => e.bytes,
+                Some(_) => return None,
+            };
+            at = at.checked_add(len)?;
+            offsets.push(at);
+        }
+        let encoded = if encoded.iter().any(Option::is_some) {
+            encoded
+        } else {
+            Vec::new()
+        };
+        Some(Self { offsets, encoded })
+    }
+
+    /// Bytes of the data object that hold blocks `blocks`.
+    pub fn range(&self, blocks: Range<usize>) -> Range<u64> {
+        self.offsets[blocks.start]..self.offsets[blocks.end]
+    }
+
+    /// How block `i` is stored: `None` for raw.
+    pub fn encoded(&self, i: usize) -> Option<Encoded> {
+        self.encoded.get(i).copied().flatten()
+    }
+
+    /// Whether any block is encoded.
+    pub fn any_encoded(&self) -> bool {
+        !self.encoded.is_empty()
+    }
+
+    /// Bytes of the data object.
+    pub fn stored_bytes(&self) -> u64 {
+        self.offsets.last().copied().unwrap_or(0)
+    }
 }
 
 impl RunObject {
@@ -175,20 +264,27 @@ pub fn data_of(manifest_name: &str) -> Option<String> {
 }
 
 impl Manifest {
-    /// The manifest of `metas` (consecutive, one chain) with their checksums and, when
-    /// the writer has a signing key, their tags (one per block, or none).
+    /// The manifest of `metas` (consecutive, one chain) stored as `spans` says, with
+    /// their checksums and, when the writer has a signing key, their tags (one per block,
+    /// or none).
     pub fn of(
         metas: &[BlockMeta],
         crcs: &[u32],
         tags: &[[u8; BLOCK_TAG_BYTES]],
         block_bytes: u64,
+        spans: &Spans,
         writer: Option<String>,
     ) -> Option<Self> {
         let first = metas.first()?;
+        let version = if spans.any_encoded() {
+            ENCODED_MANIFEST_VERSION
+        } else {
+            MANIFEST_VERSION
+        };
         Some(Self {
             writer,
             seal: None,
-            version: MANIFEST_VERSION,
+            version,
             layout: first.layout.to_hex(),
             block_bytes,
             first_position: first.position,
@@ -203,6 +299,7 @@ impl Manifest {
                     extra_tag: m.extra_tag.map(|t| to_hex(&t)),
                     crc32c: *c,
                     tag: tags.get(i).map(|t| to_hex(t)),
+                    encoded: spans.encoded(i),
                 })
                 .collect(),
         })
@@ -239,11 +336,23 @@ impl Manifest {
             .collect()
     }
 
+    /// Where its blocks are in the data object, or `None` when the encodings are not
+    /// ones this version may have (version 1 has none) or cannot be (see [`Spans::of`]).
+    pub fn spans(&self) -> Option<Spans> {
+        let encoded: Vec<Option<Encoded>> = self.blocks.iter().map(|b| b.encoded).collect();
+        let any = encoded.iter().any(Option::is_some);
+        if any != (self.version == ENCODED_MANIFEST_VERSION) {
+            return None;
+        }
+        Spans::of(encoded, self.block_bytes)
+    }
+
     /// The blocks it describes, or `None` when anything is malformed: a wrong version, a
     /// bad hex field, or a chain whose parents do not link up. A manifest that fails here
     /// is ignored (its object is never served).
     pub fn metas(&self) -> Option<Vec<BlockMeta>> {
-        if self.version != MANIFEST_VERSION || self.blocks.is_empty() || self.block_bytes == 0 {
+        let known = [MANIFEST_VERSION, ENCODED_MANIFEST_VERSION].contains(&self.version);
+        if !known || self.blocks.is_empty() || self.block_bytes == 0 {
             return None;
         }
         let layout = LayoutDigest(unhex::<16>(&self.layout)?);

@@ -15,6 +15,13 @@
 //! version 2 objects whose tag holds: a bucket writer without the key cannot make it
 //! serve a state of their choosing.
 //!
+//! A tier with a codec (ADR 0021) stores a state that shrinks as a frame of the codec:
+//! versions 3 (unsigned) and 4 (signed), the same headers with the codec's code at byte
+//! 76 and the decoded length at bytes 80..88; `len`, the CRC and the tag are then of the
+//! frame, and the frame's segments carry the checksums of the state they decode to.
+//! Builds that know versions 1 and 2 only refuse them (a miss, never a frame served as a
+//! state).
+//!
 //! - **One PUT, one GET.** The header travels with the state, so an object is complete
 //!   or absent (an S3 PUT is atomic) and needs no manifest; a restore is one GET of the
 //!   whole object.
@@ -42,6 +49,8 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
+use kvtier_codec::{Codec, DecodeError, PageCoder};
+
 use crate::RemoteTier;
 use crate::catalog::Listed;
 use crate::object::crc;
@@ -57,6 +66,12 @@ const VERSION: u32 = 1;
 pub const HEADER_BYTES: usize = 96;
 /// The format version of signed state objects.
 const SIGNED_VERSION: u32 = 2;
+/// The versions of encoded state objects, unsigned and signed.
+const ENCODED_VERSION: u32 = 3;
+const SIGNED_ENCODED_VERSION: u32 = 4;
+/// Where an encoded object's codec and decoded length are in its header.
+const CODEC_AT: usize = 76;
+const DECODED_LEN_AT: usize = 80;
 /// Bytes of a signed object's header.
 pub const SIGNED_HEADER_BYTES: usize = 128;
 /// Where a signed header's tag starts (it covers the bytes before it, and the state).
@@ -115,21 +130,46 @@ pub fn parse_state_name(prefix: &str, name: &str) -> Option<(LayoutDigest, Snaps
     Some((layout, SnapshotKey(unhex::<32>(key)?)))
 }
 
-/// The header of a state object holding `state` under `key` and `layout`: version 1, or
-/// version 2 signed with `signing`.
+/// How an encoded state object's state is stored: the frame's codec and the length of
+/// the state it decodes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodedState {
+    /// The codec (never raw).
+    pub codec: Codec,
+    /// Bytes of the decoded state.
+    pub decoded_len: u64,
+}
+
+/// A state object that passed every check: its stored state (a frame when `encoded`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The bytes after the header.
+    pub stored: Bytes,
+    /// How they decode, if they are a frame.
+    pub encoded: Option<EncodedState>,
+}
+
+/// The header of a state object storing `state` (the state, or its frame as `encoded`
+/// says) under `key` and `layout`: version 1 or 3, or 2 or 4 signed with `signing`.
 fn header(
     key: &SnapshotKey,
     layout: &LayoutDigest,
     state: &[u8],
     signing: Option<&SigningKey>,
+    encoded: Option<EncodedState>,
 ) -> Vec<u8> {
     let len = header_bytes(signing);
-    let version = if signing.is_some() {
-        SIGNED_VERSION
-    } else {
-        VERSION
+    let version = match (signing.is_some(), encoded.is_some()) {
+        (false, false) => VERSION,
+        (true, false) => SIGNED_VERSION,
+        (false, true) => ENCODED_VERSION,
+        (true, true) => SIGNED_ENCODED_VERSION,
     };
     let mut h = vec![0u8; len];
+    if let Some(e) = encoded {
+        h[CODEC_AT] = e.codec.code();
+        h[DECODED_LEN_AT..DECODED_LEN_AT + 8].copy_from_slice(&e.decoded_len.to_le_bytes());
+    }
     h[0..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&version.to_le_bytes());
     h[12..16].copy_from_slice(&(len as u32).to_le_bytes());
@@ -146,16 +186,17 @@ fn header(
     h
 }
 
-/// The state in `object` if it is a whole, intact state object for exactly `key` under
-/// `layout` — signed with `signing` when the tier has a key —, `state_crc` being the
-/// CRC-32C of the bytes after its header (computed as they arrived); otherwise why not.
+/// The stored state in `object` if it is a whole, intact state object for exactly `key`
+/// under `layout` — signed with `signing` when the tier has a key —, `state_crc` being
+/// the CRC-32C of the bytes after its header (computed as they arrived); otherwise why
+/// not. An encoded state still has to decode to the bytes its frame's checksums name.
 pub fn verified_state(
     object: &Bytes,
     key: &SnapshotKey,
     layout: &LayoutDigest,
     state_crc: u32,
     signing: Option<&SigningKey>,
-) -> std::result::Result<Bytes, StateRefusal> {
+) -> std::result::Result<Verified, StateRefusal> {
     use StateRefusal::{Damaged, Unsigned};
     if object.len() < 16 || &object[0..8] != MAGIC {
         return Err(Damaged("not a state object"));
@@ -163,17 +204,17 @@ pub fn verified_state(
     let u32_at = |at: usize| {
         u32::from_le_bytes([object[at], object[at + 1], object[at + 2], object[at + 3]])
     };
-    let expected = match signing {
-        Some(_) => (SIGNED_VERSION, SIGNED_HEADER_BYTES),
-        None => (VERSION, HEADER_BYTES),
+    let (raw, encoded, len) = match signing {
+        Some(_) => (SIGNED_VERSION, SIGNED_ENCODED_VERSION, SIGNED_HEADER_BYTES),
+        None => (VERSION, ENCODED_VERSION, HEADER_BYTES),
     };
-    if (u32_at(8), u32_at(12) as usize) != expected {
+    let version = u32_at(8);
+    if (version != raw && version != encoded) || u32_at(12) as usize != len {
         return Err(match signing {
             Some(_) => Unsigned,
             None => Damaged("unknown state object version"),
         });
     }
-    let len = expected.1;
     if object.len() < len {
         return Err(Damaged("shorter than a state header"));
     }
@@ -201,7 +242,36 @@ pub fn verified_state(
             return Err(Unsigned);
         }
     }
-    Ok(object.slice(len..))
+    let encoded = if version == encoded {
+        let codec = Codec::from_code(h[CODEC_AT])
+            .filter(|c| *c != Codec::Raw)
+            .ok_or(Damaged("unknown codec"))?;
+        let mut decoded_len = [0u8; 8];
+        decoded_len.copy_from_slice(&h[DECODED_LEN_AT..DECODED_LEN_AT + 8]);
+        let decoded_len = u64::from_le_bytes(decoded_len);
+        if decoded_len > MAX_STATE_BYTES {
+            return Err(Damaged("decoded length past any state"));
+        }
+        Some(EncodedState { codec, decoded_len })
+    } else {
+        None
+    };
+    Ok(Verified {
+        stored: object.slice(len..),
+        encoded,
+    })
+}
+
+/// The state `verified` holds: its stored bytes, or what their frame decodes to through
+/// `coder` (checked segment by segment).
+fn decoded_state(coder: &PageCoder, verified: Verified) -> std::result::Result<Bytes, DecodeError> {
+    let Some(e) = verified.encoded else {
+        return Ok(verified.stored);
+    };
+    let len = usize::try_from(e.decoded_len).map_err(|_| DecodeError::Truncated)?;
+    let mut out = vec![0u8; len];
+    coder.decode_frames(vec![(e.codec, &verified.stored[..], &mut out[..])])?;
+    Ok(Bytes::from(out))
 }
 
 impl RemoteTier {
@@ -341,10 +411,21 @@ impl SnapshotStore for RemoteTier {
         }
         let name = state_object_name(&self.config().prefix, &layout, key);
         let endpoint = self.target_of(&name);
+        // A state that shrinks is stored as a frame of the tier's codec (ADR 0021).
+        let (stored, encoded) = match self.coder().encode_state(layout, blob) {
+            Some(e) => {
+                let encoded = EncodedState {
+                    codec: e.codec,
+                    decoded_len: blob.len() as u64,
+                };
+                (Bytes::from(e.frame), Some(encoded))
+            }
+            None => (blob.clone(), None),
+        };
         // The header and the state go out as two parts of one body: the state is not
         // copied to sit behind its header.
-        let head = Bytes::from(header(key, &layout, blob, self.signing_key()));
-        let payload: PutPayload = [head, blob.clone()].into_iter().collect();
+        let head = Bytes::from(header(key, &layout, &stored, self.signing_key(), encoded));
+        let payload: PutPayload = [head, stored].into_iter().collect();
         let store = self.store(endpoint);
         let path = Path::from(name.as_str());
         self.count_put();
@@ -391,7 +472,13 @@ impl SnapshotStore for RemoteTier {
         };
         match read {
             Fetch::Got((object, state_crc)) => {
-                match verified_state(&object, key, &state.layout, state_crc, self.signing_key()) {
+                let verified =
+                    verified_state(&object, key, &state.layout, state_crc, self.signing_key())
+                        .and_then(|v| {
+                            decoded_state(self.coder(), v)
+                                .map_err(|_| StateRefusal::Damaged("the frame does not decode"))
+                        });
+                match verified {
                     Ok(blob) => Ok(Some(blob)),
                     Err(why) => {
                         match why {
@@ -441,12 +528,12 @@ mod tests {
     fn every_damage_to_a_state_object_is_refused() {
         let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
         let state: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
-        let mut whole = header(&key, &layout, &state, None);
+        let mut whole = header(&key, &layout, &state, None, None);
         whole.extend_from_slice(&state);
         let good = Bytes::from(whole.clone());
         let check = |o: &Bytes, key: &SnapshotKey, layout: &LayoutDigest| {
             let tail = o.get(HEADER_BYTES..).unwrap_or_default();
-            verified_state(o, key, layout, crc(tail), None)
+            verified_state(o, key, layout, crc(tail), None).map(|v| v.stored)
         };
         assert_eq!(check(&good, &key, &layout).as_deref(), Ok(&state[..]));
         assert!(check(&good, &SnapshotKey([3; 32]), &layout).is_err());
@@ -465,19 +552,79 @@ mod tests {
     }
 
     #[test]
+    fn an_encoded_state_decodes_to_its_own_bytes_and_any_damage_is_refused() {
+        use kvtier_codec::{CodecConfig, Element, Shape};
+        let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
+        let ours = SigningKey::from_bytes(&[5; 32]);
+        let coder = PageCoder::new(CodecConfig::default());
+        // f32 words of a smooth signal: the byte planes shrink.
+        let state: Vec<u8> = (0..8192u32)
+            .flat_map(|i| ((i % 97) as f32 * 0.25).to_le_bytes())
+            .collect();
+        let shape = Shape {
+            element: Element::Bytes { width: 4 },
+            group: 1,
+        };
+        let frame =
+            kvtier_codec::frame::encode(Codec::Lossless, shape, &state, 16 << 10, 1, 1).unwrap();
+        assert!(frame.len() < state.len());
+        let encoded = EncodedState {
+            codec: Codec::Lossless,
+            decoded_len: state.len() as u64,
+        };
+        for signing in [None, Some(&ours)] {
+            let at = header_bytes(signing);
+            let mut whole = header(&key, &layout, &frame, signing, Some(encoded));
+            whole.extend_from_slice(&frame);
+            let check = |o: &[u8]| {
+                let o = Bytes::copy_from_slice(o);
+                let tail = crc(o.get(at..).unwrap_or_default());
+                let v = verified_state(&o, &key, &layout, tail, signing)?;
+                decoded_state(&coder, v).map_err(|_| StateRefusal::Damaged("decode"))
+            };
+            assert_eq!(check(&whole).as_deref(), Ok(&state[..]));
+            // One flipped bit anywhere — the codec byte, the decoded length, the frame's
+            // table or its segments — is never served.
+            for flip in [CODEC_AT, DECODED_LEN_AT, at, at + 12, at + frame.len() / 2] {
+                let mut bad = whole.clone();
+                bad[flip] ^= 0x04;
+                assert!(check(&bad).is_err(), "a flip at byte {flip} was served");
+            }
+            if signing.is_none() {
+                // Damage inside the frame with the object's checksums made to match: the
+                // frame's own checksums of the decoded state refuse it.
+                let mut forged = whole.clone();
+                let last = forged.len() - 1;
+                forged[last] ^= 0x01;
+                let state_crc = crc(&forged[at..]);
+                forged[72..76].copy_from_slice(&state_crc.to_le_bytes());
+                let own = crc(&forged[..at - 4]);
+                forged[at - 4..at].copy_from_slice(&own.to_le_bytes());
+                assert!(check(&forged).is_err(), "a re-checksummed frame was served");
+                // A codec this build does not know is refused, not guessed at.
+                let mut unknown = whole.clone();
+                unknown[CODEC_AT] = 0xee;
+                let own = crc(&unknown[..at - 4]);
+                unknown[at - 4..at].copy_from_slice(&own.to_le_bytes());
+                assert_eq!(check(&unknown), Err(StateRefusal::Damaged("unknown codec")));
+            }
+        }
+    }
+
+    #[test]
     fn with_a_key_only_an_object_signed_with_it_is_served() {
         let (layout, key) = (LayoutDigest([1; 16]), SnapshotKey([2; 32]));
         let ours = SigningKey::from_bytes(&[5; 32]);
         let theirs = SigningKey::from_bytes(&[6; 32]);
         let state: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let object = |signing: Option<&SigningKey>, state: &[u8]| {
-            let mut whole = header(&key, &layout, state, signing);
+            let mut whole = header(&key, &layout, state, signing, None);
             whole.extend_from_slice(state);
             Bytes::from(whole)
         };
         let check = |o: &Bytes| {
             let tail = o.get(SIGNED_HEADER_BYTES..).unwrap_or_default();
-            verified_state(o, &key, &layout, crc(tail), Some(&ours))
+            verified_state(o, &key, &layout, crc(tail), Some(&ours)).map(|v| v.stored)
         };
         assert_eq!(
             check(&object(Some(&ours), &state)).as_deref(),

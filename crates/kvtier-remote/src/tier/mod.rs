@@ -13,6 +13,9 @@
 //!   chain into one object; when the run's parent is already in an object that starts at
 //!   the chain's root, the new object repeats those bytes first (read with one GET), so
 //!   the longer prefix is again one range from offset 0. The manifest goes last.
+//! - **Codecs** (ADR 0021): with [`RemoteConfig::codec`] set, the writer thread encodes
+//!   each page where it shrinks and the manifest says so; hits decode on the loading
+//!   thread (several blocks at once); a write a caller waits on stays raw.
 //! - **Objects learned elsewhere** come through a [`Catalog`]: at open it names objects
 //!   (by default [`ListCatalog`]: every manifest listed under the prefix) and the tier
 //!   adopts each after checking its manifest against the object's name
@@ -37,6 +40,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvtier_codec::PageCoder;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::snapshot::SnapshotKey;
 use kvtier_core::tier::ResidencySink;
@@ -101,6 +105,8 @@ pub struct RemoteTier {
     recv: Arc<RecvPool>,
     /// The state objects the tier serves, by snapshot key (`state.rs`).
     states: RwLock<HashMap<SnapshotKey, Arc<StateName>>>,
+    /// How pages and states are encoded and decoded (ADR 0021).
+    coder: PageCoder,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -150,6 +156,11 @@ impl RemoteTier {
                 "the remote tier's prefix must be a plain non-empty name",
             ));
         }
+        config
+            .codec
+            .validate()
+            .map_err(|e| Error::invalid(format!("invalid remote codec settings: {e}")))?;
+        let coder = PageCoder::new(config.codec.clone());
         let mut stores: Vec<Arc<dyn ObjectStore>> = Vec::new();
         for e in &config.endpoints {
             stores.push(Arc::new(build_store(e, &config)?));
@@ -173,6 +184,7 @@ impl RemoteTier {
             counters: Counters::default(),
             recv: Arc::default(),
             states: RwLock::new(HashMap::new()),
+            coder,
         };
         tier.recover();
         Ok(tier)
@@ -209,7 +221,10 @@ impl RemoteTier {
     pub(crate) fn states(&self) -> &RwLock<HashMap<SnapshotKey, Arc<StateName>>> {
         &self.states
     }
-    /// Receive buffers of GETs, reused.
+    /// The tier's coder (state objects encode and decode through it too).
+    pub(crate) fn coder(&self) -> &PageCoder {
+        &self.coder
+    }
     /// The direct reader of endpoint `index`, if it may read object `name` (`direct.rs`).
     pub(crate) fn direct_for(&self, index: usize, name: &str) -> Option<&DirectReader> {
         self.direct.get(index)?.as_ref().filter(|d| d.reads(name))
@@ -222,6 +237,7 @@ impl RemoteTier {
             .map(DirectReader::answered)
             .sum()
     }
+    /// Receive buffers of GETs, reused.
     pub(crate) fn recv_pool(&self) -> &Arc<RecvPool> {
         &self.recv
     }

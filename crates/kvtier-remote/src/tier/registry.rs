@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{Adopted, Listed, ObjectInfo, ObjectName};
-use crate::object::{Manifest, RunObject, data_of, manifest_of, names};
+use crate::object::{Manifest, RunObject, Spans, data_of, manifest_of, names};
 use crate::s3::Fetch;
 use crate::sign::SigningKey;
 
@@ -260,6 +260,7 @@ impl RemoteTier {
             crcs: Vec::new(),
             tags: Vec::new(),
             block_bytes: info.block_bytes,
+            spans: Spans::default(),
             pending: Some(info.manifest_digest),
         });
         Adopted::Blocks(self.index_object(object))
@@ -537,6 +538,9 @@ fn checked_manifest(
     if manifest.block_bytes == 0 {
         return Err("the manifest's blocks are empty".into());
     }
+    let spans = manifest
+        .spans()
+        .ok_or("the manifest's block encodings are not ones its version may have")?;
     if let Some(w) = &manifest.writer
         && !crate::object::valid_writer_tag(w)
     {
@@ -556,6 +560,7 @@ fn checked_manifest(
         tags,
         metas,
         block_bytes: manifest.block_bytes,
+        spans,
         pending: None,
     }))
 }

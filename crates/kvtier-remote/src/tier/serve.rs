@@ -1,11 +1,12 @@
 //! The [`Tier`] implementation: hits as one ranged GET of consecutive blocks, each
-//! checked against its manifest CRC; a 404 forgets the object; stats.
+//! checked against its manifest CRC and decoded where it is encoded; a 404 forgets the
+//! object; stats.
 
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::layout::LayoutDigest;
@@ -17,6 +18,8 @@ use kvtier_core::{Error, ErrorKind, Result};
 use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore};
 
+use kvtier_codec::{DecodeError, Resident};
+
 use crate::object::{RunObject, crc};
 use crate::s3::Fetch;
 
@@ -24,17 +27,72 @@ use super::RemoteTier;
 use super::write::runs;
 
 impl RemoteTier {
-    /// One ranged GET of slots `range` of `object`, each block verified; or why it
-    /// delivered nothing (a failed read is a miss: the tier never fails a load).
+    /// One ranged GET of slots `range` of `object`, each block verified and decoded; or
+    /// why it delivered nothing (a failed read is a miss: the tier never fails a load).
     pub(super) fn fetch(
         &self,
         object: &Arc<RunObject>,
         range: Range<usize>,
     ) -> std::result::Result<Vec<Bytes>, ShortRead> {
+        let (object, stored) = self.fetch_stored(object, range.clone())?;
+        if !object.spans.any_encoded() {
+            return Ok(stored);
+        }
+        self.decoded(&object, range.start, stored).map_err(|e| {
+            tracing::error!(object = %object.data_name, error = %e, "a remote block's frame did not decode to its own bytes; dropping the object");
+            self.forget_object(&object, RemovalCause::Corrupt);
+            ShortRead::Corrupt
+        })
+    }
+
+    /// The payloads of blocks `first..` of `object` from their stored bytes `stored`
+    /// (checked already): raw ones as they are, encoded ones decoded — several at once
+    /// on the coder's threads — into one buffer.
+    fn decoded(
+        &self,
+        object: &RunObject,
+        first: usize,
+        stored: Vec<Bytes>,
+    ) -> std::result::Result<Vec<Bytes>, DecodeError> {
+        let b = usize::try_from(object.block_bytes).map_err(|_| DecodeError::Truncated)?;
+        let encoded: Vec<usize> = (0..stored.len())
+            .filter(|k| object.spans.encoded(first + k).is_some())
+            .collect();
+        let mut out = BytesMut::zeroed(encoded.len() * b);
+        let frames = encoded
+            .iter()
+            .zip(out.chunks_mut(b))
+            .filter_map(|(&k, dst)| {
+                let e = object.spans.encoded(first + k)?;
+                Some((e.codec, &stored[k][..], dst))
+            })
+            .collect();
+        self.coder.decode_frames(frames)?;
+        let out = out.freeze();
+        let mut next = encoded.iter().enumerate().peekable();
+        Ok(stored
+            .into_iter()
+            .enumerate()
+            .map(|(k, raw)| match next.next_if(|(_, e)| **e == k) {
+                Some((n, _)) => out.slice(n * b..(n + 1) * b),
+                None => raw,
+            })
+            .collect())
+    }
+
+    /// One ranged GET of slots `range` of `object`, each block's stored bytes checked
+    /// against its CRC-32C (or, with a signing key, its tag) and returned as stored, with
+    /// the object as checked (one known from a record is replaced by the object its
+    /// manifest describes); or why it delivered nothing.
+    pub(super) fn fetch_stored(
+        &self,
+        object: &Arc<RunObject>,
+        range: Range<usize>,
+    ) -> std::result::Result<(Arc<RunObject>, Vec<Bytes>), ShortRead> {
         // An object known from a record is served only once its manifest checked out.
-        let object = &self.checked(object)?;
-        let b = object.block_bytes;
-        let bytes_range = range.start as u64 * b..range.end as u64 * b;
+        let object = self.checked(object)?;
+        let bytes_range = object.spans.range(range.clone());
+        let base = bytes_range.start;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let want = bytes_range.end - bytes_range.start;
         let read = match self.direct_for(object.target, &object.data_name) {
@@ -60,14 +118,15 @@ impl RemoteTier {
         };
         match read {
             Fetch::Got(bytes) => {
-                if bytes.len() as u64 != (range.end - range.start) as u64 * b {
+                if bytes.len() as u64 != want {
                     tracing::error!(object = %object.data_name, "remote object shorter than its manifest; dropping it");
-                    self.forget_object(object, RemovalCause::Corrupt);
+                    self.forget_object(&object, RemovalCause::Corrupt);
                     return Err(ShortRead::Corrupt);
                 }
                 let mut out = Vec::with_capacity(range.len());
-                for (k, slot) in range.enumerate() {
-                    let block = bytes.slice(k * b as usize..(k + 1) * b as usize);
+                for slot in range {
+                    let at = object.spans.range(slot..slot + 1);
+                    let block = bytes.slice((at.start - base) as usize..(at.end - base) as usize);
                     // With a key the tag is the check (the CRC alone is forgeable); an
                     // object without tags was never indexed under a key.
                     let holds = match (self.signing_key(), object.tags.get(slot)) {
@@ -80,16 +139,16 @@ impl RemoteTier {
                             self.count_unsigned();
                         }
                         tracing::error!(object = %object.data_name, slot, "remote block failed its checksum or signature; dropping the object");
-                        self.forget_object(object, RemovalCause::Corrupt);
+                        self.forget_object(&object, RemovalCause::Corrupt);
                         return Err(ShortRead::Corrupt);
                     }
                     out.push(block);
                 }
-                Ok(out)
+                Ok((object, out))
             }
             Fetch::Gone => {
                 tracing::info!(object = %object.data_name, "remote object is gone; forgetting its blocks");
-                self.forget_object(object, RemovalCause::Explicit);
+                self.forget_object(&object, RemovalCause::Explicit);
                 Err(ShortRead::NotHeld)
             }
             Fetch::Failed(e) => {
@@ -99,20 +158,10 @@ impl RemoteTier {
             }
         }
     }
-}
 
-impl Tier for RemoteTier {
-    fn kind(&self) -> TierKind {
-        TierKind::Remote
-    }
-
-    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_many(&[(meta.clone(), payload)])
-            .pop()
-            .unwrap_or(Ok(PutOutcome::Duplicate))
-    }
-
-    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+    /// Writes `items` as runs, encoding their pages when `encode` (a writer thread) and
+    /// keeping them raw when not (a caller waits on it).
+    fn put_runs(&self, items: &[(BlockMeta, Bytes)], encode: bool) -> Vec<Result<PutOutcome>> {
         let mut out: Vec<Result<PutOutcome>> = Vec::with_capacity(items.len());
         for run in runs(items, self.config.max_run_blocks.max(1)) {
             let slice = &items[run.clone()];
@@ -132,7 +181,7 @@ impl Tier for RemoteTier {
             if rest.is_empty() {
                 continue;
             }
-            match self.write_run(rest) {
+            match self.write_run(rest, encode) {
                 Ok(()) => {
                     self.counters
                         .stores
@@ -152,6 +201,32 @@ impl Tier for RemoteTier {
             }
         }
         out
+    }
+}
+
+impl Tier for RemoteTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Remote
+    }
+
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_many(&[(meta.clone(), payload)])
+            .pop()
+            .unwrap_or(Ok(PutOutcome::Duplicate))
+    }
+
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+        self.put_runs(items, true)
+    }
+
+    fn put_for_caller(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
+        self.put_runs(&[(meta.clone(), payload)], false)
+            .pop()
+            .unwrap_or(Ok(PutOutcome::Duplicate))
+    }
+
+    fn layout_registered(&self, layout: &kvtier_core::layout::Layout) {
+        self.coder.learn(layout);
     }
 
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>> {
@@ -265,6 +340,19 @@ impl Tier for RemoteTier {
     fn stats(&self) -> TierStats {
         let blocks = self.blocks.read();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // Stored bytes of the blocks held, and how many of them are encoded, per codec.
+        let mut stored = 0u64;
+        let mut resident = Resident::default();
+        for slot in blocks.values() {
+            let o = &slot.object;
+            match o.spans.encoded(slot.index) {
+                Some(e) => {
+                    stored += e.bytes;
+                    resident.add(e.codec, e.bytes, o.block_bytes);
+                }
+                None => stored += o.block_bytes,
+            }
+        }
         let mut s = TierStats {
             hits: g(&self.counters.hits),
             misses: g(&self.counters.misses),
@@ -272,8 +360,9 @@ impl Tier for RemoteTier {
             dedup_skips: g(&self.counters.dedup_skips),
             io_errors: g(&self.counters.io_errors),
             resident_blocks: blocks.len() as u64,
-            resident_bytes: blocks.values().map(|s| s.object.block_bytes).sum(),
+            resident_bytes: stored,
             capacity_bytes: u64::MAX,
+            codec: resident.fill(self.coder.stats()),
             ..TierStats::default()
         };
         s.evictions.explicit = g(&self.counters.removed_explicit);

@@ -1,19 +1,19 @@
 //! The write path: the blocks of a store become run objects (consecutive blocks of one
 //! chain, the longer prefix repeated from an object that starts at the chain's root),
-//! data first, manifest last.
+//! each page encoded by the tier's codec where it shrinks, data first, manifest last.
 
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvtier_core::hash::BlockHash;
 use kvtier_core::tier::{BlockMeta, TierKind};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
 
-use crate::object::{Manifest, RunObject, crc, names};
+use crate::object::{Encoded, Manifest, RunObject, Spans, crc, names};
 use crate::s3::{CallError, Fetch};
 
 use super::{RemoteTier, Slot};
@@ -23,6 +23,8 @@ use super::{RemoteTier, Slot};
 pub(super) enum WriteError {
     #[error("empty run")]
     EmptyRun,
+    #[error("the run's object would be larger than 2^64 bytes")]
+    TooLarge,
     #[error("cannot encode the manifest")]
     Manifest(#[source] serde_json::Error),
     #[error("the bucket does not exist")]
@@ -31,98 +33,108 @@ pub(super) enum WriteError {
     Call(CallError),
 }
 
-/// The blocks of a chain before a run, read back so the run's object starts at the root.
+/// Blocks as they go into a run object: their stored bytes (payload or frame) and what
+/// the manifest says of each.
 #[derive(Default)]
-pub(super) struct Ancestors {
+pub(super) struct Stored {
     metas: Vec<BlockMeta>,
     crcs: Vec<u32>,
     tags: Vec<[u8; crate::sign::BLOCK_TAG_BYTES]>,
-    payloads: Vec<Bytes>,
+    encoded: Vec<Option<Encoded>>,
+    bytes: Vec<Bytes>,
 }
 
 impl RemoteTier {
-    /// The payloads of the run that ends with `parent` from the chain's root, if one
-    /// object holds it from position 0 and it can be read in time.
-    pub(super) fn ancestors(&self, parent: &BlockHash) -> Option<Ancestors> {
+    /// The stored bytes of the run that ends with `parent` from the chain's root, if one
+    /// object of `block_bytes` blocks holds it from position 0 and it can be read in time
+    /// (as stored: frames are copied, not decoded and encoded again).
+    pub(super) fn ancestors(&self, parent: &BlockHash, block_bytes: u64) -> Option<Stored> {
         let slot = self.blocks.read().get(parent).cloned()?;
-        if slot.object.metas.first()?.position != 0 {
+        if slot.object.metas.first()?.position != 0 || slot.object.block_bytes != block_bytes {
             return None;
         }
-        let blocks = self.fetch(&slot.object, 0..slot.index + 1).ok()?;
-        Some(Ancestors {
-            metas: slot.object.metas[..=slot.index].to_vec(),
-            crcs: slot.object.crcs[..=slot.index].to_vec(),
-            tags: slot
-                .object
-                .tags
-                .get(..=slot.index)
-                .unwrap_or_default()
-                .to_vec(),
-            payloads: blocks,
+        let (object, bytes) = self.fetch_stored(&slot.object, 0..slot.index + 1).ok()?;
+        let tags = object.tags.get(..=slot.index).unwrap_or_default().to_vec();
+        if self.config.signing_key.is_some() && tags.len() != bytes.len() {
+            return None;
+        }
+        Some(Stored {
+            metas: object.metas[..=slot.index].to_vec(),
+            crcs: object.crcs[..=slot.index].to_vec(),
+            tags,
+            encoded: (0..=slot.index).map(|i| object.spans.encoded(i)).collect(),
+            bytes,
         })
     }
+
     /// Writes one run (consecutive blocks of one chain) as one object, its ancestors first
-    /// when they can be had.
+    /// when they can be had; with `encode`, each new page goes through the tier's codec.
     pub(super) fn write_run(
         &self,
         run: &[(BlockMeta, Bytes)],
+        encode: bool,
     ) -> std::result::Result<(), WriteError> {
         let (first, _) = run.first().ok_or(WriteError::EmptyRun)?;
         let block_bytes = run[0].1.len() as u64;
-        let mut before = if first.position > 0 {
-            self.ancestors(&first.parent).unwrap_or_default()
+        let before = if first.position > 0 {
+            self.ancestors(&first.parent, block_bytes)
         } else {
-            Ancestors::default()
+            None
         };
-        let key = self.config.signing_key.as_ref();
-        if before
-            .payloads
-            .iter()
-            .any(|p| p.len() as u64 != block_bytes)
-            || (key.is_some() && before.tags.len() != before.payloads.len())
-        {
-            before = Ancestors::default();
-        }
-        let Ancestors {
+        let Stored {
             mut metas,
             mut crcs,
             mut tags,
-            mut payloads,
-        } = before;
+            mut encoded,
+            mut bytes,
+        } = before.unwrap_or_default();
+        let key = self.config.signing_key.as_ref();
         for (m, p) in run {
+            let frame = encode
+                .then(|| self.coder.encode_block(m.layout, p))
+                .flatten();
+            let (b, e) = match frame {
+                Some(f) => {
+                    let e = Encoded {
+                        codec: f.codec,
+                        bytes: f.frame.len() as u64,
+                    };
+                    (Bytes::from(f.frame), Some(e))
+                }
+                None => (p.clone(), None),
+            };
             metas.push(m.clone());
-            crcs.push(crc(p));
+            crcs.push(crc(&b));
             if let Some(key) = key {
-                tags.push(key.block_tag(p));
+                tags.push(key.block_tag(&b));
             }
-            payloads.push(p.clone());
+            encoded.push(e);
+            bytes.push(b);
         }
+        let spans = Spans::of(encoded, block_bytes).ok_or(WriteError::TooLarge)?;
         let writer = self
             .catalog
             .writer_tag()
             .filter(|t| crate::object::valid_writer_tag(t));
         let (data_name, manifest_name) =
             names(&self.config.prefix, &metas, writer.as_deref()).ok_or(WriteError::EmptyRun)?;
-        let manifest = Manifest::of(&metas, &crcs, &tags, block_bytes, writer)
+        let manifest = Manifest::of(&metas, &crcs, &tags, block_bytes, &spans, writer)
             .ok_or(WriteError::EmptyRun)?
             .to_bytes(key)
             .map_err(WriteError::Manifest)?;
         let manifest_digest: [u8; 32] = Sha256::digest(&manifest).into();
-        let mut data = BytesMut::with_capacity(payloads.len() * block_bytes as usize);
-        for p in &payloads {
-            data.extend_from_slice(p);
-        }
+        // The blocks go out as parts of one body, not copied into one buffer first.
+        let data: PutPayload = bytes.into_iter().collect();
         let target = self.target_of(&data_name);
         let store = self.stores[target].clone();
         let (dpath, mpath) = (
             Path::from(data_name.as_str()),
             Path::from(manifest_name.as_str()),
         );
-        let data = data.freeze();
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         // Data first, manifest last: the manifest is the commit point.
         match self.call(async move {
-            store.put(&dpath, PutPayload::from_bytes(data)).await?;
+            store.put(&dpath, data).await?;
             store.put(&mpath, PutPayload::from(manifest)).await?;
             Ok(())
         }) {
@@ -137,6 +149,7 @@ impl RemoteTier {
             crcs,
             tags,
             block_bytes,
+            spans,
             pending: None,
         });
         self.objects
