@@ -2,10 +2,12 @@
 //! 2,048-token prefix is cached, against computing it cold, for Gemma 3 (KV blocks),
 //! Mamba (a state snapshot, or a checkpoint before a divergence) and the hybrid model (KV
 //! blocks and a checkpoint together); the load's throughput against memcpy of the same bytes; and
-//! how much of the load layer-wise loading hides behind the suffix's compute; and what the
-//! cold-page codecs do to these models' KV ([`codec`]).
+//! how much of the load layer-wise loading hides behind the suffix's compute; a hit from
+//! the SSD tier with and without the fp8 cold codec ([`ssd_hit`]); and what the cold-page
+//! codecs do to these models' KV ([`codec`]).
 
 pub mod codec;
+mod ssd_hit;
 
 use std::sync::Arc;
 
@@ -198,6 +200,7 @@ fn gemma_rows(
             "all of the load hidden",
         ),
     ]);
+    rows.extend(ssd_hit::rows(&weights, &prompt, cold, hit_samples)?);
     let Some(served) = served else {
         return Ok(rows);
     };

@@ -13,6 +13,7 @@ mod rows_hash;
 mod rows_lookup;
 mod rows_model;
 mod rows_ram;
+mod rows_remote_codec;
 mod rows_server;
 mod rows_server_mixed;
 mod rows_shm;
@@ -161,12 +162,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         effort.samples
     );
-    let groups: [(&str, RowGroup); 9] = [
+    let groups: [(&str, RowGroup); 10] = [
         ("hash", rows_hash::rows),
         ("lookup", rows_lookup::rows),
         ("ram", rows_ram::rows),
         ("snapshot", rows_snapshot::rows),
         ("snapshot.remote", rows_snapshot_remote::rows),
+        ("remote.codec", rows_remote_codec::rows),
         ("server", rows_server::rows),
         ("shm", rows_shm::rows),
         ("s3", s3::rows),
