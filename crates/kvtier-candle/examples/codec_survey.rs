@@ -1,6 +1,7 @@
-//! Which entropy coder the lossless codec should use (ADR 0021): zstd at several levels and
-//! lz4, each with and without the byte-plane split, on the real pages of the `codec.*`
-//! bench rows (Gemma 3's KV in bf16 and f32, the Mamba model's f32 state), one core.
+//! Which entropy coder the lossless codec should use (ADR 0021): the codec's own (a
+//! Huffman code per byte plane), zstd at several levels and lz4, with and without the
+//! byte-plane split, on the real pages of the `codec.*` bench rows (Gemma 3's KV in bf16
+//! and f32, the Mamba model's f32 state), one core.
 //!
 //! ```text
 //! cargo run --profile test -p kvtier-candle --example codec_survey
@@ -24,8 +25,14 @@ fn split(page: &[u8], w: usize) -> Vec<u8> {
     out
 }
 
-/// lz4 of each page (after the split when `w > 1`): ratio, encode, decode GB/s.
-fn lz4(corpus: &Corpus, w: usize) -> (f64, f64, f64) {
+/// `coder` over each plane of each page (after the split when `w > 1`), `decoder` back:
+/// ratio, encode, decode GB/s.
+fn per_plane(
+    corpus: &Corpus,
+    w: usize,
+    coder: &dyn Fn(&[u8]) -> Vec<u8>,
+    decoder: &dyn Fn(&[u8], usize) -> usize,
+) -> (f64, f64, f64) {
     let mut stored = 0;
     let mut enc = f64::MAX;
     let mut dec = f64::MAX;
@@ -37,11 +44,12 @@ fn lz4(corpus: &Corpus, w: usize) -> (f64, f64, f64) {
             .map(|p| {
                 let planes = split(p, w);
                 let n = planes.len() / w.max(1);
-                // Each plane on its own, like the zstd codec.
+                // Each plane on its own, like the codec.
                 let mut out = Vec::new();
                 for chunk in planes.chunks(n.max(1)) {
-                    let c = lz4_flex::compress_prepend_size(chunk);
+                    let c = coder(chunk);
                     out.extend((c.len() as u32).to_le_bytes());
+                    out.extend((chunk.len() as u32).to_le_bytes());
                     out.extend(c);
                 }
                 out
@@ -55,10 +63,9 @@ fn lz4(corpus: &Corpus, w: usize) -> (f64, f64, f64) {
             let mut got = 0;
             while rest.len() >= 4 {
                 let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                got += lz4_flex::decompress_size_prepended(&rest[4..4 + len])
-                    .map(|d| d.len())
-                    .unwrap_or(0);
-                rest = &rest[4 + len..];
+                let plain = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
+                got += decoder(&rest[8..8 + len], plain);
+                rest = &rest[8 + len..];
             }
             assert_eq!(got, p.len());
         }
@@ -82,24 +89,55 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("planes", corpus.shape),
             ("no split", kvtier_codec::Shape::BYTES),
         ] {
-            for level in [-5, -1, 1, 3, 6] {
-                let c = Corpus {
-                    shape,
-                    ..corpus.clone()
-                };
-                let m = measure(&c, Codec::Lossless, level, 3)?;
-                println!(
-                    "{}\tzstd {level} {split_label}\t{:.3}\t{:.2}\t{:.2}\t{:.2}",
-                    corpus.name,
-                    m.ratio,
-                    m.encode_gbps,
-                    m.decode_gbps,
-                    m.ratio * m.decode_gbps
-                );
+            let c = Corpus {
+                shape,
+                ..corpus.clone()
+            };
+            let m = measure(&c, Codec::Lossless, 3)?;
+            println!(
+                "{}\tkvtier lossless (Huffman) {split_label}\t{:.3}\t{:.2}\t{:.2}\t{:.2}",
+                corpus.name,
+                m.ratio,
+                m.encode_gbps,
+                m.decode_gbps,
+                m.ratio * m.decode_gbps
+            );
+        }
+        let lz4_decode = |c: &[u8], _: usize| {
+            lz4_flex::decompress_size_prepended(c)
+                .map(|d| d.len())
+                .unwrap_or(0)
+        };
+        let mut coders: Vec<(String, Box<dyn Fn(&[u8]) -> Vec<u8>>, usize)> = Vec::new();
+        for level in [-5, -1, 1, 3, 6] {
+            for (label, width) in [("planes", w), ("no split", 1)] {
+                coders.push((
+                    format!("zstd {level} {label}"),
+                    Box::new(move |p: &[u8]| zstd::bulk::compress(p, level).unwrap_or_default()),
+                    width,
+                ));
             }
         }
         for (label, width) in [("lz4 planes", w), ("lz4 no split", 1)] {
-            let (ratio, e, d) = lz4(corpus, width);
+            let (ratio, e, d) = per_plane(
+                corpus,
+                width,
+                &|p: &[u8]| lz4_flex::compress_prepend_size(p),
+                &lz4_decode,
+            );
+            println!(
+                "{}\t{label}\t{ratio:.3}\t{e:.2}\t{d:.2}\t{:.2}",
+                corpus.name,
+                ratio * d
+            );
+        }
+        let zstd_decode = |c: &[u8], plain: usize| {
+            zstd::bulk::decompress(c, plain)
+                .map(|d| d.len())
+                .unwrap_or(0)
+        };
+        for (label, coder, width) in &coders {
+            let (ratio, e, d) = per_plane(corpus, *width, coder.as_ref(), &zstd_decode);
             println!(
                 "{}\t{label}\t{ratio:.3}\t{e:.2}\t{d:.2}\t{:.2}",
                 corpus.name,

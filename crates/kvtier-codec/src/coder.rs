@@ -12,12 +12,12 @@ use kvtier_core::stats::CodecStats;
 use parking_lot::RwLock;
 
 use crate::frame::{self, Frame};
-use crate::{Codec, DecodeError, Element, Shape, lossless};
+use crate::{Codec, DecodeError, Element, Shape};
 
 /// Decoded bytes per frame segment, at most (whole pages of a layer are kept together
 /// below this): small enough that a one-layer read decodes little more than its layer
-/// and a block decodes on several threads, large enough that zstd's per-frame cost (a
-/// header and a Huffman table, ~100 bytes) stays under 1%.
+/// and a block decodes on several threads, large enough that a segment's fixed cost (a
+/// code table per plane, ~140 bytes) stays under 1%.
 pub const SEGMENT_BYTES: usize = 256 << 10;
 
 /// Which codec a tier writes pages with.
@@ -27,8 +27,6 @@ pub struct CodecConfig {
     pub default: Codec,
     /// Per-namespace (layout digest) choices.
     pub namespaces: BTreeMap<LayoutDigest, Codec>,
-    /// zstd's level for the lossless codec (default [`lossless::DEFAULT_LEVEL`]).
-    pub level: i32,
 }
 
 impl Default for CodecConfig {
@@ -36,7 +34,6 @@ impl Default for CodecConfig {
         Self {
             default: Codec::Raw,
             namespaces: BTreeMap::new(),
-            level: lossless::DEFAULT_LEVEL,
         }
     }
 }
@@ -51,12 +48,6 @@ impl CodecConfig {
         if let Some(c) = lossy {
             return Err(format!(
                 "`{c}` cannot be set on a tier: it is lossy, and only a layout registered with it may use it"
-            ));
-        }
-        if !(-7..=9).contains(&self.level) {
-            return Err(format!(
-                "zstd level {} is out of range -7..=9 for a codec on the write path",
-                self.level
             ));
         }
         Ok(())
@@ -202,14 +193,7 @@ impl PageCoder {
             return None;
         }
         let started = Instant::now();
-        let frame = frame::encode(
-            plan.codec,
-            plan.shape,
-            page,
-            plan.segment,
-            self.config.level,
-            self.threads,
-        );
+        let frame = frame::encode(plan.codec, plan.shape, page, plan.segment, self.threads);
         let c = &self.counters;
         c.encode_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

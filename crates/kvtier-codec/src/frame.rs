@@ -36,8 +36,8 @@ pub fn crc(bytes: &[u8]) -> u32 {
 type Coded = (Codec, Vec<u8>, u32);
 
 /// Encodes one segment (see [`encode`]); `None` if a lossy stream does not decode.
-fn encode_segment(codec: Codec, shape: Shape, seg: &[u8], level: i32) -> Option<Coded> {
-    let (used, bytes) = match crate::encode(codec, shape, seg, level) {
+fn encode_segment(codec: Codec, shape: Shape, seg: &[u8]) -> Option<Coded> {
+    let (used, bytes) = match crate::encode(codec, shape, seg) {
         Some(enc) => (codec, enc),
         None => (Codec::Raw, seg.to_vec()),
     };
@@ -55,7 +55,7 @@ fn encode_segment(codec: Codec, shape: Shape, seg: &[u8], level: i32) -> Option<
 }
 
 /// Encodes `page` as a frame of `segment`-byte segments (rounded down to a multiple of the
-/// element width, at least one element), each with `codec` at zstd `level` or raw where
+/// element width, at least one element), each with `codec` or raw where
 /// that does not shrink it, on up to `threads` threads for a page large enough to gain
 /// from it (segments are independent). `None` when the frame would not be smaller than
 /// the page, or when no segment shrank.
@@ -64,7 +64,6 @@ pub fn encode(
     shape: Shape,
     page: &[u8],
     segment: usize,
-    level: i32,
     threads: usize,
 ) -> Option<Vec<u8>> {
     if codec == Codec::Raw || page.is_empty() {
@@ -80,7 +79,7 @@ pub fn encode(
     let coded: Vec<Coded> = if threads == 1 || page.len() < PARALLEL_FROM {
         segments
             .iter()
-            .map(|seg| encode_segment(codec, shape, seg, level))
+            .map(|seg| encode_segment(codec, shape, seg))
             .collect::<Option<_>>()?
     } else {
         let per = count.div_ceil(threads);
@@ -91,7 +90,7 @@ pub fn encode(
                     scope.spawn(move || {
                         share
                             .iter()
-                            .map(|seg| encode_segment(codec, shape, seg, level))
+                            .map(|seg| encode_segment(codec, shape, seg))
                             .collect::<Option<Vec<Coded>>>()
                     })
                 })
@@ -325,7 +324,7 @@ mod tests {
     #[test]
     fn a_frame_decodes_whole_in_parallel_and_by_segment_ranges() {
         let p = page(3 << 20 | 6);
-        let enc = encode(Codec::Lossless, BF16, &p, 256 << 10, 1, 2).unwrap();
+        let enc = encode(Codec::Lossless, BF16, &p, 256 << 10, 2).unwrap();
         let frame = Frame::parse(Codec::Lossless, &enc, p.len(), true).unwrap();
         for threads in [1, 2, 4] {
             let mut out = vec![0u8; p.len()];
@@ -348,9 +347,9 @@ mod tests {
     #[test]
     fn a_segment_that_decodes_to_other_bytes_fails_its_checksum() {
         let p = page(1 << 20);
-        let mut enc = encode(Codec::Lossless, BF16, &p, 64 << 10, 1, 1).unwrap();
-        // Change one stored byte of the first segment's stored (low) plane: zstd and the
-        // framing are happy, the decoded bytes are not the page's.
+        let mut enc = encode(Codec::Lossless, BF16, &p, 64 << 10, 1).unwrap();
+        // Change one stored byte of the first segment's stored (low) plane: the codec and
+        // the framing are happy, the decoded bytes are not the page's.
         let first = table_len(&enc).unwrap();
         enc[first + 8] ^= 1;
         let frame = Frame::parse(Codec::Lossless, &enc, p.len(), true).unwrap();
@@ -364,7 +363,7 @@ mod tests {
     #[test]
     fn a_lossy_frame_checks_what_it_decodes_to() {
         let p = page(1 << 20);
-        let enc = encode(Codec::Fp8E4M3, BF16, &p, 64 << 10, 1, 2).unwrap();
+        let enc = encode(Codec::Fp8E4M3, BF16, &p, 64 << 10, 2).unwrap();
         assert!(enc.len() < p.len() * 6 / 10);
         let frame = Frame::parse(Codec::Fp8E4M3, &enc, p.len(), true).unwrap();
         let (mut a, mut b) = (vec![0u8; p.len()], vec![0u8; p.len()]);
@@ -385,6 +384,6 @@ mod tests {
                 x as u8
             })
             .collect();
-        assert!(encode(Codec::Lossless, BF16, &noise, 16 << 10, 1, 1).is_none());
+        assert!(encode(Codec::Lossless, BF16, &noise, 16 << 10, 1).is_none());
     }
 }

@@ -2,11 +2,11 @@
 //! than the engine hands them, and get the same page back (ADR 0021).
 //!
 //! - [`Codec::Lossless`]: each `w`-byte element is split into `w` byte planes (all first
-//!   bytes, then all second bytes, …), and each plane is entropy-coded with zstd on its
-//!   own. A bf16 value's high byte (sign and exponent) carries about 3 bits of entropy and
-//!   its low byte nearly 8: coded apart, the high plane shrinks to well under half and the
-//!   low plane is stored as it is, without zstd spending time on it. Exactly the bytes
-//!   given come back.
+//!   bytes, then all second bytes, …), and each plane is coded on its own with a Huffman
+//!   code of its histogram (`huffman.rs`). A bf16 value's high byte (sign and exponent)
+//!   carries about 3 bits of entropy and its low byte nearly 8: coded apart, the high
+//!   plane shrinks to well under half and the low plane is stored as it is, its
+//!   histogram having said a code would not pay. Exactly the bytes given come back.
 //! - [`Codec::Fp8E4M3`]: lossy and opt-in. Each group of elements (one head of one token)
 //!   is scaled so its largest magnitude is fp8's largest, and every element is rounded to
 //!   fp8 e4m3; decoding multiplies back and rounds to the page's own dtype. Only ever used
@@ -25,6 +25,7 @@
 pub mod coder;
 pub mod fp8;
 pub mod frame;
+mod huffman;
 pub mod lossless;
 mod planes;
 
@@ -41,7 +42,7 @@ pub enum Codec {
     /// The page's own bytes.
     #[cfg_attr(feature = "serde", serde(rename = "raw"))]
     Raw,
-    /// Byte planes, each zstd-coded or stored ([`lossless`]).
+    /// Byte planes, each Huffman-coded or stored ([`lossless`]).
     #[cfg_attr(feature = "serde", serde(rename = "lossless"))]
     Lossless,
     /// fp8 e4m3 with one scale per group ([`fp8`]); lossy.
@@ -194,10 +195,10 @@ impl std::error::Error for DecodeError {}
 /// Encodes `page` with `codec`, or `None` when it should be stored raw: the codec is
 /// [`Codec::Raw`], the encoding would not be smaller than the page, or the codec cannot
 /// represent the page (fp8 of a page with a non-finite value, or of a non-float dtype).
-pub fn encode(codec: Codec, shape: Shape, page: &[u8], level: i32) -> Option<Vec<u8>> {
+pub fn encode(codec: Codec, shape: Shape, page: &[u8]) -> Option<Vec<u8>> {
     let out = match codec {
         Codec::Raw => return None,
-        Codec::Lossless => lossless::encode(shape.element.width(), page, level)?,
+        Codec::Lossless => lossless::encode(shape.element.width(), page)?,
         Codec::Fp8E4M3 => fp8::encode(shape, page)?,
     };
     (out.len() < page.len()).then_some(out)

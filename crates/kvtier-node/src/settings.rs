@@ -69,11 +69,10 @@ pub struct SsdSettings {
     pub segment_size: ByteSize,
     /// How often expiry, budgets and compaction run.
     pub maintenance_every: HumanDuration,
-    /// How pages are written to the SSD: `raw` or `lossless` (byte planes + zstd, ADR
-    /// 0021). Each record says how it was written, so this may change between runs.
+    /// How pages are written to the SSD: `raw` or `lossless` (byte planes, each
+    /// Huffman-coded; ADR 0021). Each record says how it was written, so this may change
+    /// between runs.
     pub codec: Codec,
-    /// zstd level of the lossless codec (-7..=9).
-    pub codec_level: i32,
     /// Codecs of particular namespaces: layout digest (32 hex digits) → codec.
     pub namespace_codecs: BTreeMap<String, Codec>,
 }
@@ -83,7 +82,6 @@ pub struct SsdSettings {
 fn codec_config(
     section: &str,
     codec: Codec,
-    level: i32,
     namespace_codecs: &BTreeMap<String, Codec>,
 ) -> Result<CodecConfig, Error> {
     let mut namespaces = BTreeMap::new();
@@ -98,7 +96,6 @@ fn codec_config(
     let config = CodecConfig {
         default: codec,
         namespaces,
-        level,
     };
     config
         .validate()
@@ -109,7 +106,7 @@ fn codec_config(
 impl SsdSettings {
     /// The codec settings as the tier takes them; an error names a bad digest or codec.
     pub fn codec_config(&self) -> Result<CodecConfig, Error> {
-        codec_config("ssd", self.codec, self.codec_level, &self.namespace_codecs)
+        codec_config("ssd", self.codec, &self.namespace_codecs)
     }
 
     /// The store directory: `dir`, or `ssd` under the data directory.
@@ -142,7 +139,6 @@ impl Default for SsdSettings {
             segment_size: ByteSize(256 << 20),
             maintenance_every: HumanDuration(Duration::from_secs(10)),
             codec: CodecConfig::default().default,
-            codec_level: CodecConfig::default().level,
             namespace_codecs: BTreeMap::new(),
         }
     }
@@ -184,8 +180,6 @@ pub struct RemoteSettings {
     /// between runs and differ between replicas (a build without codecs misses on
     /// encoded objects, never misreads them).
     pub codec: Codec,
-    /// zstd level of the lossless codec (-7..=9).
-    pub codec_level: i32,
     /// Codecs of particular namespaces: layout digest (32 hex digits) → codec.
     pub namespace_codecs: BTreeMap<String, Codec>,
 }
@@ -204,7 +198,6 @@ impl Default for RemoteSettings {
             promote_to_ssd: RemoteAttach::default().promote_to_ssd,
             require_at_start: false,
             codec: CodecConfig::default().default,
-            codec_level: CodecConfig::default().level,
             namespace_codecs: BTreeMap::new(),
         }
     }
@@ -213,12 +206,7 @@ impl Default for RemoteSettings {
 impl RemoteSettings {
     /// The codec settings as the tier takes them; an error names a bad digest or codec.
     pub fn codec_config(&self) -> Result<CodecConfig, Error> {
-        codec_config(
-            "remote",
-            self.codec,
-            self.codec_level,
-            &self.namespace_codecs,
-        )
+        codec_config("remote", self.codec, &self.namespace_codecs)
     }
 
     /// The signing key, if one is set; `Invalid` when it is not 64 hex digits.
@@ -895,13 +883,12 @@ mod tests {
     fn the_ssd_codec_reads_by_name_per_namespace_too_and_a_lossy_or_unknown_one_is_refused() {
         let digest = "00112233445566778899aabbccddeeff";
         let text = format!(
-            "[ssd]\ncodec = \"lossless\"\ncodec_level = -1\n[ssd.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
+            "[ssd]\ncodec = \"lossless\"\n[ssd.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
         );
         let s: Settings = toml::from_str(&text).unwrap();
         s.validate().unwrap();
         let config = s.ssd.codec_config().unwrap();
         assert_eq!(config.default, Codec::Lossless);
-        assert_eq!(config.level, -1);
         let d = LayoutDigest::from_hex(digest).unwrap();
         assert_eq!(config.namespaces.get(&d), Some(&Codec::Raw));
         let back: Settings = toml::from_str(&s.to_toml_redacted().unwrap()).unwrap();
@@ -915,9 +902,6 @@ mod tests {
             .namespace_codecs
             .insert("xyz".into(), Codec::Lossless);
         assert!(bad.validate().unwrap_err().to_string().contains("xyz"));
-        let mut bad = Settings::default();
-        bad.ssd.codec_level = 22;
-        assert!(bad.validate().is_err());
         assert_eq!(Settings::default().ssd.codec, Codec::Raw);
     }
 
@@ -925,13 +909,12 @@ mod tests {
     fn the_remote_codec_reads_like_the_ssd_one_and_names_its_section_when_refused() {
         let digest = "00112233445566778899aabbccddeeff";
         let text = format!(
-            "[remote]\ncodec = \"lossless\"\ncodec_level = 3\n[remote.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
+            "[remote]\ncodec = \"lossless\"\n[remote.namespace_codecs]\n\"{digest}\" = \"raw\"\n"
         );
         let s: Settings = toml::from_str(&text).unwrap();
         s.validate().unwrap();
         let config = s.remote.codec_config().unwrap();
         assert_eq!(config.default, Codec::Lossless);
-        assert_eq!(config.level, 3);
         let d = LayoutDigest::from_hex(digest).unwrap();
         assert_eq!(config.namespaces.get(&d), Some(&Codec::Raw));
         // The SSD's setting is its own.

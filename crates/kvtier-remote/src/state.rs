@@ -566,7 +566,7 @@ mod tests {
             group: 1,
         };
         let frame =
-            kvtier_codec::frame::encode(Codec::Lossless, shape, &state, 16 << 10, 1, 1).unwrap();
+            kvtier_codec::frame::encode(Codec::Lossless, shape, &state, 16 << 10, 1).unwrap();
         assert!(frame.len() < state.len());
         let encoded = EncodedState {
             codec: Codec::Lossless,

@@ -151,9 +151,9 @@ pub struct Measured {
     pub decode_gbps: f64,
 }
 
-/// Encodes and decodes every page of `corpus` with `codec` at zstd `level`, `passes`
-/// times; checks that every lossless page comes back exactly.
-pub fn measure(corpus: &Corpus, codec: Codec, level: i32, passes: usize) -> Result<Measured> {
+/// Encodes and decodes every page of `corpus` with `codec`, `passes` times; checks that
+/// every lossless page comes back exactly.
+pub fn measure(corpus: &Corpus, codec: Codec, passes: usize) -> Result<Measured> {
     let mut enc_s = Vec::new();
     let mut dec_s = Vec::new();
     let mut stored = 0usize;
@@ -162,7 +162,7 @@ pub fn measure(corpus: &Corpus, codec: Codec, level: i32, passes: usize) -> Resu
         let encoded: Vec<Option<Vec<u8>>> = corpus
             .pages
             .iter()
-            .map(|p| kvtier_codec::encode(codec, corpus.shape, p, level))
+            .map(|p| kvtier_codec::encode(codec, corpus.shape, p))
             .collect();
         enc_s.push(t.elapsed().as_secs_f64());
         stored = encoded
@@ -205,12 +205,7 @@ pub fn measure(corpus: &Corpus, codec: Codec, level: i32, passes: usize) -> Resu
 pub fn rows(memcpy_gbps: &dyn Fn(usize) -> f64) -> Result<Vec<ModelRow>> {
     let mut out = Vec::new();
     for corpus in corpora()? {
-        let m = measure(
-            &corpus,
-            Codec::Lossless,
-            kvtier_codec::lossless::DEFAULT_LEVEL,
-            5,
-        )?;
+        let m = measure(&corpus, Codec::Lossless, 5)?;
         let copy = memcpy_gbps(corpus.pages[0].len());
         let name = |what: &str| format!("codec.lossless.{}.{what}", corpus.name);
         out.extend([
@@ -237,7 +232,7 @@ pub fn rows(memcpy_gbps: &dyn Fn(usize) -> f64) -> Result<Vec<ModelRow>> {
             ),
         ]);
         if corpus.name == "gemma_bf16" {
-            let fp8 = measure(&corpus, Codec::Fp8E4M3, 0, 3)?;
+            let fp8 = measure(&corpus, Codec::Fp8E4M3, 3)?;
             out.push(row(
                 "codec.fp8.gemma_bf16.ratio",
                 fp8.ratio,

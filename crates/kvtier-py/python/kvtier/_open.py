@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Mapping
 from os import PathLike, fspath
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from kvtier._kvtier import Cache
 from kvtier.errors import InvalidError
@@ -81,6 +81,19 @@ def timeouts_of(config: Mapping[str, Any]) -> Timeouts:
             except (TypeError, ValueError):
                 raise InvalidError(f"{name} must be a number of seconds, not {config[name]!r}") from None
     return out
+
+
+def cold_codec_of(config: Mapping[str, Any]) -> Literal["fp8_e4m3"] | None:
+    """The cold codec a connector's extra config asks its layouts to allow
+    (``cold_codec``: ``"fp8_e4m3"``, or absent for none), as ``register_layout``'s
+    keyword argument. A layout that allows fp8 is another layout (ADR 0021): its pages
+    are never served to a deployment that did not ask for it, nor the other way."""
+    codec = config.get("cold_codec")
+    if codec is None:
+        return None
+    if codec != "fp8_e4m3":
+        raise InvalidError(f"cold_codec must be \"fp8_e4m3\" or absent, not {codec!r}")
+    return "fp8_e4m3"
 
 
 _SHARED: dict[str, Engine] = {}

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 import kvtier
-from kvtier._open import timeouts_of
+from kvtier._open import cold_codec_of, timeouts_of
 
 try:
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-not-found, unused-ignore]
@@ -113,6 +113,8 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
         self._v1 = bool(extra.get("interface_v1"))
         self._tenant = str(extra.get("tenant", "")).encode()
         self._weights = str(extra.get("weights_digest", ""))
+        # Whether the KV layouts allow fp8 pages in kvtier's cold tiers (ADR 0021).
+        self._cold_codec = cold_codec_of(extra)
         self._kv: kvtier.Cache
         if "url" in extra:
             self._kv = kvtier.open(url=str(extra["url"]), token=extra.get("token"), **timeouts_of(extra))
@@ -203,7 +205,14 @@ class KvtierHiCacheStorage(HiCacheStorage):  # type: ignore[misc, unused-ignore]
                     "fit a kvtier block"
                 )
             layout = self._kv.register_layout(
-                identity, kv_dtype, _WORDS, max(layers, 1), 1, page_bytes // per, **common
+                identity,
+                kv_dtype,
+                _WORDS,
+                max(layers, 1),
+                1,
+                page_bytes // per,
+                cold_codec=self._cold_codec,
+                **common,
             )
         if not state and layout.block_bytes != page_bytes:
             raise ValueError(

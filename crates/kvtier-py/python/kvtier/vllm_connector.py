@@ -75,7 +75,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWind
 
 import kvtier
 import kvtier.torch as kt
-from kvtier._open import timeouts_of
+from kvtier._open import cold_codec_of, timeouts_of
 from kvtier._weights import weights_identity
 from kvtier._vllm_rates import Measured, StepClock
 from kvtier._vllm_recurrent import RecurrentGroup, RecurrentModel
@@ -274,6 +274,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self._client = kvtier.open(url=str(url), token=extra.get("token"), **timeouts_of(extra))
         self._load_deadline = float(extra.get("load_deadline", LOAD_DEADLINE))
+        # Whether the layouts allow fp8 pages in kvtier's cold tiers (ADR 0021).
+        self._cold_codec = cold_codec_of(extra)
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
             logger.warning(
                 "kv_load_failure_policy is not 'recompute': a block kvtier cannot deliver "
@@ -429,6 +431,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 tenant_salt=tenant,
                 weights_digest=self._revisions[0],
                 tokenizer_digest=self._revisions[1],
+                cold_codec=self._cold_codec,
             )
             self._layouts[(group.index, salt)] = layout
         return layout
@@ -458,6 +461,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 tokenizer_digest=self._revisions[1],
                 state_groups=[(model.kind, model.state_layers, model.state_bytes)],
                 checkpoint_every=self._block_size,
+                cold_codec=self._cold_codec,
             )
             self._layouts[(-1, salt)] = layout
         return layout

@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
+import kvtier
 from kvtier.sglang_hicache import KvtierHiCacheStorage
 from serve import Server
 
@@ -234,6 +235,14 @@ def test_bad_keys_short_index_lists_and_other_deployments_are_misses(server):
     assert other_rank.batch_exists(keys) == 0
     assert backend(kv_pool("page_first", dim=16), server.url).batch_exists(keys) == 0
     assert backend(kv_pool("layer_first"), server.url).batch_exists(keys) == 0
+    # Allowing fp8 in the cold tiers is another layout too (ADR 0021), and the deployment
+    # that allows it is served its own pages.
+    fp8 = backend(a, server.url, cold_codec="fp8_e4m3")
+    assert fp8.batch_exists(keys) == 0
+    assert fp8.batch_set_v1(keys, idx) == [True] * len(keys)
+    assert backend(a, server.url, cold_codec="fp8_e4m3").batch_exists(keys) == len(keys)
+    with pytest.raises(kvtier.InvalidError, match="cold_codec"):
+        KvtierHiCacheStorage(config(url=server.url, cold_codec="int4"))
 
 
 def test_mamba_states_travel_with_the_kv_pages_through_the_v2_calls(server):

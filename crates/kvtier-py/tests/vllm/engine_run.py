@@ -121,6 +121,8 @@ def main() -> None:
                         "deadline": "30s",
                     },
                 )
+        if codec := os.environ.get("KVTIER_TEST_COLD_CODEC"):
+            kv["kv_connector_extra_config"]["cold_codec"] = codec
     # A model with recurrent layers: vLLM keeps their states at block boundaries only with
     # prefix caching on (its "align" mode), which each run's fresh process starts empty.
     recurrent = os.environ.get("KVTIER_TEST_RECURRENT") == "1"

@@ -188,6 +188,23 @@ def test_a_cache_salt_is_part_of_the_key(models, cold, tmp_path):
         server.stop()
 
 
+def test_a_deployment_allowing_fp8_in_the_cold_tiers_is_another_layout(models, cold, tmp_path):
+    """``cold_codec`` in the extra config registers the connector's layouts as allowing
+    fp8 pages in kvtier's cold tiers (ADR 0021): another layout, so neither deployment is
+    served the other's blocks."""
+    fp8 = {"KVTIER_TEST_COLD_CODEC": "fp8_e4m3"}
+    server = Server(tmp_path / "data", "--set", "ssd.enabled=false")
+    try:
+        a = engine(models[0], server.url, env=fp8)
+        assert a["cached"] == 0 and same(a, cold)
+        assert engine(models[0], server.url)["cached"] == 0
+        # (from RAM, which holds pages raw: exactly the stored bytes)
+        again = engine(models[0], server.url, env=fp8)
+        assert again["cached"] == EXPECTED and same(again, cold), (again, cold)
+    finally:
+        server.stop()
+
+
 def test_new_weights_in_the_same_directory_or_another_weights_digest_are_a_miss(models, cold, tmp_path):
     """The weights, not the model's path, are keyed: a directory redeployed with other
     weights misses what the old ones stored, and so does an operator's other
