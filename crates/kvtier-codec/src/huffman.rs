@@ -15,7 +15,8 @@
 //! ```
 //!
 //! Four streams are decoded in lockstep so their table lookups overlap; every code is at
-//! most 11 bits, so a 64-bit buffer refilled to at least 56 bits yields four symbols.
+//! most 11 bits, so a 64-bit buffer refilled to at least 56 bits yields five lookups of a
+//! table that gives one or two symbols each.
 
 use crate::DecodeError;
 
@@ -38,6 +39,9 @@ type Table = [u32; TABLE_ENTRIES];
 const FIRST_LEN_AT: u32 = 16;
 const TOTAL_AT: u32 = 20;
 const COUNT_AT: u32 = 25;
+/// Table lookups between refills: each takes at most [`MAX_LEN`] bits of the 56 or more
+/// a refill leaves.
+const PAIRS_PER_REFILL: usize = 5;
 
 /// How often each byte value occurs in `plane`.
 pub(crate) fn histogram(plane: &[u8]) -> [u64; 256] {
@@ -59,6 +63,27 @@ pub(crate) fn histogram(plane: &[u8]) -> [u64; 256] {
         *o = t.iter().map(|t| u64::from(t[s])).sum();
     }
     out
+}
+
+/// How often each byte value occurs among every `step`-th byte of `plane`: a cheap look
+/// at a plane before counting all of it.
+pub(crate) fn sampled_histogram(plane: &[u8], step: usize) -> [u64; 256] {
+    let mut out = [0u64; 256];
+    for &b in plane.iter().step_by(step.max(1)) {
+        out[usize::from(b)] += 1;
+    }
+    out
+}
+
+/// Whether a code of `counts` would save at least 1/32 of the bytes they count.
+pub(crate) fn pays(counts: &[u64; 256], lens: &[u8; 256]) -> bool {
+    let symbols: u64 = counts.iter().sum();
+    let bits: u64 = counts
+        .iter()
+        .zip(lens)
+        .map(|(c, l)| c * u64::from(*l))
+        .sum();
+    bits * 32 < symbols * 8 * 31
 }
 
 /// Code lengths (at most [`MAX_LEN`]) of a Huffman code for `counts`; 0 for values that
@@ -209,9 +234,13 @@ pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     // The four streams in lockstep while all have four symbols left: their dependency
     // chains overlap.
     let common = parts.iter().map(|p| p.len()).min().unwrap_or(0) / 4 * 4;
-    for i in (0..common).step_by(4) {
-        for k in 0..STREAMS {
-            let four = &parts[k][i..i + 4];
+    let fours = parts[0][..common]
+        .chunks_exact(4)
+        .zip(parts[1][..common].chunks_exact(4))
+        .zip(parts[2][..common].chunks_exact(4))
+        .zip(parts[3][..common].chunks_exact(4));
+    for (((a, b), c), d) in fours {
+        for (k, four) in [a, b, c, d].into_iter().enumerate() {
             for &s in four {
                 put(&mut buf[k], &mut n[k], codes[usize::from(s)]);
             }
@@ -406,17 +435,17 @@ pub(crate) fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
         return Err(DecodeError::Invalid("huffman streams"));
     };
     let t = &*table;
-    // Every stream at once while each has room for four entries of two symbols (and the
-    // second byte a one-symbol entry writes and the next overwrites), then each one's
-    // tail a symbol at a time.
+    // Every stream at once while each has room for a refill's entries of two symbols
+    // (and the second byte a one-symbol entry writes and the next overwrites), then each
+    // one's tail a symbol at a time.
     let mut at = [0usize; STREAMS];
-    let room = |part: &[u8], at: usize| part.len().saturating_sub(at) > 8;
+    let room = |part: &[u8], at: usize| part.len().saturating_sub(at) > 2 * PAIRS_PER_REFILL;
     while room(p0, at[0]) && room(p1, at[1]) && room(p2, at[2]) && room(p3, at[3]) {
         r[0].refill();
         r[1].refill();
         r[2].refill();
         r[3].refill();
-        for _ in 0..4 {
+        for _ in 0..PAIRS_PER_REFILL {
             put_pair(p0, &mut at[0], r[0].pair(t));
             put_pair(p1, &mut at[1], r[1].pair(t));
             put_pair(p2, &mut at[2], r[2].pair(t));

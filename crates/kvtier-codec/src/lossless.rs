@@ -10,7 +10,7 @@
 //! Plane `p` holds byte `p` of every whole word of the page (little-endian words: for bf16
 //! and f16, plane 1 is sign and exponent). Each plane's histogram decides: a plane whose
 //! code would save under 1/32 of it is stored, so decoding it is a copy, and a page of
-//! noise costs its encoder one counting pass and its decoder nothing. The coder and why it
+//! noise costs its encoder a counting pass over an eighth of it and its decoder nothing. The coder and why it
 //! is not zstd: `huffman.rs` and ADR 0021.
 
 use std::cell::RefCell;
@@ -46,9 +46,18 @@ pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(page.len() / 2 + 64);
         out.push(width as u8);
         for plane in &planes[..width] {
-            let counts = huffman::histogram(plane);
+            // Every 8th byte first: a plane of noise (a bf16 low byte) is judged on an
+            // eighth of a counting pass. The sample only ever says "store"; "code" is
+            // decided on the whole plane.
+            let sample = huffman::sampled_histogram(plane, 8);
+            let worth_counting = huffman::pays(&sample, &huffman::lengths(&sample));
+            let counts = if worth_counting {
+                huffman::histogram(plane)
+            } else {
+                [0; 256]
+            };
             let lens = huffman::lengths(&counts);
-            if huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31 {
+            if worth_counting && huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31 {
                 out.push(HUFFMAN);
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
