@@ -25,6 +25,9 @@ fn split(page: &[u8], w: usize) -> Vec<u8> {
     out
 }
 
+/// A coder of one plane, as the survey calls it.
+type Coder = dyn Fn(&[u8]) -> Vec<u8>;
+
 /// `coder` over each plane of each page (after the split when `w > 1`), `decoder` back:
 /// ratio, encode, decode GB/s.
 fn per_plane(
@@ -108,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|d| d.len())
                 .unwrap_or(0)
         };
-        let mut coders: Vec<(String, Box<dyn Fn(&[u8]) -> Vec<u8>>, usize)> = Vec::new();
+        let mut coders: Vec<(String, Box<Coder>, usize)> = Vec::new();
         for level in [-5, -1, 1, 3, 6] {
             for (label, width) in [("planes", w), ("no split", 1)] {
                 coders.push((
