@@ -12,6 +12,7 @@ use kvtier_core::stats::CodecStats;
 use parking_lot::RwLock;
 
 use crate::frame::{self, Frame};
+use crate::shares::in_shares;
 use crate::{Codec, DecodeError, Element, Shape};
 
 /// Decoded bytes per frame segment, at most (whole pages of a layer are kept together
@@ -239,20 +240,11 @@ impl PageCoder {
                 return frames.into_iter().try_for_each(|f| one(f, self.threads));
             }
             // Contiguous shares of frames, one per thread, each decoded on that thread.
-            let per = frames.len().div_ceil(threads);
-            let mut frames = frames;
-            std::thread::scope(|scope| {
-                let mut handles = Vec::with_capacity(threads);
-                while !frames.is_empty() {
-                    let rest = frames.split_off(per.min(frames.len()));
-                    let mine = std::mem::replace(&mut frames, rest);
-                    handles.push(scope.spawn(move || mine.into_iter().try_for_each(|f| one(f, 1))));
-                }
-                handles.into_iter().try_for_each(|h| {
-                    h.join()
-                        .unwrap_or(Err(DecodeError::Invalid("decoder thread")))
-                })
+            in_shares(frames, threads, |share| {
+                share.into_iter().try_for_each(|f| one(f, 1))
             })
+            .into_iter()
+            .try_for_each(|r| r.unwrap_or(Err(DecodeError::Invalid("decoder thread"))))
         })
     }
 

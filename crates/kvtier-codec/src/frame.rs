@@ -18,6 +18,7 @@
 
 use std::ops::Range;
 
+use crate::shares::in_shares;
 use crate::{Codec, Cursor, DecodeError, Shape};
 
 /// Bytes of the frame's fixed part.
@@ -82,25 +83,17 @@ pub fn encode(
             .map(|seg| encode_segment(codec, shape, seg))
             .collect::<Option<_>>()?
     } else {
-        let per = count.div_ceil(threads);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = segments
-                .chunks(per)
-                .map(|share| {
-                    scope.spawn(move || {
-                        share
-                            .iter()
-                            .map(|seg| encode_segment(codec, shape, seg))
-                            .collect::<Option<Vec<Coded>>>()
-                    })
-                })
-                .collect();
-            let mut all = Vec::with_capacity(count);
-            for h in handles {
-                all.extend(h.join().ok()??);
-            }
-            Some(all)
-        })?
+        let shares = in_shares(segments, threads, |share| {
+            share
+                .iter()
+                .map(|seg| encode_segment(codec, shape, seg))
+                .collect::<Option<Vec<Coded>>>()
+        });
+        let mut all = Vec::with_capacity(count);
+        for share in shares {
+            all.extend(share??);
+        }
+        all
     };
     let body_len: usize = coded.iter().map(|(_, b, _)| b.len()).sum();
     let table_len = FIXED + ENTRY * count;
@@ -275,25 +268,23 @@ impl<'a> Frame<'a> {
         if threads == 1 || out.len() < PARALLEL_FROM {
             return self.decode_segments(0..n, encoded, out);
         }
-        // Contiguous shares of segments, one per thread.
-        let per = n.div_ceil(threads);
-        std::thread::scope(|scope| {
-            let mut handles = Vec::with_capacity(threads);
-            let mut rest = out;
-            for first in (0..n).step_by(per) {
-                let segs = first..(first + per).min(n);
-                let span = self.decoded_span(segs.clone());
-                let (mine, later) = rest.split_at_mut(span.len());
-                rest = later;
-                let base = self.segments[first].at - self.segments[0].at;
-                handles
-                    .push(scope.spawn(move || self.decode_segments(segs, &encoded[base..], mine)));
-            }
-            handles.into_iter().try_for_each(|h| {
-                h.join()
-                    .unwrap_or(Err(DecodeError::Invalid("decoder thread")))
-            })
+        // One job per segment: its range, its stored bytes, its place in `out`.
+        let mut jobs = Vec::with_capacity(n);
+        let mut rest = out;
+        for (i, s) in self.segments.iter().enumerate() {
+            let span = self.decoded_span(i..i + 1);
+            let (mine, later) = rest.split_at_mut(span.len());
+            rest = later;
+            let from = s.at - self.segments[0].at;
+            jobs.push((i..i + 1, &encoded[from..], mine));
+        }
+        in_shares(jobs, threads, |share| {
+            share
+                .into_iter()
+                .try_for_each(|(segs, src, dst)| self.decode_segments(segs, src, dst))
         })
+        .into_iter()
+        .try_for_each(|r| r.unwrap_or(Err(DecodeError::Invalid("decoder thread"))))
     }
 }
 

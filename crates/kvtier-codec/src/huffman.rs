@@ -42,6 +42,9 @@ const COUNT_AT: u32 = 25;
 /// Table lookups between refills: each takes at most [`MAX_LEN`] bits of the 56 or more
 /// a refill leaves.
 const PAIRS_PER_REFILL: usize = 5;
+/// Codes written between flushes of an encoder's 64-bit buffer: a flush leaves at most 7
+/// bits, and 7 + 5 × [`MAX_LEN`] = 62.
+const CODES_PER_FLUSH: usize = 5;
 
 /// How often each byte value occurs in `plane`.
 pub(crate) fn histogram(plane: &[u8]) -> [u64; 256] {
@@ -75,15 +78,19 @@ pub(crate) fn sampled_histogram(plane: &[u8], step: usize) -> [u64; 256] {
     out
 }
 
-/// Whether a code of `counts` would save at least 1/32 of the bytes they count.
-pub(crate) fn pays(counts: &[u64; 256], lens: &[u8; 256]) -> bool {
-    let symbols: u64 = counts.iter().sum();
-    let bits: u64 = counts
+/// Bits a plane of `counts` takes coded with `lens`.
+fn coded_bits(counts: &[u64; 256], lens: &[u8; 256]) -> u64 {
+    counts
         .iter()
         .zip(lens)
         .map(|(c, l)| c * u64::from(*l))
-        .sum();
-    bits * 32 < symbols * 8 * 31
+        .sum()
+}
+
+/// Whether a code of `counts` would save at least 1/32 of the bytes they count.
+pub(crate) fn pays(counts: &[u64; 256], lens: &[u8; 256]) -> bool {
+    let symbols: u64 = counts.iter().sum();
+    coded_bits(counts, lens) * 32 < symbols * 8 * 31
 }
 
 /// Code lengths (at most [`MAX_LEN`]) of a Huffman code for `counts`; 0 for values that
@@ -188,17 +195,13 @@ fn codes(lens: &[u8; 256]) -> [(u16, u8); 256] {
 
 /// Bytes [`encode`] would write for a plane of `counts` coded with `lens`.
 pub(crate) fn coded_len(counts: &[u64; 256], lens: &[u8; 256]) -> usize {
-    let bits: u64 = counts
-        .iter()
-        .zip(lens)
-        .map(|(c, l)| c * u64::from(*l))
-        .sum();
     // Each stream's last byte may be partly padding.
-    HEAD + (bits / 8) as usize + STREAMS
+    HEAD + (coded_bits(counts, lens) / 8) as usize + STREAMS
 }
 
-/// Appends `plane` coded with `lens` (from [`lengths`] of its histogram) to `out`.
-pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
+/// Appends `plane` coded with `lens` (from [`lengths`] of its histogram) to `out`;
+/// `streams` is scratch space, reused between calls.
+pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, streams: &mut Streams) {
     for pair in lens.chunks_exact(2) {
         out.push(pair[0] | (pair[1] << 4));
     }
@@ -209,8 +212,25 @@ pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     for (part, chunk) in parts.iter_mut().zip(plane.chunks(q)) {
         *part = chunk;
     }
+    encode_streams(&parts, &codes, streams);
+    for stream in &streams[..STREAMS - 1] {
+        out.extend_from_slice(&(stream.len() as u32).to_le_bytes());
+    }
+    for stream in streams.iter() {
+        out.extend_from_slice(stream);
+    }
+}
+
+/// The four bit streams of a plane being encoded.
+pub(crate) type Streams = [Vec<u8>; STREAMS];
+
+/// Codes `parts` (a plane's four quarters) into `streams`, one each.
+fn encode_streams(parts: &[&[u8]; STREAMS], codes: &[u64; 256], streams: &mut Streams) {
     // Every code fits in MAX_LEN bits; 8 bytes of slack for the whole-word stores.
-    let mut streams = parts.map(|p| vec![0u8; p.len() * MAX_LEN as usize / 8 + 16]);
+    for (stream, part) in streams.iter_mut().zip(parts) {
+        stream.clear();
+        stream.resize(part.len() * MAX_LEN as usize / 8 + 16, 0);
+    }
     // The writers' state in locals (no pointer to it escapes, so it stays in registers
     // while the streams' bytes are stored): bit buffer, valid bits, bytes written.
     let mut buf = [0u64; STREAMS];
@@ -221,7 +241,7 @@ pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
         *n += (c >> 32) as u32;
     };
     // Stores the buffer's eight bytes (always), keeps its partial byte. At most 7 bits
-    // remain, so four codes always fit before the next flush.
+    // remain, so [`CODES_PER_FLUSH`] codes always fit before the next flush.
     let flush = |out: &mut [u8], buf: &mut u64, n: &mut u32, pos: &mut usize| {
         if let Some(dst) = out.get_mut(*pos..*pos + 8) {
             dst.copy_from_slice(&buf.to_le_bytes());
@@ -231,17 +251,18 @@ pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
         *buf = buf.checked_shr(bytes * 8).unwrap_or(0);
         *n -= bytes * 8;
     };
-    // The four streams in lockstep while all have four symbols left: their dependency
-    // chains overlap.
-    let common = parts.iter().map(|p| p.len()).min().unwrap_or(0) / 4 * 4;
-    let fours = parts[0][..common]
-        .chunks_exact(4)
-        .zip(parts[1][..common].chunks_exact(4))
-        .zip(parts[2][..common].chunks_exact(4))
-        .zip(parts[3][..common].chunks_exact(4));
-    for (((a, b), c), d) in fours {
-        for (k, four) in [a, b, c, d].into_iter().enumerate() {
-            for &s in four {
+    // The four streams in lockstep while all have a flush's worth of symbols left: their
+    // dependency chains overlap.
+    let common =
+        parts.iter().map(|p| p.len()).min().unwrap_or(0) / CODES_PER_FLUSH * CODES_PER_FLUSH;
+    let steps = parts[0][..common]
+        .chunks_exact(CODES_PER_FLUSH)
+        .zip(parts[1][..common].chunks_exact(CODES_PER_FLUSH))
+        .zip(parts[2][..common].chunks_exact(CODES_PER_FLUSH))
+        .zip(parts[3][..common].chunks_exact(CODES_PER_FLUSH));
+    for (((a, b), c), d) in steps {
+        for (k, symbols) in [a, b, c, d].into_iter().enumerate() {
+            for &s in symbols {
                 put(&mut buf[k], &mut n[k], codes[usize::from(s)]);
             }
             flush(&mut streams[k], &mut buf[k], &mut n[k], &mut pos[k]);
@@ -258,12 +279,6 @@ pub(crate) fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
             pos[k] += 1;
         }
         streams[k].truncate(pos[k]);
-    }
-    for stream in &streams[..STREAMS - 1] {
-        out.extend_from_slice(&(stream.len() as u32).to_le_bytes());
-    }
-    for stream in &streams {
-        out.extend_from_slice(stream);
     }
 }
 
@@ -480,7 +495,7 @@ mod tests {
         let counts = histogram(plane);
         let lens = lengths(&counts);
         let mut enc = Vec::new();
-        encode(plane, &lens, &mut enc);
+        encode(plane, &lens, &mut enc, &mut Streams::default());
         assert!(
             enc.len() <= coded_len(&counts, &lens),
             "the estimate is an upper bound"
@@ -537,7 +552,7 @@ mod tests {
         let plane: Vec<u8> = (0..5000u32).map(|i| (i % 7 + (i % 13) / 5) as u8).collect();
         let counts = histogram(&plane);
         let mut enc = Vec::new();
-        encode(&plane, &lengths(&counts), &mut enc);
+        encode(&plane, &lengths(&counts), &mut enc, &mut Streams::default());
         let mut out = vec![0u8; plane.len()];
         for i in 0..enc.len() {
             for bit in [0x01u8, 0x80] {

@@ -28,6 +28,7 @@ pub mod frame;
 mod huffman;
 pub mod lossless;
 mod planes;
+mod shares;
 
 use std::fmt;
 use std::str::FromStr;

@@ -13,7 +13,7 @@
 //! noise costs its encoder a counting pass over an eighth of it and its decoder nothing. The coder and why it
 //! is not zstd: `huffman.rs` and ADR 0021.
 
-use std::cell::RefCell;
+use std::sync::{Mutex, PoisonError};
 
 use crate::huffman;
 use crate::planes::{merge, split};
@@ -22,15 +22,31 @@ use crate::{Cursor, DecodeError};
 const STORED: u8 = 0;
 const HUFFMAN: u8 = 1;
 
-/// Planes of the page being encoded or decoded, kept per thread (reused, not allocated
-/// per page).
+/// Space an encode or a decode works in: the planes of its page and the bit streams of
+/// the plane being coded.
 #[derive(Default)]
 struct Scratch {
     planes: Vec<Vec<u8>>,
+    streams: huffman::Streams,
 }
 
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+/// Scratch spaces not in use. A pool, not thread-locals: pages are coded on short-lived
+/// scoped threads (`frame`), whose thread-locals would start empty, and have their pages
+/// faulted in afresh, for every page.
+static SCRATCH: Mutex<Vec<Scratch>> = Mutex::new(Vec::new());
+/// Scratch spaces kept at most (one per thread coding at once is all that is reused).
+const POOLED: usize = 16;
+
+/// Runs `f` with a scratch space from the pool, returned to it after.
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let pool = || SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut scratch = pool().pop().unwrap_or_default();
+    let result = f(&mut scratch);
+    let mut pool = pool();
+    if pool.len() < POOLED {
+        pool.push(scratch);
+    }
+    result
 }
 
 /// Encodes `page` as `width`-byte words; `None` if the width is out of range.
@@ -38,12 +54,12 @@ pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
     if !(1..=8).contains(&width) {
         return None;
     }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        let planes = &mut s.planes;
+    with_scratch(|s| {
+        let Scratch { planes, streams } = s;
         planes.resize_with(width, Vec::new);
         split(page, &mut planes[..width]);
-        let mut out = Vec::with_capacity(page.len() / 2 + 64);
+        // The most it can take: every plane stored, plus the framing.
+        let mut out = Vec::with_capacity(page.len() + 1 + 5 * width);
         out.push(width as u8);
         for plane in &planes[..width] {
             // Every 8th byte first: a plane of noise (a bf16 low byte) is judged on an
@@ -51,17 +67,18 @@ pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
             // decided on the whole plane.
             let sample = huffman::sampled_histogram(plane, 8);
             let worth_counting = huffman::pays(&sample, &huffman::lengths(&sample));
-            let counts = if worth_counting {
-                huffman::histogram(plane)
-            } else {
-                [0; 256]
-            };
-            let lens = huffman::lengths(&counts);
-            if worth_counting && huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31 {
+            let code = worth_counting
+                .then(|| {
+                    let counts = huffman::histogram(plane);
+                    let lens = huffman::lengths(&counts);
+                    (huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31).then_some(lens)
+                })
+                .flatten();
+            if let Some(lens) = code {
                 out.push(HUFFMAN);
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
-                huffman::encode(plane, &lens, &mut out);
+                huffman::encode(plane, &lens, &mut out, streams);
                 let n = (out.len() - at - 4) as u32;
                 out[at..at + 4].copy_from_slice(&n.to_le_bytes());
             } else {
@@ -89,8 +106,7 @@ pub fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
         return Err(DecodeError::Invalid("plane width"));
     }
     let n = out.len() / width;
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
+    with_scratch(|s| {
         let planes = &mut s.planes;
         planes.resize_with(width, Vec::new);
         let mut layout = Vec::with_capacity(width);

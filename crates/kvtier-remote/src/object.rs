@@ -178,11 +178,6 @@ impl Spans {
     pub fn any_encoded(&self) -> bool {
         !self.encoded.is_empty()
     }
-
-    /// Bytes of the data object.
-    pub fn stored_bytes(&self) -> u64 {
-        self.offsets.last().copied().unwrap_or(0)
-    }
 }
 
 impl RunObject {

@@ -16,11 +16,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use kvtier_codec::Codec;
+use kvtier_core::Layout;
 use kvtier_core::tier::{BlockMeta, NoSink, Tier};
-use kvtier_core::{KvDtype, Layout, LayoutKey};
 use kvtier_remote::{Endpoint, RemoteConfig, RemoteTier};
 
-use super::rows_ssd_codec::kv_like_bf16;
+use super::rows_ssd_codec::{kv_like_bf16, kv_like_layout};
 use super::s3::http::Conn;
 use super::s3::load::{Target, timed_ranged_get};
 use super::{Effort, Row};
@@ -62,14 +62,7 @@ fn measure(
 ) -> anyhow::Result<Vec<Row>> {
     let gateway = super::s3::procs::in_process_gateway(dir, ACCESS, SECRET, BUCKET)?;
     let url = format!("http://{}", gateway.addr);
-    let layout = Layout::new(LayoutKey::new(
-        "bench-remote-codec",
-        KvDtype::Bf16,
-        16,
-        32,
-        8,
-        128,
-    ))?;
+    let layout = kv_like_layout("bench-remote-codec")?;
     let size = layout.block_bytes() as usize;
     let tokens: Vec<u32> = (0..(BLOCKS * 16) as u32).collect();
     let chain: Vec<(BlockMeta, Bytes)> = BlockMeta::chain(&layout, &tokens)

@@ -55,6 +55,19 @@ pub fn kv_like_bf16(size: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// A Llama-3-8B-shaped bf16 layout named `name`: 16 tokens × 32 layers × 8 KV heads ×
+/// head dim 128, 2 MiB blocks, the pages [`kv_like_bf16`] fills.
+pub fn kv_like_layout(name: &str) -> anyhow::Result<Layout> {
+    Ok(Layout::new(LayoutKey::new(
+        name,
+        KvDtype::Bf16,
+        16,
+        32,
+        8,
+        128,
+    ))?)
+}
+
 fn open(dir: &Path, codec: Codec, layout: &Layout) -> anyhow::Result<SsdTier> {
     let mut config = SsdConfig::new(dir);
     config.codec.default = codec;
@@ -72,14 +85,7 @@ pub fn rows(
     if !wanted(STORE) && !wanted(LOAD) {
         return Ok(Vec::new());
     }
-    let layout = Layout::new(LayoutKey::new(
-        "bench-ssd-codec",
-        KvDtype::Bf16,
-        16,
-        32,
-        8,
-        128,
-    ))?;
+    let layout = kv_like_layout("bench-ssd-codec")?;
     let size = layout.block_bytes() as usize;
     let n = ((64usize << 20) * effort.scale / size).max(8);
     let payloads: Vec<Bytes> = (0..n)
