@@ -102,14 +102,6 @@ impl Reader<'_> {
         if stored < 8 {
             return Err(self.corrupt("encoded payload (shorter than a frame)"));
         }
-        // The whole record asked of the disk at once: it reads on while this thread checks
-        // and hands out each segment, instead of idling between one read and the next.
-        let _ = rustix::fs::fadvise(
-            &self.seg.seg,
-            base,
-            std::num::NonZeroU64::new(stored as u64),
-            rustix::fs::Advice::WillNeed,
-        );
         let mut table = vec![0u8; stored.min(TABLE_READ as usize)];
         read(&mut table, 0)?;
         let table_len = frame::table_len(&table).map_err(bad)?;
