@@ -5,6 +5,7 @@
 //! shrinks real bf16 KV; fp8 gives back every value within its group's precision.
 
 #![allow(
+    clippy::panic,
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test code: a failed expectation is a failed test"
