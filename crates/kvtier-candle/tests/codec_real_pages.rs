@@ -16,6 +16,7 @@ mod fixtures;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use kvtier_candle::bench::codec::rounded_to_bf16;
 use kvtier_candle::reuse::{Cache, GemmaRunner, MambaRunner};
 use kvtier_codec::frame::{self, Frame};
 use kvtier_codec::{Codec, Element, Shape, lossless};
@@ -47,19 +48,7 @@ fn corpora() -> &'static [Pages; 3] {
             .map(|(_, block)| block)
             .collect();
         assert!(f32_pages.len() >= 30, "{} blocks", f32_pages.len());
-        let bf16_pages = f32_pages
-            .iter()
-            .map(|p| {
-                let rounded: Vec<u8> = p
-                    .chunks_exact(4)
-                    .flat_map(|b| {
-                        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                        half::bf16::from_f32(v).to_le_bytes()
-                    })
-                    .collect();
-                Bytes::from(rounded)
-            })
-            .collect();
+        let bf16_pages = f32_pages.iter().map(|p| rounded_to_bf16(p)).collect();
         let head_dim = weights.config().head_dim as u32;
 
         let mamba = fixtures::mamba::model();

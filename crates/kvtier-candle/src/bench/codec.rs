@@ -58,18 +58,7 @@ pub fn corpora() -> Result<Vec<Corpus>> {
     if f32_pages.is_empty() {
         return Err(Error::Invalid("the Gemma turn stored no blocks".into()));
     }
-    let bf16_pages = f32_pages
-        .iter()
-        .map(|p| {
-            let out: Vec<u8> = p
-                .chunks_exact(4)
-                .flat_map(|b| {
-                    half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])).to_le_bytes()
-                })
-                .collect();
-            Bytes::from(out)
-        })
-        .collect();
+    let bf16_pages = f32_pages.iter().map(|p| rounded_to_bf16(p)).collect();
     let head_dim = weights.config().head_dim as u32;
 
     let mamba = bench_mamba()?;
@@ -106,6 +95,17 @@ pub fn corpora() -> Result<Vec<Corpus>> {
             pages: vec![state],
         },
     ])
+}
+
+/// An f32 page rounded to bf16, as a bf16 engine would hold the same KV.
+pub fn rounded_to_bf16(page: &[u8]) -> Bytes {
+    let out: Vec<u8> = page
+        .chunks_exact(4)
+        .flat_map(|b| {
+            half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])).to_le_bytes()
+        })
+        .collect();
+    Bytes::from(out)
 }
 
 /// Shannon entropy of `bytes` in bits per byte.
