@@ -33,6 +33,9 @@ if [[ -d /sys/fs/cgroup/blkio ]]; then
     mkdir "$group"
     echo "$majmin $rate" > "$group/blkio.throttle.read_bps_device"
 elif [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    # (This branch is not exercised on the project's machine, which has cgroup v1.)
+    grep -qw io /sys/fs/cgroup/cgroup.subtree_control ||
+        echo +io > /sys/fs/cgroup/cgroup.subtree_control
     group=/sys/fs/cgroup/$name
     mkdir "$group"
     echo "$majmin rbps=$rate" > "$group/io.max"
