@@ -103,13 +103,6 @@ fn through_frame(
     Some(out)
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 #[test]
 fn real_bf16_kv_shrinks_by_the_measured_ratio() {
     let bf16 = &corpora()[0];
@@ -183,7 +176,10 @@ proptest! {
                 .chunks_exact(2)
                 .map(|h| half::bf16::from_le_bytes([h[0], h[1]]).to_f32())
                 .collect(),
-            _ => f32s(b),
+            _ => b
+                .chunks_exact(4)
+                .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect(),
         };
         let (want, got): (Vec<f32>, Vec<f32>) = (widen(cut), widen(&out));
         for (g, (w, o)) in want.chunks(c.group as usize).zip(got.chunks(c.group as usize)).enumerate() {
