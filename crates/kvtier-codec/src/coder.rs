@@ -164,11 +164,32 @@ impl PageCoder {
         self.plans.write().insert(digest, plan);
     }
 
-    /// Encodes block `page` of `layout`, or `None` to store it raw: the namespace's codec
-    /// is raw, the layout is not known here, or the page did not shrink (counted).
+    /// Encodes block `page` of `layout` on up to [`PageCoder::threads`] threads, or
+    /// `None` to store it raw: the namespace's codec is raw, the layout is not known here,
+    /// or the page did not shrink (counted).
     pub fn encode_block(&self, layout: LayoutDigest, page: &[u8]) -> Option<Encoded> {
+        self.encode_block_on(layout, page, self.threads)
+    }
+
+    /// [`PageCoder::encode_block`] on at most `threads` threads (1: the calling thread
+    /// only, for a caller encoding several pages at once on threads of its own).
+    pub fn encode_block_on(
+        &self,
+        layout: LayoutDigest,
+        page: &[u8],
+        threads: usize,
+    ) -> Option<Encoded> {
         let plan = *self.plans.read().get(&layout)?;
-        self.encode_with(plan, page)
+        self.encode_with(plan, page, threads)
+    }
+
+    /// Whether blocks of `layout` go through a codec (it is known here and its codec is
+    /// not raw).
+    pub fn encodes(&self, layout: LayoutDigest) -> bool {
+        self.plans
+            .read()
+            .get(&layout)
+            .is_some_and(|plan| plan.codec != Codec::Raw)
     }
 
     /// Encodes a recurrent-state blob of `layout` losslessly as 4-byte words (the state
@@ -186,15 +207,15 @@ impl PageCoder {
             },
             segment: SEGMENT_BYTES,
         };
-        self.encode_with(plan, blob)
+        self.encode_with(plan, blob, self.threads)
     }
 
-    fn encode_with(&self, plan: Plan, page: &[u8]) -> Option<Encoded> {
+    fn encode_with(&self, plan: Plan, page: &[u8], threads: usize) -> Option<Encoded> {
         if plan.codec == Codec::Raw {
             return None;
         }
         let started = Instant::now();
-        let frame = frame::encode(plan.codec, plan.shape, page, plan.segment, self.threads);
+        let frame = frame::encode(plan.codec, plan.shape, page, plan.segment, threads);
         let c = &self.counters;
         c.encode_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

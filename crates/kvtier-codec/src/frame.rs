@@ -33,26 +33,41 @@ pub fn crc(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes)
 }
 
-/// One encoded segment: the codec it used, its bytes, the checksum of what it decodes to.
-type Coded = (Codec, Vec<u8>, u32);
+/// One encoded segment's entry in the frame's table: the codec it used, its encoded
+/// length, the checksum of what it decodes to.
+type Entry = (Codec, usize, u32);
 
-/// Encodes one segment (see [`encode`]); `None` if a lossy stream does not decode.
-fn encode_segment(codec: Codec, shape: Shape, seg: &[u8]) -> Option<Coded> {
-    let (used, bytes) = match crate::encode(codec, shape, seg) {
-        Some(enc) => (codec, enc),
-        None => (Codec::Raw, seg.to_vec()),
-    };
-    // The checksum is of what a read will give back: the page's own bytes, or for a lossy
-    // codec what its encoding decodes to (decoded here, once, so a codec that cannot give
-    // back its own stream is caught at the writer).
-    let sum = if used.is_lossless() {
-        crc(seg)
-    } else {
-        let mut decoded = vec![0u8; seg.len()];
-        crate::decode(used, &bytes, &mut decoded).ok()?;
-        crc(&decoded)
-    };
-    Some((used, bytes, sum))
+/// Appends the encodings of `segments` to `body`, one after another (see [`encode`]);
+/// their entries, or `None` if a lossy stream does not decode. Into one buffer, not one
+/// per segment: no allocation and no copy per segment.
+fn encode_segments(
+    codec: Codec,
+    shape: Shape,
+    segments: &[&[u8]],
+    body: &mut Vec<u8>,
+) -> Option<Vec<Entry>> {
+    let mut entries = Vec::with_capacity(segments.len());
+    for seg in segments {
+        let at = body.len();
+        let used = if crate::encode_into(codec, shape, seg, body) {
+            codec
+        } else {
+            body.extend_from_slice(seg);
+            Codec::Raw
+        };
+        // The checksum is of what a read will give back: the page's own bytes, or for a
+        // lossy codec what its encoding decodes to (decoded here, once, so a codec that
+        // cannot give back its own stream is caught at the writer).
+        let sum = if used.is_lossless() {
+            crc(seg)
+        } else {
+            let mut decoded = vec![0u8; seg.len()];
+            crate::decode(used, &body[at..], &mut decoded).ok()?;
+            crc(&decoded)
+        };
+        entries.push((used, body.len() - at, sum));
+    }
+    Some(entries)
 }
 
 /// Encodes `page` as a frame of `segment`-byte segments (rounded down to a multiple of the
@@ -75,42 +90,60 @@ pub fn encode(
     let count = page.len().div_ceil(segment);
     let segment_u32 = u32::try_from(segment).ok()?;
     let count_u32 = u32::try_from(count).ok()?;
+    let table_len = FIXED + ENTRY * count;
     let segments: Vec<&[u8]> = page.chunks(segment).collect();
     let threads = threads.clamp(1, count);
-    let coded: Vec<Coded> = if threads == 1 || page.len() < PARALLEL_FROM {
-        segments
-            .iter()
-            .map(|seg| encode_segment(codec, shape, seg))
-            .collect::<Option<_>>()?
+    // The first share's buffer becomes the frame: room for the table at its front, then
+    // its segments; the other shares' segments are appended to it.
+    let (mut out, entries) = if threads == 1 || page.len() < PARALLEL_FROM {
+        let mut out = Vec::with_capacity(table_len + page.len());
+        out.resize(table_len, 0);
+        let entries = encode_segments(codec, shape, &segments, &mut out)?;
+        (out, entries)
     } else {
-        let shares = in_shares(segments, threads, |share| {
-            share
-                .iter()
-                .map(|seg| encode_segment(codec, shape, seg))
-                .collect::<Option<Vec<Coded>>>()
+        let shares: Vec<(usize, Vec<&[u8]>)> = {
+            let per = count.div_ceil(threads);
+            segments
+                .chunks(per)
+                .enumerate()
+                .map(|(i, share)| (i, share.to_vec()))
+                .collect()
+        };
+        let coded = in_shares(shares, threads, |mine| {
+            let mut parts = Vec::with_capacity(mine.len());
+            for (i, share) in mine {
+                let front = if i == 0 { table_len } else { 0 };
+                let bytes: usize = share.iter().map(|s| s.len()).sum();
+                let mut body = Vec::with_capacity(front + bytes);
+                body.resize(front, 0);
+                parts.push((encode_segments(codec, shape, &share, &mut body)?, body));
+            }
+            Some(parts)
         });
-        let mut all = Vec::with_capacity(count);
-        for share in shares {
-            all.extend(share??);
+        let mut parts = Vec::with_capacity(count);
+        for share in coded {
+            parts.extend(share??);
         }
-        all
+        let mut parts = parts.into_iter();
+        let (mut entries, mut out) = parts.next()?;
+        for (more, body) in parts {
+            entries.extend(more);
+            out.extend_from_slice(&body);
+        }
+        (out, entries)
     };
-    let body_len: usize = coded.iter().map(|(_, b, _)| b.len()).sum();
-    let table_len = FIXED + ENTRY * count;
-    if coded.iter().all(|(used, _, _)| *used == Codec::Raw) || table_len + body_len >= page.len() {
+    if entries.iter().all(|(used, _, _)| *used == Codec::Raw) || out.len() >= page.len() {
         return None;
     }
-    let mut out = Vec::with_capacity(table_len + body_len);
-    out.extend_from_slice(&segment_u32.to_le_bytes());
-    out.extend_from_slice(&count_u32.to_le_bytes());
-    for (used, bytes, sum) in &coded {
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(&sum.to_le_bytes());
-        out.push(used.code());
+    let mut table = Vec::with_capacity(table_len);
+    table.extend_from_slice(&segment_u32.to_le_bytes());
+    table.extend_from_slice(&count_u32.to_le_bytes());
+    for (used, len, sum) in &entries {
+        table.extend_from_slice(&(*len as u32).to_le_bytes());
+        table.extend_from_slice(&sum.to_le_bytes());
+        table.push(used.code());
     }
-    for (_, bytes, _) in &coded {
-        out.extend_from_slice(bytes);
-    }
+    out[..table_len].copy_from_slice(&table);
     Some(out)
 }
 

@@ -197,12 +197,27 @@ impl std::error::Error for DecodeError {}
 /// [`Codec::Raw`], the encoding would not be smaller than the page, or the codec cannot
 /// represent the page (fp8 of a page with a non-finite value, or of a non-float dtype).
 pub fn encode(codec: Codec, shape: Shape, page: &[u8]) -> Option<Vec<u8>> {
-    let out = match codec {
-        Codec::Raw => return None,
-        Codec::Lossless => lossless::encode(shape.element.width(), page)?,
-        Codec::Fp8E4M3 => fp8::encode(shape, page)?,
+    let mut out = Vec::new();
+    encode_into(codec, shape, page, &mut out).then_some(out)
+}
+
+/// [`encode`], appending the stream to `out`; `false`, and `out` as it was, where
+/// [`encode`] says `None`.
+pub fn encode_into(codec: Codec, shape: Shape, page: &[u8], out: &mut Vec<u8>) -> bool {
+    let at = out.len();
+    let encoded = match codec {
+        Codec::Raw => false,
+        Codec::Lossless => lossless::encode_into(shape.element.width(), page, out),
+        Codec::Fp8E4M3 => fp8::encode(shape, page).is_some_and(|stream| {
+            out.extend_from_slice(&stream);
+            true
+        }),
     };
-    (out.len() < page.len()).then_some(out)
+    if encoded && out.len() - at < page.len() {
+        return true;
+    }
+    out.truncate(at);
+    false
 }
 
 /// Decodes `stream`, written by `codec`, into `out`, which must be exactly the decoded

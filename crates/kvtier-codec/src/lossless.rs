@@ -19,6 +19,9 @@ use crate::huffman;
 use crate::planes::{merge, split};
 use crate::{Cursor, DecodeError};
 
+/// A plane's code is built from every this many-th of its bytes.
+const SAMPLE_STEP: usize = 8;
+
 const STORED: u8 = 0;
 const HUFFMAN: u8 = 1;
 
@@ -51,25 +54,31 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 
 /// Encodes `page` as `width`-byte words; `None` if the width is out of range.
 pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_into(width, page, &mut out).then_some(out)
+}
+
+/// [`encode`], appending the stream to `out`; `false` (and `out` as it was) if the width
+/// is out of range.
+pub fn encode_into(width: usize, page: &[u8], out: &mut Vec<u8>) -> bool {
     if !(1..=8).contains(&width) {
-        return None;
+        return false;
     }
     with_scratch(|s| {
         let Scratch { planes, streams } = s;
         planes.resize_with(width, Vec::new);
         split(page, &mut planes[..width]);
         // The most it can take: every plane stored, plus the framing.
-        let mut out = Vec::with_capacity(page.len() + 1 + 5 * width);
+        out.reserve(page.len() + 1 + 5 * width);
         out.push(width as u8);
         for plane in &planes[..width] {
-            // Every 8th byte first: a plane of noise (a bf16 low byte) is judged on an
-            // eighth of a counting pass. The sample only ever says "store"; "code" is
-            // decided on the whole plane.
-            let sample = huffman::sampled_histogram(plane, 8);
-            let worth_counting = huffman::pays(&sample, &huffman::lengths(&sample));
-            let code = worth_counting
+            // Every 8th byte: a plane of noise (a bf16 low byte) is judged by the
+            // sample's entropy (no code does better) and stored; another plane's code is
+            // built from the sample, every byte value the plane may hold given a code.
+            let sample = huffman::sampled_histogram(plane, SAMPLE_STEP);
+            let code = huffman::could_pay(&sample)
                 .then(|| {
-                    let counts = huffman::histogram(plane);
+                    let counts = huffman::estimated_counts(plane, &sample, SAMPLE_STEP);
                     let lens = huffman::lengths(&counts);
                     (huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31).then_some(lens)
                 })
@@ -78,7 +87,7 @@ pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
                 out.push(HUFFMAN);
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
-                huffman::encode(plane, &lens, &mut out, streams);
+                huffman::encode(plane, &lens, out, streams);
                 let n = (out.len() - at - 4) as u32;
                 out[at..at + 4].copy_from_slice(&n.to_le_bytes());
             } else {
@@ -88,8 +97,8 @@ pub fn encode(width: usize, page: &[u8]) -> Option<Vec<u8>> {
             }
         }
         out.extend_from_slice(&page[page.len() / width * width..]);
-        Some(out)
-    })
+    });
+    true
 }
 
 /// Where a plane's bytes are while a page is decoded.

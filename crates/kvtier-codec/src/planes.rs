@@ -17,8 +17,16 @@ pub(crate) fn split(bytes: &[u8], planes: &mut [Vec<u8>]) {
     let w = planes.len();
     let n = bytes.len() / w;
     for p in planes.iter_mut() {
-        p.clear();
+        // Every byte is written below: only a longer plane needs its new bytes set.
         p.resize(n, 0);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        match planes {
+            [a, b] => return avx2::split2(&bytes[..n * 2], a, b),
+            [a, b, c, d] => return avx2::split4(&bytes[..n * 4], [a, b, c, d]),
+            _ => {}
+        }
     }
     match planes {
         [a, b] => split2(&bytes[..n * 2], a, b),
@@ -105,6 +113,14 @@ fn split4(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
 /// `out`.
 pub(crate) fn merge(planes: &[&[u8]], out: &mut [u8]) {
     let w = planes.len();
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        match planes {
+            [a, b] => return avx2::merge::<2>([a, b], out),
+            [a, b, c, d] => return avx2::merge::<4>([a, b, c, d], out),
+            _ => {}
+        }
+    }
     match planes {
         [a, b] => merge_fixed::<2>([a, b], out),
         [a, b, c, d] => merge_fixed::<4>([a, b, c, d], out),
@@ -118,6 +134,7 @@ pub(crate) fn merge(planes: &[&[u8]], out: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn merge_fixed<const W: usize>(planes: [&[u8]; W], out: &mut [u8]) {
     let n = out.len() / W;
     let whole = n / STEP * STEP;
@@ -138,9 +155,131 @@ fn merge_fixed<const W: usize>(planes: [&[u8]; W], out: &mut [u8]) {
     }
 }
 
+/// The split and merge compiled for CPUs with AVX2, where they vectorize.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #![expect(
+        unsafe_code,
+        reason = "functions compiled for a CPU feature checked at run time"
+    )]
+
+    /// Words of one step: 64 bytes of planes a step for bf16, 128 for f32.
+    const N: usize = 32;
+
+    /// [`super::split2`]; only called where AVX2 was detected.
+    pub(super) fn split2(bytes: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+        // SAFETY: the caller checked that this CPU has AVX2.
+        unsafe { split2_avx2(bytes, lo, hi) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn split2_avx2(bytes: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+        let whole = bytes.len() / (2 * N) * (2 * N);
+        let steps = bytes[..whole]
+            .chunks_exact(2 * N)
+            .zip(lo.chunks_exact_mut(N))
+            .zip(hi.chunks_exact_mut(N));
+        for ((src, l), h) in steps {
+            let mut words = [0u16; N];
+            for (w, b) in words.iter_mut().zip(src.chunks_exact(2)) {
+                *w = u16::from_le_bytes([b[0], b[1]]);
+            }
+            for ((l, h), w) in l.iter_mut().zip(h.iter_mut()).zip(words) {
+                *l = w as u8;
+                *h = (w >> 8) as u8;
+            }
+        }
+        super::split2(&bytes[whole..], &mut lo[whole / 2..], &mut hi[whole / 2..]);
+    }
+
+    /// [`super::split4`]; only called where AVX2 was detected.
+    pub(super) fn split4(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
+        // SAFETY: the caller checked that this CPU has AVX2.
+        unsafe { split4_avx2(bytes, planes) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn split4_avx2(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
+        let [p0, p1, p2, p3] = planes.map(|p| p.as_mut_slice());
+        let whole = bytes.len() / (4 * N) * (4 * N);
+        let steps = bytes[..whole]
+            .chunks_exact(4 * N)
+            .zip(p0.chunks_exact_mut(N))
+            .zip(p1.chunks_exact_mut(N))
+            .zip(p2.chunks_exact_mut(N))
+            .zip(p3.chunks_exact_mut(N));
+        for ((((src, d0), d1), d2), d3) in steps {
+            let mut words = [0u32; N];
+            for (w, b) in words.iter_mut().zip(src.chunks_exact(4)) {
+                *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            for (i, w) in words.into_iter().enumerate() {
+                d0[i] = w as u8;
+                d1[i] = (w >> 8) as u8;
+                d2[i] = (w >> 16) as u8;
+                d3[i] = (w >> 24) as u8;
+            }
+        }
+        let n = whole / 4;
+        let rest = &bytes[whole..];
+        for (i, b) in rest.chunks_exact(4).enumerate() {
+            p0[n + i] = b[0];
+            p1[n + i] = b[1];
+            p2[n + i] = b[2];
+            p3[n + i] = b[3];
+        }
+    }
+
+    /// [`super::merge_fixed`]; only called where AVX2 was detected.
+    pub(super) fn merge<const W: usize>(planes: [&[u8]; W], out: &mut [u8]) {
+        // SAFETY: the caller checked that this CPU has AVX2.
+        unsafe { merge_avx2(planes, out) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn merge_avx2<const W: usize>(planes: [&[u8]; W], out: &mut [u8]) {
+        super::merge_fixed(planes, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorized split and merge, where this CPU runs them, give the same planes and
+    /// words as the 64-bit steps every CPU runs, for lengths around their step sizes.
+    #[test]
+    fn the_avx2_paths_match_the_portable_ones() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let bytes: Vec<u8> = (0..1000u32).map(|i| (i * 131 + i / 7) as u8).collect();
+            for len in [0, 1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 999, 1000] {
+                let bytes = &bytes[..len];
+                let (n2, n4) = (len / 2, len / 4);
+                let (mut a, mut b) = (vec![0u8; n2], vec![0u8; n2]);
+                let (mut c, mut d) = (vec![0u8; n2], vec![0u8; n2]);
+                split2(&bytes[..n2 * 2], &mut a, &mut b);
+                avx2::split2(&bytes[..n2 * 2], &mut c, &mut d);
+                assert_eq!((&a, &b), (&c, &d), "split2 of {len}");
+                let mut portable = vec![vec![0u8; n4]; 4];
+                let mut fast = vec![vec![0u8; n4]; 4];
+                let [p0, p1, p2, p3] = &mut portable[..] else {
+                    unreachable!()
+                };
+                split4(&bytes[..n4 * 4], [p0, p1, p2, p3]);
+                let [f0, f1, f2, f3] = &mut fast[..] else {
+                    unreachable!()
+                };
+                avx2::split4(&bytes[..n4 * 4], [f0, f1, f2, f3]);
+                assert_eq!(portable, fast, "split4 of {len}");
+                let (mut m, mut n) = (vec![0u8; n2 * 2], vec![0u8; n2 * 2]);
+                merge_fixed::<2>([&a, &b], &mut m);
+                avx2::merge::<2>([&a, &b], &mut n);
+                assert_eq!(m, n, "merge of {len}");
+                assert_eq!(m, bytes[..n2 * 2]);
+            }
+        }
+    }
 
     #[test]
     fn split_then_merge_gives_back_the_whole_words_for_every_width() {

@@ -278,6 +278,13 @@ pub trait Tier: Send + Sync + Debug + 'static {
             .collect()
     }
 
+    /// Whether the write-behind worker may hand this tier blocks that were queued one by
+    /// one together, through [`Tier::put_many`] (the SSD tier encodes a batch's next
+    /// pages while it writes the ones before). Default: no, each block on its own.
+    fn takes_batches(&self) -> bool {
+        false
+    }
+
     /// [`Tier::put`] on the thread of a caller waiting for its acknowledgement (a store
     /// acknowledged as `written`, or a write-behind queue overflowing onto its caller): a
     /// tier that spends CPU on a write where it can (encoding a page, ADR 0021) skips that

@@ -663,9 +663,32 @@ impl Drop for WriteBehind {
     }
 }
 
+/// Blocks queued one by one that the worker hands a tier in one call at most, when the
+/// tier takes batches ([`Tier::takes_batches`]).
+const BATCH: usize = 16;
+
 fn run(s: &Shared, rx: &Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+    let batches = s.target.takes_batches();
+    let mut next = None;
+    while let Some(job) = next.take().or_else(|| rx.recv().ok()) {
         match job {
+            Job::Put(meta, payload) if batches => {
+                // What else is queued already, in order, up to a batch: the tier works on
+                // them together (the SSD tier encodes the next pages while it writes).
+                // Any other job waits its turn after them.
+                let mut batch = vec![(meta, payload)];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(Job::Put(meta, payload)) => batch.push((meta, payload)),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                write_batch(s, batch);
+            }
             Job::Put(meta, payload) => write_batch(s, vec![(meta, payload)]),
             // The blocks of one store, in one call: a tier that writes in batches (the
             // remote tier: one object) sees them together.

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use kvtier_core::Result;
 use kvtier_core::tier::RemovalCause;
 
-use super::{Held, SsdTier, key_of};
+use super::{Coding, Held, SsdTier, key_of};
 use crate::format::SEGMENT_HEADER_LEN;
 use crate::store::ReadFault;
 
@@ -79,7 +79,7 @@ impl SsdTier {
                 };
                 // On the maintenance thread: a record written raw by an acknowledged
                 // store is encoded now, if its namespace has a codec.
-                let loc = self.write_record(&old.meta, &payload, false, true)?;
+                let loc = self.write_record(&old.meta, &payload, false, Coding::Encode)?;
                 let moved = Arc::new(Held {
                     loc,
                     meta: old.meta.clone(),

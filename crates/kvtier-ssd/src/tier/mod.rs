@@ -13,6 +13,7 @@
 mod capacity;
 mod claims;
 mod compact;
+mod pipeline;
 mod snapshots;
 
 pub use capacity::Enforced;
@@ -39,10 +40,22 @@ use kvtier_core::tier::{
 use kvtier_core::{Error, PassThroughHasher, Result};
 use parking_lot::{Mutex, RwLock};
 
-use kvtier_codec::{CodecConfig, PageCoder, Resident};
+use kvtier_codec::{CodecConfig, Encoded, PageCoder, Resident};
 
 use crate::format::{Encoding, Kind, RecordHeader, chunk_crcs};
 use crate::store::{Loc, ReadFault, RecoveryReport, SegmentStore, StoreConfig};
+
+/// Where the bytes a block record stores come from.
+enum Coding {
+    /// The page as given: a write a caller waits for.
+    Raw,
+    /// The page through the codec, encoded by the write itself (on the writer's or the
+    /// maintenance thread, with the coder's helpers).
+    Encode,
+    /// Encoded ahead by [`Tier::put_many`]'s helpers; `None`: stored raw (the page did
+    /// not shrink).
+    Ahead(Option<Encoded>),
+}
 
 /// Settings of the SSD tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -409,14 +422,15 @@ impl SsdTier {
     }
 
     /// Writes a block record (durable as configured) and returns where it lives.
-    /// [`Tier::put`]; with `to_sync`, for a caller that syncs right after; with `encode`,
-    /// through the codec (on a writer thread, never a waiting caller's).
+    /// [`Tier::put`]; with `to_sync`, for a caller that syncs right after; `coding` says
+    /// whether the page goes through the codec (on a writer thread, never a waiting
+    /// caller's).
     fn put_as(
         &self,
         meta: &BlockMeta,
         payload: Bytes,
         to_sync: bool,
-        encode: bool,
+        coding: Coding,
     ) -> Result<PutOutcome> {
         if self.is_quarantined(&meta.hash) {
             self.counters.lock().rejected_quarantined += 1;
@@ -455,7 +469,7 @@ impl SsdTier {
         if !self.make_room(meta.layout, payload.len() as u64)? {
             return Ok(PutOutcome::Rejected(RejectReason::NoSpace));
         }
-        let loc = match self.write_record(meta, &payload, to_sync, encode) {
+        let loc = match self.write_record(meta, &payload, to_sync, coding) {
             Ok(loc) => loc,
             Err(e) => {
                 self.counters.lock().io_errors += 1;
@@ -486,12 +500,14 @@ impl SsdTier {
         meta: &BlockMeta,
         payload: &[u8],
         to_sync: bool,
-        encode: bool,
+        coding: Coding,
     ) -> Result<Loc> {
         let chunk_log2 = self.config.store.chunk_log2;
-        let encoded = encode
-            .then(|| self.coder.encode_block(meta.layout, payload))
-            .flatten();
+        let encoded = match coding {
+            Coding::Raw => None,
+            Coding::Encode => self.coder.encode_block(meta.layout, payload),
+            Coding::Ahead(encoded) => encoded,
+        };
         let (stored, encoding) = match &encoded {
             Some(e) => (
                 e.frame.as_slice(),
@@ -576,15 +592,23 @@ impl Tier for SsdTier {
     }
 
     fn put(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_as(meta, payload, false, true)
+        self.put_as(meta, payload, false, Coding::Encode)
+    }
+
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
+        self.put_pipelined(items)
+    }
+
+    fn takes_batches(&self) -> bool {
+        true
     }
 
     fn put_for_caller(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_as(meta, payload, false, false)
+        self.put_as(meta, payload, false, Coding::Raw)
     }
 
     fn put_to_sync(&self, meta: &BlockMeta, payload: Bytes) -> Result<PutOutcome> {
-        self.put_as(meta, payload, true, false)
+        self.put_as(meta, payload, true, Coding::Raw)
     }
 
     fn layout_registered(&self, layout: &kvtier_core::layout::Layout) {
