@@ -272,6 +272,88 @@ fn a_refused_write_is_reported_to_the_lost_hook_and_a_stored_one_is_not() {
     assert!(lost.lock().is_empty());
 }
 
+/// A gated tier that takes batches, keeping the blocks of each call it gets, in order.
+#[derive(Debug)]
+struct Batching {
+    gated: Arc<Gated>,
+    calls: Mutex<Vec<Vec<BlockHash>>>,
+}
+
+impl Tier for Batching {
+    fn kind(&self) -> TierKind {
+        TierKind::Ssd
+    }
+    fn put(&self, meta: &BlockMeta, payload: Bytes) -> kvtier_core::Result<PutOutcome> {
+        self.calls.lock().push(vec![meta.hash]);
+        self.gated.put(meta, payload)
+    }
+    fn put_many(&self, items: &[(BlockMeta, Bytes)]) -> Vec<kvtier_core::Result<PutOutcome>> {
+        self.calls
+            .lock()
+            .push(items.iter().map(|(m, _)| m.hash).collect());
+        items
+            .iter()
+            .map(|(m, p)| self.gated.put(m, p.clone()))
+            .collect()
+    }
+    fn takes_batches(&self) -> bool {
+        true
+    }
+    fn get(&self, hash: &BlockHash) -> kvtier_core::Result<Option<Bytes>> {
+        self.gated.get(hash)
+    }
+    fn get_range(&self, hash: &BlockHash, range: Range<u64>) -> kvtier_core::Result<Option<Bytes>> {
+        self.gated.get_range(hash, range)
+    }
+    fn contains(&self, hash: &BlockHash) -> bool {
+        self.gated.contains(hash)
+    }
+    fn remove(&self, hash: &BlockHash) -> kvtier_core::Result<bool> {
+        self.gated.remove(hash)
+    }
+    fn stats(&self) -> TierStats {
+        self.gated.stats()
+    }
+}
+
+#[test]
+fn a_tier_that_takes_batches_gets_what_is_queued_together_in_order() {
+    let gated = Gated::new(false);
+    let target = Arc::new(Batching {
+        gated: gated.clone(),
+        calls: Mutex::new(Vec::new()),
+    });
+    let w = WriteBehind::start(target.clone(), WriterConfig::default()).unwrap();
+    let chain = blocks(40);
+    // The worker takes the first block alone and waits at the gate; the other 39 queue up
+    // behind it.
+    assert_eq!(
+        w.enqueue(chain[0].0.clone(), chain[0].1.clone()),
+        Enqueued::Queued
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while target.calls.lock().is_empty() {
+        assert!(Instant::now() < deadline, "the worker never took a block");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (m, p) in &chain[1..] {
+        assert_eq!(w.enqueue(m.clone(), p.clone()), Enqueued::Queued);
+    }
+    gated.open();
+    assert!(w.stop(Duration::from_secs(10)).clean);
+    let calls = target.calls.lock().clone();
+    let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+    // The first alone, then what queued behind it, at most 16 a call.
+    assert_eq!(sizes, vec![1, 16, 16, 7], "{sizes:?}");
+    let order: Vec<BlockHash> = calls.into_iter().flatten().collect();
+    let want: Vec<BlockHash> = chain.iter().map(|(m, _)| m.hash).collect();
+    assert_eq!(order, want, "every block once, in the order queued");
+    for (m, p) in &chain {
+        assert_eq!(target.get(&m.hash).unwrap().as_ref(), Some(p));
+    }
+    assert_eq!(w.stats().saved, 40);
+}
+
 /// An evict-only engine over a gated tier: what RAM evicts waits in the writer's queue.
 fn evict_only_engine(lower: Arc<Gated>, ram_blocks: u64) -> (Engine, Arc<Layout>) {
     let layout = test_layout().unwrap();

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use kvtier_codec::Codec;
 use kvtier_core::clock::SystemClock;
 use kvtier_core::snapshot::SnapshotKey;
-use kvtier_core::tier::conformance::RecordingSink;
-use kvtier_core::tier::{BlockMeta, ResidencySink, ShortRead, SnapshotStore, Tier};
+use kvtier_core::tier::conformance::{Event, RecordingSink};
+use kvtier_core::tier::{BlockMeta, PutOutcome, ResidencySink, ShortRead, SnapshotStore, Tier};
 use kvtier_ssd::SsdTier;
 use kvtier_ssd::format::{ALIGN, RecordHeader};
 
@@ -282,6 +282,83 @@ fn noise_and_unknown_layouts_are_stored_raw() {
     let s = tier.stats();
     assert_eq!((s.codec.encoded_pages, s.codec.not_shrunk_pages), (0, 0));
     assert_eq!(served_exactly(&tier, &blocks), 3);
+}
+
+#[test]
+fn a_batch_is_encoded_ahead_and_appended_and_published_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = kv_chain(10, 7);
+    let noise: Vec<(BlockMeta, Bytes)> = common::chain(2, 8)
+        .into_iter()
+        .map(|(m, p)| {
+            let bytes: Vec<u8> = (0..p.len() as u64)
+                .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
+                .collect();
+            (m, Bytes::from(bytes))
+        })
+        .collect();
+    let (tier, sink) = open_with(dir.path(), Codec::Lossless, true);
+    // Held before the batch: a duplicate in it, not encoded again.
+    tier.put(&kv[0].0, kv[0].1.clone()).unwrap();
+    let mut batch = kv.clone();
+    batch.insert(4, noise[0].clone());
+    batch.insert(7, kv[2].clone()); // a second copy within the batch
+    batch.push(noise[1].clone());
+    let outcomes: Vec<PutOutcome> = tier
+        .put_many(&batch)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let want: Vec<PutOutcome> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, (m, _))| {
+            if m.hash == kv[0].0.hash || (i == 7) {
+                PutOutcome::Duplicate
+            } else {
+                PutOutcome::Stored
+            }
+        })
+        .collect();
+    assert_eq!(outcomes, want);
+    let s = tier.stats();
+    assert_eq!(
+        (s.codec.encoded_pages, s.codec.not_shrunk_pages),
+        (10, 2),
+        "each KV page encoded once, the noise stored raw: {:?}",
+        s.codec
+    );
+    // Published and appended in the batch's order.
+    let stored: Vec<_> = batch
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| **o == PutOutcome::Stored)
+        .map(|((m, _), _)| m.hash)
+        .collect();
+    let published: Vec<_> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Inserted(_, hash) => Some(hash),
+            Event::Removed(..) => None,
+        })
+        .skip(1)
+        .collect();
+    assert_eq!(published, stored);
+    let on_disk: Vec<[u8; 16]> = seg_files(dir.path())
+        .iter()
+        .flat_map(|seg| records(seg))
+        .map(|(_, h)| h.key[..16].try_into().unwrap())
+        .skip(1)
+        .collect();
+    let want_on_disk: Vec<[u8; 16]> = stored.iter().map(|h| h.0).collect();
+    assert_eq!(on_disk, want_on_disk);
+    assert_eq!(served_exactly(&tier, &kv), 10);
+    assert_eq!(served_exactly(&tier, &noise), 2);
+    drop(tier);
+    let (tier, _) = open_with(dir.path(), Codec::Lossless, true);
+    assert_eq!(served_exactly(&tier, &kv), 10);
+    assert_eq!(served_exactly(&tier, &noise), 2);
 }
 
 #[test]

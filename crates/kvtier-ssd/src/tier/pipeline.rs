@@ -6,8 +6,10 @@
 //! one, the others idle); ahead, the appends overlap the next pages' encoding. Records
 //! are still appended, and their blocks published, in the order given; only where the
 //! CPU work runs moves. Everything `put` checks (quarantine, duplicates, room) is checked
-//! by each append as before; a page found already held is not encoded.
+//! by each append as before; a page already held, or twice in the batch, is not encoded
+//! ahead.
 
+use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -22,10 +24,19 @@ impl SsdTier {
     /// See the module docs. Fewer than two pages to encode, or a coder of one thread:
     /// block by block.
     pub(super) fn put_pipelined(&self, items: &[(BlockMeta, Bytes)]) -> Vec<Result<PutOutcome>> {
-        let to_encode =
-            |meta: &BlockMeta| self.coder.encodes(meta.layout) && !self.contains(&meta.hash);
+        // Pages worth encoding ahead: of a layout with a codec, not held already, not a
+        // second copy of a block earlier in the batch (each a duplicate when appended).
+        let mut seen = HashSet::with_capacity(items.len());
+        let ahead: Vec<bool> = items
+            .iter()
+            .map(|(meta, _)| {
+                seen.insert(meta.hash)
+                    && self.coder.encodes(meta.layout)
+                    && !self.contains(&meta.hash)
+            })
+            .collect();
         let helpers = self.coder.threads().min(items.len());
-        if helpers < 2 || items.iter().filter(|(meta, _)| to_encode(meta)).count() < 2 {
+        if helpers < 2 || ahead.iter().filter(|a| **a).count() < 2 {
             return items
                 .iter()
                 .map(|(meta, page)| self.put(meta, page.clone()))
@@ -35,13 +46,13 @@ impl SsdTier {
         let (tx, rx) = mpsc::channel::<(usize, Coding)>();
         std::thread::scope(|scope| {
             for _ in 0..helpers {
-                let (tx, next) = (tx.clone(), &next);
+                let (tx, next, ahead) = (tx.clone(), &next, &ahead);
                 scope.spawn(move || {
                     while let Some((i, (meta, page))) = {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         items.get(i).map(|item| (i, item))
                     } {
-                        let coding = if to_encode(meta) {
+                        let coding = if ahead[i] {
                             // One thread a page: the helpers are the parallelism. A codec
                             // that panics has its page stored raw, not lost.
                             let encoded = catch_unwind(AssertUnwindSafe(|| {
