@@ -64,21 +64,48 @@ pub fn encode_into(width: usize, page: &[u8], out: &mut Vec<u8>) -> bool {
     if !(1..=8).contains(&width) {
         return false;
     }
+    let n = page.len() / width;
+    let words = &page[..n * width];
+    // Each plane is judged on every 8th of its bytes, read from the page: a plane of noise
+    // (a bf16 low byte) by the sample's entropy (no code does better) and stored; another
+    // plane's code is built from its sample, every byte value the plane may hold given a
+    // code (`huffman::estimated_counts`).
+    let samples: Vec<[u64; 256]> = (0..width)
+        .map(|p| huffman::sampled_histogram(words.get(p..).unwrap_or(&[]), SAMPLE_STEP * width))
+        .collect();
+    let worth_coding: Vec<bool> = samples.iter().map(huffman::could_pay).collect();
+    // The planes stored ahead of the first one coded are split straight into `out`; the
+    // rest into scratch, from where they are coded (or copied, if stored after all).
+    let direct = worth_coding.iter().take_while(|c| !**c).count();
+    out.reserve(page.len() + 1 + 5 * width);
+    out.push(width as u8);
+    let first = out.len();
+    for _ in 0..direct {
+        out.push(STORED);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        out.resize(out.len() + n, 0);
+    }
     with_scratch(|s| {
         let Scratch { planes, streams } = s;
         planes.resize_with(width, Vec::new);
-        split(page, &mut planes[..width]);
-        // The most it can take: every plane stored, plus the framing.
-        out.reserve(page.len() + 1 + 5 * width);
-        out.push(width as u8);
-        for plane in &planes[..width] {
-            // Every 8th byte: a plane of noise (a bf16 low byte) is judged by the
-            // sample's entropy (no code does better) and stored; another plane's code is
-            // built from the sample, every byte value the plane may hold given a code.
-            let sample = huffman::sampled_histogram(plane, SAMPLE_STEP);
-            let code = huffman::could_pay(&sample)
+        for plane in &mut planes[direct..width] {
+            plane.resize(n, 0);
+        }
+        {
+            let mut dests: Vec<&mut [u8]> = Vec::with_capacity(width);
+            let mut rest = &mut out[first..];
+            for _ in 0..direct {
+                let (plane, after) = std::mem::take(&mut rest)[5..].split_at_mut(n);
+                dests.push(plane);
+                rest = after;
+            }
+            dests.extend(planes[direct..width].iter_mut().map(Vec::as_mut_slice));
+            split(words, &mut dests);
+        }
+        for (p, plane) in planes.iter().enumerate().take(width).skip(direct) {
+            let code = worth_coding[p]
                 .then(|| {
-                    let counts = huffman::estimated_counts(plane, &sample, SAMPLE_STEP);
+                    let counts = huffman::estimated_counts(plane, &samples[p], SAMPLE_STEP);
                     let lens = huffman::lengths(&counts);
                     (huffman::coded_len(&counts, &lens) * 32 < plane.len() * 31).then_some(lens)
                 })
@@ -88,16 +115,16 @@ pub fn encode_into(width: usize, page: &[u8], out: &mut Vec<u8>) -> bool {
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
                 huffman::encode(plane, &lens, out, streams);
-                let n = (out.len() - at - 4) as u32;
-                out[at..at + 4].copy_from_slice(&n.to_le_bytes());
+                let len = (out.len() - at - 4) as u32;
+                out[at..at + 4].copy_from_slice(&len.to_le_bytes());
             } else {
                 out.push(STORED);
                 out.extend_from_slice(&(plane.len() as u32).to_le_bytes());
                 out.extend_from_slice(plane);
             }
         }
-        out.extend_from_slice(&page[page.len() / width * width..]);
     });
+    out.extend_from_slice(&page[n * width..]);
     true
 }
 

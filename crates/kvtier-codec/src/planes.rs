@@ -12,14 +12,11 @@
 /// here).
 const STEP: usize = 16;
 
-/// Splits the whole words of `bytes` into `planes` (each exactly `bytes.len() / w` long).
-pub(crate) fn split(bytes: &[u8], planes: &mut [Vec<u8>]) {
+/// Splits the whole words of `bytes` into `planes` (each exactly `bytes.len() / w` long,
+/// `w` = the number of planes).
+pub(crate) fn split(bytes: &[u8], planes: &mut [&mut [u8]]) {
     let w = planes.len();
     let n = bytes.len() / w;
-    for p in planes.iter_mut() {
-        // Every byte is written below: only a longer plane needs its new bytes set.
-        p.resize(n, 0);
-    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         match planes {
@@ -81,8 +78,8 @@ fn split2(bytes: &[u8], lo: &mut [u8], hi: &mut [u8]) {
     }
 }
 
-fn split4(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
-    let [p0, p1, p2, p3] = planes.map(|p| p.as_mut_slice());
+fn split4(bytes: &[u8], planes: [&mut [u8]; 4]) {
+    let [p0, p1, p2, p3] = planes;
     let whole = bytes.len() / 32 * 32;
     let steps = bytes[..whole]
         .chunks_exact(32)
@@ -193,14 +190,14 @@ mod avx2 {
     }
 
     /// [`super::split4`]; only called where AVX2 was detected.
-    pub(super) fn split4(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
+    pub(super) fn split4(bytes: &[u8], planes: [&mut [u8]; 4]) {
         // SAFETY: the caller checked that this CPU has AVX2.
         unsafe { split4_avx2(bytes, planes) }
     }
 
     #[target_feature(enable = "avx2")]
-    fn split4_avx2(bytes: &[u8], planes: [&mut Vec<u8>; 4]) {
-        let [p0, p1, p2, p3] = planes.map(|p| p.as_mut_slice());
+    fn split4_avx2(bytes: &[u8], planes: [&mut [u8]; 4]) {
+        let [p0, p1, p2, p3] = planes;
         let whole = bytes.len() / (4 * N) * (4 * N);
         let steps = bytes[..whole]
             .chunks_exact(4 * N)
@@ -266,11 +263,11 @@ mod tests {
                 let [p0, p1, p2, p3] = &mut portable[..] else {
                     unreachable!()
                 };
-                split4(&bytes[..n4 * 4], [p0, p1, p2, p3]);
+                split4(&bytes[..n4 * 4], [p0, p1, p2, p3].map(|p| p.as_mut_slice()));
                 let [f0, f1, f2, f3] = &mut fast[..] else {
                     unreachable!()
                 };
-                avx2::split4(&bytes[..n4 * 4], [f0, f1, f2, f3]);
+                avx2::split4(&bytes[..n4 * 4], [f0, f1, f2, f3].map(|p| p.as_mut_slice()));
                 assert_eq!(portable, fast, "split4 of {len}");
                 let (mut m, mut n) = (vec![0u8; n2 * 2], vec![0u8; n2 * 2]);
                 merge_fixed::<2>([&a, &b], &mut m);
@@ -285,9 +282,10 @@ mod tests {
     fn split_then_merge_gives_back_the_whole_words_for_every_width() {
         let bytes: Vec<u8> = (0..103u32).map(|i| (i * 7 + 3) as u8).collect();
         for w in 1..=8 {
-            let mut planes = vec![Vec::new(); w];
-            split(&bytes, &mut planes);
             let n = bytes.len() / w;
+            let mut planes = vec![vec![0u8; n]; w];
+            let mut dests: Vec<&mut [u8]> = planes.iter_mut().map(Vec::as_mut_slice).collect();
+            split(&bytes, &mut dests);
             assert!(planes.iter().all(|p| p.len() == n));
             assert_eq!(planes[0][1], bytes[w]);
             let refs: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
