@@ -16,7 +16,10 @@
 //!
 //! Four streams are decoded in lockstep so their table lookups overlap; every code is at
 //! most 11 bits, so a 64-bit buffer refilled to at least 56 bits yields five lookups of a
-//! table that gives one or two symbols each.
+//! table that gives one or two symbols each. They are encoded one at a time (a writer's
+//! state then stays in registers), five codes between stores of the 64-bit buffer. The
+//! code is built from a sample of the plane ([`estimated_counts`]), not a count of every
+//! byte: within 0.02% of the full count's size on KV-like pages, a fifth less work.
 
 use crate::DecodeError;
 
@@ -382,8 +385,9 @@ fn encode_stream_portable(part: &[u8], code: &Code, out: &mut [u8]) -> usize {
     w.finish()
 }
 
-/// The same coder compiled for CPUs with BMI2, whose shifts take their count from any
-/// register (fewer instructions per code).
+/// The same encoder and decoder compiled for CPUs with BMI2, whose shifts take their
+/// count from any register (fewer instructions per code: the encoder about 1.3× and the
+/// decoder 1.2× as fast here).
 #[cfg(target_arch = "x86_64")]
 mod bmi2 {
     #![expect(
@@ -402,6 +406,17 @@ mod bmi2 {
     #[target_feature(enable = "bmi2")]
     fn with_bmi2(part: &[u8], code: &Code, out: &mut [u8]) -> usize {
         super::encode_stream_portable(part, code, out)
+    }
+
+    /// [`super::decode_portable`]; only called where BMI2 was detected.
+    pub(super) fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), crate::DecodeError> {
+        // SAFETY: the caller checked that this CPU has BMI2.
+        unsafe { decode_bmi2(stream, out) }
+    }
+
+    #[target_feature(enable = "bmi2")]
+    fn decode_bmi2(stream: &[u8], out: &mut [u8]) -> Result<(), crate::DecodeError> {
+        super::decode_portable(stream, out)
     }
 }
 
@@ -519,6 +534,15 @@ fn table(lens: &[u8; 256]) -> Box<Table> {
 /// Decodes a plane written by [`encode`] from `stream` (exactly its bytes) into `out`
 /// (exactly the plane's length).
 pub(crate) fn decode(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("bmi2") {
+        return bmi2::decode(stream, out);
+    }
+    decode_portable(stream, out)
+}
+
+#[inline(always)]
+fn decode_portable(stream: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
     if stream.len() < HEAD {
         return Err(DecodeError::Truncated);
     }
@@ -653,9 +677,9 @@ mod tests {
     }
 
     /// The coder compiled for BMI2, where this CPU runs it, writes the same bits as the
-    /// portable one.
+    /// portable one, and both decoders give the plane back.
     #[test]
-    fn the_bmi2_coder_writes_what_the_portable_one_does() {
+    fn the_bmi2_coder_writes_and_reads_what_the_portable_one_does() {
         let mut x = 11u32;
         let plane: Vec<u8> = (0..20_011)
             .map(|_| {
@@ -674,6 +698,17 @@ mod tests {
             let m = encode_stream(part, &code, &mut b);
             assert_eq!(a[..n], b[..m], "{len} symbols");
         }
+        let mut enc = Vec::new();
+        encode(
+            &plane,
+            &lengths(&histogram(&plane)),
+            &mut enc,
+            &mut Streams::default(),
+        );
+        let (mut a, mut b) = (vec![0u8; plane.len()], vec![0u8; plane.len()]);
+        decode_portable(&enc, &mut a).unwrap();
+        decode(&enc, &mut b).unwrap();
+        assert_eq!((&a, &b), (&plane, &plane));
     }
 
     #[test]
