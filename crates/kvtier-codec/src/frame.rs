@@ -112,9 +112,15 @@ pub fn encode(
         let coded = in_shares(shares, threads, |mine| {
             let mut parts = Vec::with_capacity(mine.len());
             for (i, share) in mine {
-                let front = if i == 0 { table_len } else { 0 };
                 let bytes: usize = share.iter().map(|s| s.len()).sum();
-                let mut body = Vec::with_capacity(front + bytes);
+                // The first share's buffer has room for the whole frame: the others are
+                // appended to it without moving it.
+                let (front, room) = if i == 0 {
+                    (table_len, table_len + page.len())
+                } else {
+                    (0, bytes)
+                };
+                let mut body = Vec::with_capacity(room);
                 body.resize(front, 0);
                 parts.push((encode_segments(codec, shape, &share, &mut body)?, body));
             }
