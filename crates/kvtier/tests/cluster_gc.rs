@@ -93,9 +93,10 @@ async fn store_each(c: &Client, layout: &LayoutInfo, seeds: std::ops::Range<u32>
     }
 }
 
-/// Waits until the cluster advertises `n` objects.
+/// Waits until the cluster advertises `n` objects. Up to a minute: with four clusters of
+/// replicas starting at once on a 2-core CI machine, 20 s was once not enough.
 async fn advertised(cluster: &Cluster, n: u64) -> bool {
-    eventually(Duration::from_secs(20), async || {
+    eventually(Duration::from_secs(60), async || {
         let s = cluster.status();
         s["owners"]
             .as_object()
