@@ -3,10 +3,10 @@
 //!
 //! - [`Codec::Lossless`]: each `w`-byte element is split into `w` byte planes (all first
 //!   bytes, then all second bytes, …), and each plane is coded on its own with a Huffman
-//!   code of its histogram (`huffman.rs`). A bf16 value's high byte (sign and exponent)
+//!   code of its statistics, sampled (`huffman.rs`). A bf16 value's high byte (sign and exponent)
 //!   carries about 3 bits of entropy and its low byte nearly 8: coded apart, the high
 //!   plane shrinks to well under half and the low plane is stored as it is, its
-//!   histogram having said a code would not pay. Exactly the bytes given come back.
+//!   sample having said a code would not pay. Exactly the bytes given come back.
 //! - [`Codec::Fp8E4M3`]: lossy and opt-in. Each group of elements (one head of one token)
 //!   is scaled so its largest magnitude is fp8's largest, and every element is rounded to
 //!   fp8 e4m3; decoding multiplies back and rounds to the page's own dtype. Only ever used

@@ -1,4 +1,4 @@
-//! The lossless codec: byte planes, each coded with a Huffman code of its own histogram
+//! The lossless codec: byte planes, each coded with a Huffman code of its own statistics
 //! or stored as it is.
 //!
 //! ```text
@@ -8,10 +8,11 @@
 //! ```
 //!
 //! Plane `p` holds byte `p` of every whole word of the page (little-endian words: for bf16
-//! and f16, plane 1 is sign and exponent). Each plane's histogram decides: a plane whose
+//! and f16, plane 1 is sign and exponent). Every 8th byte of a plane decides: a plane whose
 //! code would save under 1/32 of it is stored, so decoding it is a copy, and a page of
-//! noise costs its encoder a counting pass over an eighth of it and its decoder nothing. The coder and why it
-//! is not zstd: `huffman.rs` and ADR 0021.
+//! noise costs its encoder a counting pass over an eighth of it and its decoder nothing;
+//! a coded plane's code is built from the same sample. The coder and why it is not zstd:
+//! `huffman.rs` and ADR 0021.
 
 use std::sync::{Mutex, PoisonError};
 

@@ -5,7 +5,8 @@
 //! Splitting 2- and 4-byte words (the KV dtypes) works on 64-bit words: the even bytes
 //! of a word are gathered by three mask-and-shift steps, no byte at a time (about 10 GB/s
 //! here against 3 for a byte loop the compiler could not vectorize with SSE2 alone).
-//! Merging is written per width so the compiler sees constant strides.
+//! Merging is written per width so the compiler sees constant strides. Where the CPU has
+//! AVX2 (checked at run time), word loops compiled for it split about 5× faster still.
 
 /// Words handled per step of the fixed-width merge loops: fixed-size arrays without
 /// bounds checks, which the compiler turns into vector shuffles (about 4× the plain loop
@@ -218,13 +219,10 @@ mod avx2 {
             }
         }
         let n = whole / 4;
-        let rest = &bytes[whole..];
-        for (i, b) in rest.chunks_exact(4).enumerate() {
-            p0[n + i] = b[0];
-            p1[n + i] = b[1];
-            p2[n + i] = b[2];
-            p3[n + i] = b[3];
-        }
+        super::split4(
+            &bytes[whole..],
+            [&mut p0[n..], &mut p1[n..], &mut p2[n..], &mut p3[n..]],
+        );
     }
 
     /// [`super::merge_fixed`]; only called where AVX2 was detected.

@@ -80,8 +80,8 @@ fn open(dir: &Path, codec: Codec, layout: &Layout) -> anyhow::Result<SsdTier> {
     Ok(tier)
 }
 
-/// Seconds to store `payloads` through a write-behind worker in front of `tier` (a queue
-/// long enough for all of them, as the engine's default) and sync them.
+/// Seconds to store `payloads` through a write-behind worker in front of `tier` (its
+/// queue holds all of them, as the engine's default of 512 would) and sync them.
 fn store_behind(
     tier: &Arc<SsdTier>,
     metas: &[BlockMeta],
