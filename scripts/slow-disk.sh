@@ -6,8 +6,12 @@
 # command and its threads make — cached, read ahead or O_DIRECT, ours and the baseline's
 # alike — is held to it. Needs root; removes its cgroup when the command ends.
 #
-#   scripts/slow-disk.sh 250000000 /work/bench-ssd -- \
-#       target/release/kvtier bench --filter 2MiB.effective --ssd-dir /work/bench-ssd
+# The throttle grants reads by time slices (100 ms on a disk that calls itself rotational)
+# and lets a reader spend an idle spell's allowance at once, so a run must be long
+# against a slice to measure the rate (`--ssd-mib 1024`; BENCHMARKS.md, issue 40).
+#
+#   scripts/slow-disk.sh 250000000 /work/bench-ssd -- target/release/kvtier bench \
+#       --filter 2MiB.effective --ssd-mib 1024 --ssd-dir /work/bench-ssd
 set -euo pipefail
 
 if [[ $# -lt 4 || $3 != "--" ]]; then

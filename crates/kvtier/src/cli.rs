@@ -80,6 +80,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     pub ssd_dir: Option<std::path::PathBuf>,
 
+    /// MiB each SSD store and load row writes and reads per sample. Where reads are held
+    /// to a rate by a throttle (`scripts/slow-disk.sh`), runs must be long against the
+    /// throttle's time slice to measure the rate rather than the slice: BENCHMARKS.md
+    /// uses 1024 there. Default: 256, 64 with --quick.
+    #[arg(long, value_name = "MIB")]
+    pub ssd_mib: Option<usize>,
+
     /// Also run the `model.*` rows: real models (Gemma 3 270M, a Mamba) with a 2,048-token
     /// cached prefix against a cold prefill. Needs the `models` feature; takes minutes
     /// (one cold Gemma prefill is about 20 s here). Default: off.

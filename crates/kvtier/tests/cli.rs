@@ -33,6 +33,7 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
         "--json",
         "--filter",
         "--ssd-dir",
+        "--ssd-mib",
         "--models",
         "--recover-blocks",
     ] {
@@ -40,7 +41,7 @@ fn help_explains_every_bench_option_with_its_default() -> Result<(), Box<dyn std
     }
     assert_eq!(
         text.matches("Default:").count(),
-        6,
+        7,
         "every option names its default:\n{text}"
     );
     Ok(())

@@ -5,6 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use kvtier_core::tier::{BlockMeta, Tier};
 
@@ -22,6 +23,53 @@ pub struct RawBlocks {
     n: usize,
     size: usize,
     stride: u64,
+    primer: Option<Primer>,
+}
+
+/// Bytes of the file a [`Primer`] reads.
+const PRIMER_BYTES: u64 = 64 << 20;
+/// Bytes per read of a [`Primer`].
+const PRIMER_READ: usize = 2 << 20;
+/// How long a [`Primer`] reads at least: longer than the idle spell before a load plus
+/// the throttle's slice (100 ms on this machine's disk), so no credit is left.
+const PRIMER_TIME: Duration = Duration::from_millis(300);
+
+/// Untimed `O_DIRECT` reads of a file of its own right before each timed load, so that
+/// every contender starts with the disk busy. This matters under a block-I/O throttle
+/// (`scripts/slow-disk.sh`, where the disk is made the limit): the kernel's throttle lets
+/// a reader that arrives after an idle spell spend that spell's allowance at once (the
+/// spell plus up to one time slice at the full rate), and the spells differ — dropping a
+/// page cache full of the previous contender's bytes takes 10–180 ms, dropping none 10.
+/// Measured without it (BENCHMARKS.md, issue 40), a 256 MiB read's rate depended more on
+/// who went before than on how it read. On a disk with no throttle the primer changes
+/// nothing but the time a row takes.
+struct Primer {
+    file: File,
+}
+
+impl Primer {
+    /// Writes the primer's file at `path` (synced, untimed) and opens it for direct reads;
+    /// `None` where the filesystem has no `O_DIRECT` (nothing to throttle there either).
+    fn write(path: &Path) -> anyhow::Result<Option<Self>> {
+        let piece = vec![0x5au8; PRIMER_READ];
+        let file = File::create(path)?;
+        for at in (0..PRIMER_BYTES).step_by(PRIMER_READ) {
+            file.write_all_at(&piece, at)?;
+        }
+        file.sync_data()?;
+        Ok(kvtier_ssd::store::direct::open_direct(path).map(|file| Self { file }))
+    }
+
+    /// Reads the file over and over for at least [`PRIMER_TIME`] (whole passes).
+    fn read(&self) {
+        let started = Instant::now();
+        while started.elapsed() < PRIMER_TIME {
+            for at in (0..PRIMER_BYTES).step_by(PRIMER_READ) {
+                let got = kvtier_ssd::store::direct::read_direct(&self.file, at, PRIMER_READ);
+                black_box(got.ok());
+            }
+        }
+    }
 }
 
 impl RawBlocks {
@@ -43,12 +91,14 @@ impl RawBlocks {
             file.write_all_at(p, 4096 + i as u64 * stride)?;
         }
         file.sync_data()?;
+        let primer = Primer::write(&path.with_extension("primer"))?;
         Ok(Self {
             file,
             path: path.to_path_buf(),
             n,
             size,
             stride,
+            primer,
         })
     }
 
@@ -70,9 +120,9 @@ pub struct Loads {
 impl Loads {
     /// One sample: an untimed cold pass over the tier and the file first (the virtual disk
     /// is still settling the stores, and the first read after them ran up to 3× slower,
-    /// whoever it was), then the three contenders, each after dropping the page cache,
-    /// rotating through the three positions by `sample` (the position matters on this
-    /// virtual disk, and the baseline must not get more draws than we do).
+    /// whoever it was), then the three contenders, each after dropping the page cache and
+    /// a [`Primer`]'s reads, rotating through the three positions by `sample` (the position
+    /// matters on this virtual disk, and the baseline must not get more draws than we do).
     pub fn sample(&mut self, sample: usize, ours: &dyn Fn(), raw: &RawBlocks) {
         let direct = kvtier_ssd::store::direct::open_direct(&raw.path);
         let mut buf = vec![0u8; raw.size];
@@ -83,6 +133,9 @@ impl Loads {
         for turn in 0..3 {
             let contender = (turn + sample) % 3;
             self.not_dropped |= !drop_caches();
+            if let Some(primer) = &raw.primer {
+                primer.read();
+            }
             let secs = match contender {
                 0 => seconds(ours),
                 1 => seconds(|| raw.read_cached(&mut buf)),

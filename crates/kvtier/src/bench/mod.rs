@@ -121,6 +121,9 @@ pub struct Effort {
     pub samples: usize,
     /// Scales iteration counts and data sizes.
     pub scale: usize,
+    /// Bytes each SSD store and load row moves per sample (`--ssd-mib`; 64 MiB × `scale`
+    /// unless given).
+    pub ssd_bytes: usize,
 }
 
 /// Runs the bench and prints the table (and writes JSON if asked).
@@ -128,16 +131,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(crate::cli::BenchTarget::S3(s3_args)) = &args.target {
         return s3::run_cli(s3_args);
     }
-    let effort = if args.quick {
-        Effort {
-            samples: 5,
-            scale: 1,
-        }
-    } else {
-        Effort {
-            samples: 15,
-            scale: 4,
-        }
+    let (samples, scale) = if args.quick { (5, 1) } else { (15, 4) };
+    let effort = Effort {
+        samples,
+        scale,
+        ssd_bytes: args.ssd_mib.map_or(64 * scale, |m| m.max(1)) << 20,
     };
     if args.models {
         rows_model::available()?;

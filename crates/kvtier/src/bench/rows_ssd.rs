@@ -115,7 +115,7 @@ fn io_rows(
 ) -> anyhow::Result<Vec<Row>> {
     let layout = layout(layers)?;
     let size = layout.block_bytes() as usize;
-    let total = (64usize << 20) * effort.scale;
+    let total = effort.ssd_bytes;
     let n = (total / size).max(8);
     let payload = Bytes::from(pattern(size, 5));
     let aligned = AlignedCopy::new(&payload);

@@ -117,7 +117,7 @@ pub fn rows(
     }
     let layout = kv_like_layout("bench-ssd-codec")?;
     let size = layout.block_bytes() as usize;
-    let n = ((64usize << 20) * effort.scale / size).max(8);
+    let n = (effort.ssd_bytes / size).max(8);
     let payloads: Vec<Bytes> = (0..n)
         .map(|i| Bytes::from(kv_like_bf16(size, i as u64 + 1)))
         .collect();
