@@ -5,7 +5,8 @@
 //!   writeback, `O_DIRECT` at queue depths 1, 4 and 16), each writing the same sizes at the
 //!   same 4 KiB-aligned offsets into a fresh file, then one `fdatasync`.
 //! - `ssd.load.{256KiB,2MiB}.GBps`: reading every block back (checksums verified) with the
-//!   page cache dropped first — against the better of cached and O_DIRECT `pread`s of the
+//!   page cache dropped first and the disk kept busy up to the timed read (a primer,
+//!   `cold_loads.rs`) — against the better of cached and O_DIRECT `pread`s of the
 //!   same ranges of the raw file, cache also dropped; the three contenders rotate through
 //!   the three positions, each measured once per sample. Dropping needs root; without it
 //!   the rows say so in their baseline note.

@@ -8,9 +8,9 @@
 //!   then one `fdatasync`; against the same tier storing the same blocks raw the same
 //!   way in the same sample.
 //! - `ssd.load.2MiB.effective.GBps`: reading them back decoded (decoded bytes per second,
-//!   page cache dropped first) — against the better of cached and O_DIRECT `pread`s of
-//!   the same decoded bytes from a raw file, cache also dropped (`cold_loads.rs`, as the
-//!   raw tier's load rows).
+//!   page cache dropped first, a primer's reads just before) — against the better of
+//!   cached and O_DIRECT `pread`s of the same decoded bytes from a raw file, measured the
+//!   same way (`cold_loads.rs`, as the raw tier's load rows). `--ssd-mib` sets the bytes.
 
 use std::hint::black_box;
 use std::path::Path;
