@@ -207,10 +207,16 @@ pub fn tokens_from_b64(b: &str) -> Result<Vec<u32>, String> {
             bytes.len()
         ));
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(tokens_from_le(&bytes))
+}
+
+/// Tokens from their little-endian bytes (a binary lookup's or the SSD record's form);
+/// a trailing part of a word is ignored, so callers check the length first. Fixed-size
+/// chunks let the compiler copy the words in vector registers: a lookup of 2,048 tokens
+/// spent 5% of the server's time here when each word was gathered from a slice.
+pub fn tokens_from_le(bytes: &[u8]) -> Vec<u32> {
+    let (words, _) = bytes.as_chunks::<4>();
+    words.iter().map(|w| u32::from_le_bytes(*w)).collect()
 }
 
 /// Digits of one block handle in [`LookupAnswer::handles`].

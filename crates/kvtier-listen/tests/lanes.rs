@@ -1,6 +1,7 @@
 //! The bulk lane: a connection whose first request the front end calls bulk is served on
-//! the lane's threads, at the priority asked for; every other connection on the
-//! accepting runtime's threads, at theirs.
+//! the lane's threads, at the priority asked for (the kernel's idle policy or a `nice`
+//! value, read back from the kernel); every other connection on the accepting runtime's
+//! threads, at theirs.
 
 #![allow(clippy::unwrap_used, reason = "test code")]
 
@@ -10,11 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use kvtier_listen::http::{BodyDeadline, Handler, Lanes, ListenSettings, TimedBody};
+use kvtier_listen::http::{BodyDeadline, Handler, LanePriority, Lanes, ListenSettings, TimedBody};
 use kvtier_listen::refusals::{INTERVAL, Refusals};
 
-/// Answers every request with the name and `nice` value of the thread that served it,
-/// and the `nice` value of the blocking pool's thread it handed work to.
+/// Answers every request with the name and priority of the thread that served it, and the
+/// priority of the blocking pool's thread it handed work to.
 #[derive(Clone)]
 struct WhoServes;
 
@@ -28,10 +29,10 @@ impl Handler for WhoServes {
     ) -> impl Future<Output = http::Response<Full<Bytes>>> + Send + use<> {
         async move {
             let thread = std::thread::current().name().unwrap_or("").to_string();
-            let blocking = kvtier_listen::http::spawn_blocking(this_thread_nice)
+            let blocking = kvtier_listen::http::spawn_blocking(this_thread_priority)
                 .await
                 .unwrap();
-            let answer = format!("{thread} {} {blocking}", this_thread_nice());
+            let answer = format!("{thread} {} {blocking}", this_thread_priority());
             http::Response::new(Full::new(Bytes::from(answer)))
         }
     }
@@ -41,8 +42,21 @@ impl Handler for WhoServes {
     }
 }
 
-fn this_thread_nice() -> i32 {
-    rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+/// The calling thread's priority as the kernel reports it: `idle` under `SCHED_IDLE`,
+/// else `nice=N`. The policy is field 41 of `/proc/thread-self/stat` (5: `SCHED_IDLE`),
+/// counted after the command name's closing parenthesis (a name may hold spaces).
+fn this_thread_priority() -> String {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    // Fields from the third (state) on; the policy is the 41st field of the line.
+    let policy: u32 = after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+    if policy == 5 {
+        "idle".to_string()
+    } else {
+        assert_eq!(policy, 0, "a request thread under an unexpected policy");
+        let nice = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        format!("nice={nice}")
+    }
 }
 
 fn limits() -> ListenSettings {
@@ -120,19 +134,32 @@ fn base() -> i32 {
 
 /// A request served on the request threads: they and the blocking pool at the base.
 fn small() -> String {
-    format!("small {} {}", base(), base())
+    format!("small nice={} nice={}", base(), base())
 }
 
-/// A request served on the bulk lane at 19; the work it hands to the blocking pool (the
-/// engine's, which takes its locks) at the base priority.
-fn bulk() -> String {
-    format!("kvtier-bulk 19 {}", base())
+/// A request served on the bulk lane at `lane` (as [`this_thread_priority`] writes it);
+/// the work it hands to the blocking pool (the engine's, which takes its locks) at the
+/// base priority.
+fn bulk(lane: &str) -> String {
+    format!("kvtier-bulk {lane} nice={}", base())
 }
 
 #[test]
 fn bulk_connections_are_served_on_the_lower_priority_lane_and_the_rest_are_not() {
-    let (small, bulk) = (small(), bulk());
-    with_server(Lanes::with_bulk(1, 19).unwrap(), |addr| {
+    lanes_serve_in_their_places(LanePriority::Nice(19), &bulk("nice=19"));
+}
+
+#[test]
+fn an_idle_lane_runs_under_the_kernels_idle_policy() {
+    lanes_serve_in_their_places(LanePriority::Idle, &bulk("idle"));
+}
+
+/// A lane at `priority` serves bulk connections, answering `bulk`; the rest are served on
+/// the request threads at the base priority.
+fn lanes_serve_in_their_places(priority: LanePriority, bulk: &str) {
+    let small = small();
+    let bulk = bulk.to_string();
+    with_server(Lanes::with_bulk(1, priority).unwrap(), |addr| {
         assert_eq!(
             ask(addr, &["/bulk", "/small"]),
             [bulk.clone(), bulk.clone()],

@@ -566,10 +566,16 @@ pub struct Settings {
     /// Threads answering requests; 0 picks half the cores, at least one. Engine work that
     /// may block (SSD reads and writes) runs on a separate blocking pool.
     pub workers: usize,
-    /// The CPU priority (`nice`, 0 to 19) of the threads that read store bodies: as many
-    /// as `workers`, beside them. Above 0, a lookup never waits for the CPU behind a
-    /// store's copy; the store takes the cycles left over. 0 keeps them at the request
-    /// threads' priority (docs/adr/0017-the-edge.md).
+    /// The threads that read store bodies (as many as `workers`, beside them) run under
+    /// the kernel's idle policy (Linux `SCHED_IDLE`): a lookup never waits for the CPU
+    /// behind a store's copy, and a CPU busy only with a copy counts as free when the
+    /// kernel places a woken lookup thread. The store takes the cycles left over — all
+    /// of them where cores are free, a sliver where every core is busy with other work.
+    /// False: they run at `store_nice` instead (docs/adr/0017-the-edge.md).
+    pub store_idle: bool,
+    /// With `store_idle = false`, the CPU priority (`nice`, 0 to 19) of the threads that
+    /// read store bodies. Above 0, the store takes a smaller share of a CPU it competes
+    /// for; 0 keeps them at the request threads' priority.
     pub store_nice: i32,
     /// How long shutdown waits for requests in flight.
     pub shutdown_timeout: HumanDuration,
@@ -610,6 +616,7 @@ impl Default for Settings {
             max_body: ByteSize(1 << 30),
             max_json: ByteSize(64 << 20),
             workers: 0,
+            store_idle: true,
             store_nice: 19,
             shutdown_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 1024,

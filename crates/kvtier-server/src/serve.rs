@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use kvtier_core::{Error, ErrorKind};
-use kvtier_listen::http::{BodyDeadline, Lanes, ListenSettings};
+use kvtier_listen::http::{BodyDeadline, LanePriority, Lanes, ListenSettings};
 
 use crate::listen;
 use crate::routes;
@@ -84,7 +84,7 @@ impl Running {
     /// Serves until `stop` resolves, then shuts down in order.
     pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Stopped {
         let app = self.app;
-        let (deadline, limits, threads, nice) = {
+        let (deadline, limits, threads, priority) = {
             let s = app.node.settings.read();
             let limits = ListenSettings {
                 max_connections: self.max_connections,
@@ -98,12 +98,16 @@ impl Running {
                 s.shutdown_timeout.0,
                 limits,
                 s.worker_threads(),
-                s.store_nice,
+                if s.store_idle {
+                    LanePriority::Idle
+                } else {
+                    LanePriority::Nice(s.store_nice)
+                },
             )
         };
         // Store bodies on threads of their own at a lower priority, so that lookups never
         // wait for the CPU behind a copy (kvtier_listen::http::Lanes).
-        let lanes = Lanes::with_bulk(threads, nice).unwrap_or_else(|e| {
+        let lanes = Lanes::with_bulk(threads, priority).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "no bulk lane: every request on the request threads");
             Lanes::one()
         });

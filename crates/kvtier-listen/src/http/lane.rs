@@ -9,10 +9,11 @@
 //!
 //! So a front end may name some requests *bulk* ([`super::Handler::is_bulk`], from the
 //! first bytes of a connection's first request). Such a connection is served on the bulk
-//! lane: a runtime of its own whose threads run at a lower CPU priority (a higher `nice`
-//! value, which any process may set on its own threads). The kernel then runs a woken
-//! small-request thread ahead of a bulk copy, and the copy takes the cycles left over.
-//! Where cores are free, nice changes nothing: it only orders threads that compete.
+//! lane: a runtime of its own whose threads run at a lower CPU priority
+//! ([`LanePriority`]: the kernel's idle policy by default, or a `nice` value). The kernel
+//! then runs a woken small-request thread ahead of a bulk copy, and the copy takes the
+//! cycles left over. Where cores are free, the priority changes nothing: it only orders
+//! threads that compete.
 //!
 //! A connection stays on the lane its first request chose (hyper serves it whole): a
 //! kept-alive connection that mixes kinds has its later requests served on that lane —
@@ -26,6 +27,8 @@ use std::task::{Context, Poll};
 
 use tokio::runtime::{Handle, Runtime};
 
+use super::priority::LanePriority;
+
 /// The lanes a front end serves through.
 #[derive(Default)]
 pub struct Lanes {
@@ -35,7 +38,7 @@ pub struct Lanes {
 /// The bulk lane: its runtime, and the priority its request threads run at.
 struct Bulk {
     runtime: Runtime,
-    nice: i32,
+    priority: LanePriority,
 }
 
 impl Lanes {
@@ -45,20 +48,20 @@ impl Lanes {
         Self::default()
     }
 
-    /// A bulk lane of `threads` request threads at `nice` beside the caller's runtime.
+    /// A bulk lane of `threads` request threads at `priority` beside the caller's runtime.
     ///
-    /// Only the threads that serve bulk connections run at `nice`. Blocking work a bulk
+    /// Only the threads that serve bulk connections run at `priority`. Blocking work a bulk
     /// request hands off through [`spawn_blocking`] (the engine's, which takes the
     /// engine's locks) runs at the process's priority, so that a lookup never waits for a
     /// lock held by a thread the kernel ranks below it.
-    pub fn with_bulk(threads: usize, nice: i32) -> io::Result<Self> {
+    pub fn with_bulk(threads: usize, priority: LanePriority) -> io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("kvtier-bulk")
             .enable_all()
             .build()?;
         Ok(Self {
-            bulk: Some(Bulk { runtime, nice }),
+            bulk: Some(Bulk { runtime, priority }),
         })
     }
 
@@ -68,7 +71,7 @@ impl Lanes {
     pub(super) fn bulk(&self) -> Option<BulkLane> {
         self.bulk.as_ref().map(|b| BulkLane {
             handle: b.runtime.handle().clone(),
-            nice: b.nice,
+            priority: b.priority,
             home: Handle::current(),
         })
     }
@@ -78,7 +81,7 @@ impl Lanes {
 #[derive(Clone)]
 pub(super) struct BulkLane {
     handle: Handle,
-    nice: i32,
+    priority: LanePriority,
     home: Handle,
 }
 
@@ -86,9 +89,9 @@ impl BulkLane {
     /// Runs `serve` (a connection's task) on the lane's request threads, at their
     /// priority. Its socket must be registered inside it, with the lane's runtime.
     pub(super) fn spawn(&self, serve: impl Future<Output = ()> + Send + 'static) {
-        self.handle.spawn(AtNice {
+        self.handle.spawn(AtPriority {
             inner: Box::pin(serve),
-            nice: self.nice,
+            priority: self.priority,
             home: self.home.clone(),
         });
     }
@@ -104,28 +107,28 @@ impl Drop for Lanes {
 }
 
 thread_local! {
-    /// On a bulk lane's thread: the `nice` value it was set to and the front end's
-    /// runtime (at the process's priority).
-    static BULK_THREAD: RefCell<Option<(i32, Handle)>> = const { RefCell::new(None) };
+    /// On a bulk lane's thread: the priority it was set to and the front end's runtime
+    /// (at the process's priority).
+    static BULK_THREAD: RefCell<Option<(LanePriority, Handle)>> = const { RefCell::new(None) };
 }
 
-/// A future polled only on threads at `nice`: the first poll on a thread sets it.
-struct AtNice {
+/// A future polled only on threads at `priority`: the first poll on a thread sets it.
+struct AtPriority {
     inner: Pin<Box<dyn Future<Output = ()> + Send>>,
-    nice: i32,
+    priority: LanePriority,
     home: Handle,
 }
 
-impl Future for AtNice {
+impl Future for AtPriority {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let nice = self.nice;
+        let priority = self.priority;
         BULK_THREAD.with(|t| {
             let mut t = t.borrow_mut();
-            if t.as_ref().map(|(n, _)| *n) != Some(nice) {
-                lower_priority(nice);
-                *t = Some((nice, self.home.clone()));
+            if t.as_ref().map(|(p, _)| *p) != Some(priority) {
+                priority.apply_to_this_thread();
+                *t = Some((priority, self.home.clone()));
             }
         });
         self.inner.as_mut().poll(cx)
@@ -149,14 +152,5 @@ pub async fn spawn_blocking<T: Send + 'static>(
             .spawn(async move { tokio::task::spawn_blocking(f).await })
             .await
             .and_then(|r| r),
-    }
-}
-
-/// Sets this thread's `nice` value (Linux applies it per thread). Raising it needs no
-/// privilege; failing leaves the thread at its priority, which is only slower.
-fn lower_priority(nice: i32) {
-    let tid = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(tid), nice) {
-        tracing::debug!(error = %e, nice, "cannot lower a bulk thread's priority");
     }
 }

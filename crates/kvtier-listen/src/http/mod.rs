@@ -29,6 +29,7 @@
 mod body;
 mod conn;
 mod lane;
+mod priority;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -45,6 +46,7 @@ use tokio::time::Instant;
 pub use body::{BodyTimedOut, TimedBody, timed_out};
 use conn::{ConnState, Lane};
 pub use lane::{Lanes, spawn_blocking};
+pub use priority::LanePriority;
 
 use crate::refusals::{Level, Refusals};
 

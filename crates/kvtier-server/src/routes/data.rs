@@ -102,10 +102,7 @@ pub async fn lookup(
                 "a binary lookup carries its tokens after the head, as whole little-endian u32s",
             ));
         }
-        spec.tokens = raw
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        spec.tokens = kvtier_client::wire::tokens_from_le(&raw);
         spec
     } else {
         input::json(&app, &body)?

@@ -110,6 +110,16 @@ fn timed_transfer(
 
 /// p99 in ms of round trips of `req` bytes out and `resp` bytes back, 16 connections at once.
 pub(super) fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> anyhow::Result<f64> {
+    Ok(p99(&mut tcp_round_trips_ms(req, resp, rounds)?))
+}
+
+/// Every round trip's time in ms, of `req` bytes out and `resp` bytes back, 16 connections
+/// at once.
+pub(super) fn tcp_round_trips_ms(
+    req: usize,
+    resp: usize,
+    rounds: usize,
+) -> anyhow::Result<Vec<f64>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let server = std::thread::spawn(move || {
@@ -159,7 +169,7 @@ pub(super) fn tcp_round_trip_p99_ms(req: usize, resp: usize, rounds: usize) -> a
         );
     }
     let _ = server.join();
-    Ok(p99(&mut all))
+    Ok(all)
 }
 
 pub(super) fn p99(v: &mut [f64]) -> f64 {
@@ -175,6 +185,7 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         "server.store.2MiB.GBps",
         "server.lookup.p99.ms",
         "server.mixed.lookup.p99.ms",
+        "server.mixed.lookup.p50.ms",
         "server.mixed.store.2MiB.GBps",
     ];
     if !names.iter().any(|n| wanted(n)) {
@@ -198,6 +209,12 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     {
         settings.workers = n;
     }
+    // Any other setting the way `kvtier serve` reads it from the environment
+    // (`KVTIER__STORE_IDLE=false`), to compare a setting's values in one binary.
+    let settings = kvtier_node::overrides::apply(
+        &settings,
+        &kvtier_node::overrides::from_env(std::env::vars()),
+    )?;
     // The server runs on its own runtime, with as many request threads as `kvtier serve`
     // would start by default; the clients on another runtime.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -303,7 +320,9 @@ async fn measure(
         ));
     }
     let lookup_rows = ["server.lookup.p99.ms", "server.mixed.lookup.p99.ms"];
-    let mixed = wanted("server.mixed.lookup.p99.ms") || wanted("server.mixed.store.2MiB.GBps");
+    let mixed = wanted("server.mixed.lookup.p99.ms")
+        || wanted("server.mixed.lookup.p50.ms")
+        || wanted("server.mixed.store.2MiB.GBps");
     if lookup_rows.iter().any(|n| wanted(n)) || mixed {
         // A small layout: lookups read memory only, block size does not matter.
         let small = c.register_layout(&spec(2)).await?;
