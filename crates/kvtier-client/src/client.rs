@@ -266,9 +266,7 @@ impl Client {
         let mut body = Vec::with_capacity(12 + json.len() + 4 * tokens.len());
         body.extend_from_slice(&frame::upload_head(json.len() as u32));
         body.extend_from_slice(&json);
-        for t in &tokens {
-            body.extend_from_slice(&t.to_le_bytes());
-        }
+        crate::wire::tokens_to_le(&tokens, &mut body);
         self.fast_json("/v1/lookup", UPLOAD_CONTENT_TYPE, &[&body])
             .await
     }

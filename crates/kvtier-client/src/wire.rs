@@ -4,6 +4,8 @@
 //! answers with a framed binary stream, and a store or snapshot put sends a framed binary
 //! body, both described here. All integers are little-endian.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 mod bounded;
@@ -179,10 +181,10 @@ impl PromptSpec {
     }
 
     /// The tokens, from whichever form was sent.
-    pub fn token_ids(&self) -> Result<Vec<u32>, String> {
+    pub fn token_ids(&self) -> Result<Cow<'_, [u32]>, String> {
         match (&self.tokens_b64, self.tokens.is_empty()) {
-            (None, _) => Ok(self.tokens.clone()),
-            (Some(b), true) => tokens_from_b64(b),
+            (None, _) => Ok(Cow::Borrowed(&self.tokens)),
+            (Some(b), true) => tokens_from_b64(b).map(Cow::Owned),
             (Some(_), false) => Err("give `tokens` or `tokens_b64`, not both".into()),
         }
     }
@@ -191,8 +193,20 @@ impl PromptSpec {
 /// Base64 of little-endian `u32`s.
 pub fn tokens_to_b64(tokens: &[u32]) -> String {
     use base64::Engine as _;
-    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let mut bytes = Vec::with_capacity(4 * tokens.len());
+    tokens_to_le(tokens, &mut bytes);
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Appends `tokens` to `out` as little-endian bytes, in whole words (see
+/// [`tokens_from_le`]).
+pub fn tokens_to_le(tokens: &[u32], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + 4 * tokens.len(), 0);
+    let (words, _) = out[start..].as_chunks_mut::<4>();
+    for (w, t) in words.iter_mut().zip(tokens) {
+        *w = t.to_le_bytes();
+    }
 }
 
 /// Decodes [`tokens_to_b64`].
@@ -665,5 +679,20 @@ pub mod frame {
             }
             t => Err(format!("unknown frame tag {t}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_travel_as_little_endian_words() {
+        let tokens = [1u32, 0x0102_0304, u32::MAX];
+        let mut bytes = vec![9u8]; // appended after what is there
+        tokens_to_le(&tokens, &mut bytes);
+        assert_eq!(bytes, [9, 1, 0, 0, 0, 4, 3, 2, 1, 255, 255, 255, 255]);
+        assert_eq!(tokens_from_le(&bytes[1..]), tokens);
+        assert_eq!(tokens_from_b64(&tokens_to_b64(&tokens)).unwrap(), tokens);
     }
 }
