@@ -16,8 +16,14 @@ use server::{Server, layout_spec, payloads, prompt, runtime};
 /// `SCHED_IDLE` in `sched_setscheduler(2)`'s numbering.
 const SCHED_IDLE: u32 = 5;
 
-/// Each thread of `pid` by name: (scheduling policy, nice value).
-fn threads(pid: u32) -> Vec<(String, u32, i64)> {
+/// A thread as the kernel reports it: (name, scheduling policy, nice value).
+type Thread = (String, u32, i64);
+
+/// A thread's (scheduling policy, nice value).
+type Priority = (u32, i64);
+
+/// Every thread of `pid`.
+fn threads(pid: u32) -> Vec<Thread> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let Ok(stat) = std::fs::read_to_string(entry.unwrap().path().join("stat")) else {
@@ -34,7 +40,7 @@ fn threads(pid: u32) -> Vec<(String, u32, i64)> {
 }
 
 /// Stores one prompt through `server`, then reads its threads.
-fn threads_after_a_store(server: &Server) -> Vec<(String, u32, i64)> {
+fn threads_after_a_store(server: &Server) -> Vec<Thread> {
     let rt = runtime();
     let c = server.client();
     rt.block_on(async {
@@ -61,8 +67,8 @@ fn base() -> i64 {
 
 /// The bulk threads that served (their priority is set when they first serve) and the
 /// request threads.
-fn lanes(threads: &[(String, u32, i64)]) -> (Vec<(u32, i64)>, Vec<(u32, i64)>) {
-    let pick = |name: &str| -> Vec<(u32, i64)> {
+fn lanes(threads: &[Thread]) -> (Vec<Priority>, Vec<Priority>) {
+    let pick = |name: &str| -> Vec<Priority> {
         threads
             .iter()
             .filter(|(n, _, _)| n == name)
