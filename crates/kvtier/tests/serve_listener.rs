@@ -4,7 +4,8 @@
 //! connection cap do not lock a legitimate client out; when every connection is busy a
 //! new one is closed at once instead of waiting; an oversized request head is answered
 //! 431, and a body over `max_body` 413 however it is framed — each answer read by the
-//! client, not lost to a connection reset.
+//! client, not lost to a connection reset. And (`listener/store_priority.rs`) the
+//! threads that read store bodies run at the priority the settings name.
 
 #![allow(
     clippy::panic,
@@ -14,6 +15,9 @@
 )]
 
 mod server;
+
+#[path = "listener/store_priority.rs"]
+mod store_priority;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

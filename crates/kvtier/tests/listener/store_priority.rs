@@ -1,17 +1,10 @@
 //! `store_idle` and `store_nice` keep their promise in a real `kvtier serve` process: the
 //! thread that read a store's body runs under the kernel's idle policy by default, at
 //! `nice` 19 with `store_idle = false`, and the request threads at the process's priority
-//! either way — each read back from the kernel (`/proc/PID/task/*/stat`).
+//! either way — each read back from the kernel (`/proc/PID/task/*/stat`). A module of
+//! `serve_listener.rs` (one test binary fewer to link).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "test code: a failed expectation is a failed test"
-)]
-
-mod server;
-
-use server::{Server, layout_spec, payloads, prompt, runtime};
+use super::server::{Server, layout_spec, payloads, prompt, runtime};
 
 /// `SCHED_IDLE` in `sched_setscheduler(2)`'s numbering.
 const SCHED_IDLE: u32 = 5;
