@@ -224,8 +224,8 @@ pub fn tokens_from_b64(b: &str) -> Result<Vec<u32>, String> {
     Ok(tokens_from_le(&bytes))
 }
 
-/// Tokens from their little-endian bytes (a binary lookup's or the SSD record's form);
-/// a trailing part of a word is ignored, so callers check the length first. Fixed-size
+/// Tokens from their little-endian bytes (a binary lookup's form, and `tokens_b64`'s
+/// once decoded); a trailing part of a word is ignored, so callers check the length first. Fixed-size
 /// chunks let the compiler copy the words in vector registers: a lookup of 2,048 tokens
 /// spent 5% of the server's time here when each word was gathered from a slice.
 pub fn tokens_from_le(bytes: &[u8]) -> Vec<u32> {

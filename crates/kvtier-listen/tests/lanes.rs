@@ -43,19 +43,18 @@ impl Handler for WhoServes {
 }
 
 /// The calling thread's priority as the kernel reports it: `idle` under `SCHED_IDLE`,
-/// else `nice=N`. The policy is field 41 of `/proc/thread-self/stat` (5: `SCHED_IDLE`),
-/// counted after the command name's closing parenthesis (a name may hold spaces).
+/// else `nice=N`.
 fn this_thread_priority() -> String {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    // Fields from the third (state) on; the policy is the 41st field of the line.
-    let policy: u32 = after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap();
-    if policy == 5 {
+    let t = kvtier_testkit::thread_sched(std::path::Path::new("/proc/thread-self/stat")).unwrap();
+    if t.policy == kvtier_testkit::SCHED_IDLE {
         "idle".to_string()
     } else {
-        assert_eq!(policy, 0, "a request thread under an unexpected policy");
-        let nice = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
-        format!("nice={nice}")
+        assert_eq!(
+            t.policy,
+            kvtier_testkit::SCHED_OTHER,
+            "a request thread under an unexpected policy"
+        );
+        format!("nice={}", t.nice)
     }
 }
 

@@ -19,6 +19,8 @@
 //!   another thread, counted from when the panic hook finished printing it.
 //! - [`TestDir`]: a temporary directory that is kept, and its path printed, when the test
 //!   using it fails.
+//! - [`thread_sched`], [`threads_of`]: a thread's scheduling policy and `nice` value as
+//!   the kernel reports them.
 //!
 //! Errors are values ([`Error`]); a test turns them into a failure with `unwrap` and
 //! gets the process's name, what was waited for and its captured output in the message.
@@ -31,6 +33,7 @@ mod netns;
 mod output;
 mod panic_clock;
 mod process;
+mod sched;
 
 pub use dir::{KEEP_ENV, TestDir, test_dir};
 pub use error::{Error, Result};
@@ -40,3 +43,4 @@ pub use netns::{Host, Link};
 pub use panic_clock::{first_error_after_panic, last_panic_reported, time_panic_reports};
 pub use process::{Process, Ready, with_nofile_limit};
 pub use rustix::process::Signal;
+pub use sched::{SCHED_IDLE, SCHED_OTHER, ThreadSched, thread_sched, threads_of};

@@ -202,15 +202,9 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
     // (the rows measure stores, not the kernel filling fresh pages once).
     settings.ram_prefault = true;
     settings.ssd.enabled = false;
-    // To compare thread counts (the default is chosen by these rows): 0 keeps the default.
-    if let Some(n) = std::env::var("KVTIER_BENCH_SERVER_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        settings.workers = n;
-    }
-    // Any other setting the way `kvtier serve` reads it from the environment
-    // (`KVTIER__STORE_IDLE=false`), to compare a setting's values in one binary.
+    // Settings from the environment the way `kvtier serve` reads them, to compare a
+    // setting's values in one binary: `KVTIER__WORKERS=2` (the default thread count is
+    // chosen by these rows), `KVTIER__STORE_IDLE=false`.
     let settings = kvtier_node::overrides::apply(
         &settings,
         &kvtier_node::overrides::from_env(std::env::vars()),

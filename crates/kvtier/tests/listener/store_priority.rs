@@ -4,36 +4,15 @@
 //! either way — each read back from the kernel (`/proc/PID/task/*/stat`). A module of
 //! `serve_listener.rs` (one test binary fewer to link).
 
+use kvtier_testkit::{SCHED_IDLE, SCHED_OTHER, ThreadSched, threads_of};
+
 use super::server::{Server, layout_spec, payloads, prompt, runtime};
-
-/// `SCHED_IDLE` in `sched_setscheduler(2)`'s numbering.
-const SCHED_IDLE: u32 = 5;
-
-/// A thread as the kernel reports it: (name, scheduling policy, nice value).
-type Thread = (String, u32, i64);
 
 /// A thread's (scheduling policy, nice value).
 type Priority = (u32, i64);
 
-/// Every thread of `pid`.
-fn threads(pid: u32) -> Vec<Thread> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let Ok(stat) = std::fs::read_to_string(entry.unwrap().path().join("stat")) else {
-            continue; // a thread that ended meanwhile
-        };
-        let name = stat[stat.find('(').unwrap() + 1..stat.rfind(')').unwrap()].to_string();
-        // Fields from the third (state) on, after the name's closing parenthesis.
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        let nice: i64 = fields[19 - 3].parse().unwrap();
-        let policy: u32 = fields[41 - 3].parse().unwrap();
-        out.push((name, policy, nice));
-    }
-    out
-}
-
 /// Stores one prompt through `server`, then reads its threads.
-fn threads_after_a_store(server: &Server) -> Vec<Thread> {
+fn threads_after_a_store(server: &Server) -> Vec<ThreadSched> {
     let rt = runtime();
     let c = server.client();
     rt.block_on(async {
@@ -50,7 +29,7 @@ fn threads_after_a_store(server: &Server) -> Vec<Thread> {
         let hit = c.lookup(&prompt(&layout, 1, 4)).await.unwrap();
         assert_eq!(hit.blocks(), 4);
     });
-    threads(server.pid())
+    threads_of(server.pid())
 }
 
 /// The `nice` value this test runs at, which the server inherits.
@@ -60,17 +39,17 @@ fn base() -> i64 {
 
 /// The bulk threads that served (their priority is set when they first serve) and the
 /// request threads.
-fn lanes(threads: &[Thread]) -> (Vec<Priority>, Vec<Priority>) {
+fn lanes(threads: &[ThreadSched]) -> (Vec<Priority>, Vec<Priority>) {
     let pick = |name: &str| -> Vec<Priority> {
         threads
             .iter()
-            .filter(|(n, _, _)| n == name)
-            .map(|(_, p, nice)| (*p, *nice))
+            .filter(|t| t.name == name)
+            .map(|t| (t.policy, t.nice))
             .collect()
     };
     let bulk: Vec<_> = pick("kvtier-bulk")
         .into_iter()
-        .filter(|&(p, nice)| p != 0 || nice != base())
+        .filter(|&(p, nice)| p != SCHED_OTHER || nice != base())
         .collect();
     (bulk, pick("kvtier-serve"))
 }
@@ -87,7 +66,9 @@ fn store_bodies_are_read_under_the_idle_policy_by_default() {
     );
     assert!(!request.is_empty());
     assert!(
-        request.iter().all(|&(p, nice)| p == 0 && nice == base()),
+        request
+            .iter()
+            .all(|&(p, nice)| p == SCHED_OTHER && nice == base()),
         "request threads: {request:?}"
     );
     server.stop();
@@ -99,9 +80,14 @@ fn without_the_idle_policy_store_bodies_are_read_at_store_nice() {
     let server = Server::start(dir.path(), &["--set", "store_idle=false"]);
     let (bulk, request) = lanes(&threads_after_a_store(&server));
     assert!(!bulk.is_empty(), "no bulk thread was lowered by the store");
-    assert!(bulk.iter().all(|&b| b == (0, 19)), "bulk threads: {bulk:?}");
     assert!(
-        request.iter().all(|&(p, nice)| p == 0 && nice == base()),
+        bulk.iter().all(|&b| b == (SCHED_OTHER, 19)),
+        "bulk threads: {bulk:?}"
+    );
+    assert!(
+        request
+            .iter()
+            .all(|&(p, nice)| p == SCHED_OTHER && nice == base()),
         "request threads: {request:?}"
     );
     server.stop();
