@@ -129,6 +129,7 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "server.mixed.lookup.p99.ms",
         "server.mixed.lookup.p50.ms",
         "server.mixed.store.2MiB.GBps",
+        "server.mixed_tcp.lookup.p99.ms",
         "s3.gateway.range128KiB.c1.p50.ms",
         "s3.gateway.range128KiB.c8.p99.ms",
         "s3.gateway.range128KiB.c8.ops",

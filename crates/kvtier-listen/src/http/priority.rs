@@ -32,7 +32,7 @@ pub enum LanePriority {
 impl LanePriority {
     /// Sets the calling thread to this priority. Failing leaves the thread where it was,
     /// which is only slower for the requests it competes with: logged, not an error.
-    pub(super) fn apply_to_this_thread(self) {
+    pub fn apply_to_this_thread(self) {
         let nice = match self {
             Self::Idle => {
                 if set_idle_policy() {

@@ -26,9 +26,11 @@ use kvtier_client::Client;
 use kvtier_client::wire::frame::EndStatus;
 use kvtier_client::wire::{LayoutSpec, LoadRequest, PromptSpec};
 use kvtier_core::{KvDtype, LayoutKey};
+use kvtier_listen::http::LanePriority;
 use kvtier_node::Settings;
 
 use super::measure::pattern;
+use super::rows_server_mixed::ROWS as MIXED_ROWS;
 use super::{Effort, Row};
 
 /// Clients in the lookup row.
@@ -184,11 +186,8 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         "server.load.64x2MiB.GBps",
         "server.store.2MiB.GBps",
         "server.lookup.p99.ms",
-        "server.mixed.lookup.p99.ms",
-        "server.mixed.lookup.p50.ms",
-        "server.mixed.store.2MiB.GBps",
     ];
-    if !names.iter().any(|n| wanted(n)) {
+    if !names.iter().chain(&MIXED_ROWS).any(|n| wanted(n)) {
         return Ok(Vec::new());
     }
     let dir = std::env::temp_dir().join(format!("kvtier-bench-server-{}", std::process::id()));
@@ -216,6 +215,13 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         .thread_name("bench-server")
         .enable_all()
         .build()?;
+    // The priority the server gives its store threads, for the plain stream beside which
+    // the mixed rows' lookups are measured again.
+    let store_priority = if settings.store_idle {
+        LanePriority::Idle
+    } else {
+        LanePriority::Nice(settings.store_nice)
+    };
     let running = server_rt
         .block_on(kvtier_server::Running::start(settings))
         .map_err(anyhow::Error::msg)?;
@@ -229,7 +235,7 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         .thread_name("bench-client")
         .enable_all()
         .build()?;
-    let result = client_rt.block_on(measure(effort, wanted, &url));
+    let result = client_rt.block_on(measure(effort, wanted, &url, store_priority));
     let _ = stop_tx.send(());
     let _ = server_rt.block_on(served);
     let _ = std::fs::remove_dir_all(&dir);
@@ -240,6 +246,7 @@ async fn measure(
     effort: Effort,
     wanted: &dyn Fn(&str) -> bool,
     url: &str,
+    store_priority: LanePriority,
 ) -> anyhow::Result<Vec<Row>> {
     let c = Client::new(url)?;
     let layout = c.register_layout(&spec(32)).await?; // 2 MiB blocks
@@ -314,9 +321,7 @@ async fn measure(
         ));
     }
     let lookup_rows = ["server.lookup.p99.ms", "server.mixed.lookup.p99.ms"];
-    let mixed = wanted("server.mixed.lookup.p99.ms")
-        || wanted("server.mixed.lookup.p50.ms")
-        || wanted("server.mixed.store.2MiB.GBps");
+    let mixed = MIXED_ROWS.iter().any(|n| wanted(n));
     if lookup_rows.iter().any(|n| wanted(n)) || mixed {
         // A small layout: lookups read memory only, block size does not matter.
         let small = c.register_layout(&spec(2)).await?;
@@ -374,7 +379,14 @@ async fn measure(
             let p = Arc::unwrap_or_clone(p);
             rows.extend(
                 super::rows_server_mixed::rows(
-                    effort, url, &layout, &payload, p, req_bytes, resp_bytes,
+                    effort,
+                    url,
+                    &layout,
+                    &payload,
+                    p,
+                    req_bytes,
+                    resp_bytes,
+                    store_priority,
                 )
                 .await?,
             );

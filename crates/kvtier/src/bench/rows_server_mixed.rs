@@ -13,7 +13,16 @@
 //!   changes where the kernel runs the threads moves one and not the other).
 //! - `server.mixed.store.2MiB.GBps`: that client's store rate meanwhile — against one
 //!   loopback TCP connection carrying the same 32 MiB per store.
+//! - `server.mixed_tcp.lookup.p99.ms`: the same lookups while the store's bytes go over a
+//!   plain TCP connection instead of to kvtier (a reader thread at the priority of the
+//!   server's store threads, reading them straight into a 2 MiB block: one copy, the least
+//!   a receiver does) — against the plain round trips of the first row beside the same
+//!   stream. Set beside `server.mixed.lookup.p99.ms`, it tells what kvtier's store path
+//!   adds to the lookups' tail from what moving the same bytes on the same cores costs
+//!   them anyway (on 2 cores: nothing measurable; BENCHMARKS.md, issue 36).
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -21,9 +30,18 @@ use std::time::Instant;
 use bytes::Bytes;
 use kvtier_client::Client;
 use kvtier_client::wire::{LayoutInfo, PromptSpec};
+use kvtier_listen::http::LanePriority;
 
 use super::rows_server::{CLIENTS, med, p99, prompt, tcp_round_trips_ms, tcp_transfer_secs};
 use super::{Effort, Row};
+
+/// The rows measured here.
+pub const ROWS: [&str; 4] = [
+    "server.mixed.lookup.p99.ms",
+    "server.mixed.lookup.p50.ms",
+    "server.mixed.store.2MiB.GBps",
+    "server.mixed_tcp.lookup.p99.ms",
+];
 
 /// Distinct prompts the store client cycles through: after the first round its stores are
 /// duplicates (the bytes still cross the network and are read into blocks), so RAM stays
@@ -31,7 +49,11 @@ use super::{Effort, Row};
 const STORE_PROMPTS: u32 = 8;
 
 /// The mixed rows. `big` is a layout of 2 MiB blocks; `small` one whose `lookup` prompt
-/// of `ntok` tokens is cached.
+/// of `ntok` tokens is cached; `store_priority` that of the server's store threads.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site, every argument named"
+)]
 pub async fn rows(
     effort: Effort,
     url: &str,
@@ -40,6 +62,7 @@ pub async fn rows(
     lookup: PromptSpec,
     req_bytes: usize,
     resp_bytes: usize,
+    store_priority: LanePriority,
 ) -> anyhow::Result<Vec<Row>> {
     let rounds = 200 * effort.scale;
     let per = 16;
@@ -79,41 +102,21 @@ pub async fn rows(
             })?
     };
     let lookup = Arc::new(lookup);
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let client = Client::new(url)?;
-        let p = lookup.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(rounds);
-            for _ in 0..rounds {
-                let t = Instant::now();
-                let hit = client.lookup(&p).await?;
-                lat.push(t.elapsed().as_secs_f64() * 1e3);
-                anyhow::ensure!(
-                    hit.matched_tokens == p.tokens.len(),
-                    "lookup matched {}",
-                    hit.matched_tokens
-                );
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut failed = None;
-    for t in tasks {
-        match t.await? {
-            Ok(lat) => all.extend(lat),
-            Err(e) => failed = Some(e),
-        }
-    }
+    let lookups = lookup_latencies(url, &lookup, rounds).await;
     done.store(true, Ordering::Relaxed);
     let mut rates = tokio::task::spawn_blocking(move || storer.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the store client panicked"))??;
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let mut all = lookups?;
     let block = payload.len();
+    // The same lookups, and the plain round trips, beside the same bytes over plain TCP.
+    let stream = PlainStream::start(per, block, store_priority)?;
+    let beside = lookup_latencies(url, &lookup, rounds).await;
+    let raw_beside =
+        tokio::task::spawn_blocking(move || tcp_round_trips_ms(req_bytes, resp_bytes, rounds))
+            .await?;
+    stream.stop()?;
+    let (mut beside, mut raw_beside) = (beside?, raw_beside?);
     let mut raw = tcp_round_trips_ms(req_bytes, resp_bytes, rounds)?;
     let raw_p99 = p99(&mut raw);
     let mut raw_rate = Vec::new();
@@ -142,5 +145,139 @@ pub async fn rows(
             med(&mut raw_rate),
             "one loopback TCP connection carrying the same 32 MiB",
         ),
+        Row::new(
+            "server.mixed_tcp.lookup.p99.ms",
+            p99(&mut beside),
+            "ms",
+            p99(&mut raw_beside),
+            "p99 round trip of the same request/answer sizes over 16 plain TCP connections beside the same stream",
+        ),
     ])
+}
+
+/// Every lookup's time in ms: `CLIENTS` clients, each looking `lookup` up `rounds` times
+/// in turn; a lookup that does not match the whole prompt is an error.
+async fn lookup_latencies(
+    url: &str,
+    lookup: &Arc<PromptSpec>,
+    rounds: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = Client::new(url)?;
+        let p = lookup.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let hit = client.lookup(&p).await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                anyhow::ensure!(
+                    hit.matched_tokens == p.tokens.len(),
+                    "lookup matched {}",
+                    hit.matched_tokens
+                );
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut failed = None;
+    // Every task is awaited, failed or not, so that none outlives the row.
+    for t in tasks {
+        match t.await? {
+            Ok(lat) => all.extend(lat),
+            Err(e) => failed = Some(e),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(all),
+    }
+}
+
+/// The store's bytes without kvtier: a sender thread writes `per` blocks of `block` bytes
+/// over one loopback TCP connection and waits for the reader's one-byte acknowledgement,
+/// again and again until stopped, as the store client does with stores. The reader runs
+/// at the server's store threads' priority and reads straight into one block-sized buffer.
+struct PlainStream {
+    done: Arc<AtomicBool>,
+    threads: Option<[std::thread::JoinHandle<std::io::Result<()>>; 2]>,
+}
+
+impl PlainStream {
+    fn start(per: usize, block: usize, priority: LanePriority) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let reader = std::thread::Builder::new()
+            .name("bench-tcp-reader".into())
+            .spawn(move || -> std::io::Result<()> {
+                priority.apply_to_this_thread();
+                let (mut s, _) = listener.accept()?;
+                let mut buf = vec![0u8; block];
+                let per_store = per * block;
+                let mut got = 0;
+                loop {
+                    // The sender waits for the acknowledgement after each store's bytes,
+                    // so a read never crosses a store's end.
+                    let n = s.read(&mut buf[got % block..])?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    got += n;
+                    if got % per_store == 0 {
+                        s.write_all(b"k")?;
+                    }
+                }
+            })?;
+        let done = Arc::new(AtomicBool::new(false));
+        let stop = done.clone();
+        let sender = std::thread::Builder::new()
+            .name("bench-tcp-sender".into())
+            .spawn(move || -> std::io::Result<()> {
+                let mut s = TcpStream::connect(addr)?;
+                let src = super::measure::pattern(block, 5);
+                let mut ack = [0u8; 1];
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..per {
+                        s.write_all(&src)?;
+                    }
+                    s.read_exact(&mut ack)?;
+                }
+                Ok(())
+            })?;
+        Ok(Self {
+            done,
+            threads: Some([sender, reader]),
+        })
+    }
+
+    /// Stops the sender after its current round; the reader ends with the connection.
+    fn stop(mut self) -> anyhow::Result<()> {
+        self.done.store(true, Ordering::Relaxed);
+        let mut first_error = None;
+        for (h, who) in self
+            .threads
+            .take()
+            .into_iter()
+            .flatten()
+            .zip(["sender", "reader"])
+        {
+            let joined = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("the plain TCP {who} panicked"))
+                .and_then(|r| r.map_err(anyhow::Error::from));
+            if let Err(e) = joined {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for PlainStream {
+    /// A row that fails before [`PlainStream::stop`] still ends the stream's loop.
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
 }
