@@ -174,6 +174,47 @@ pub(super) fn tcp_round_trips_ms(
     Ok(all)
 }
 
+/// Every lookup's time in ms: `CLIENTS` clients, each looking `lookup` up `rounds` times
+/// in turn; a lookup that does not match the whole prompt is an error.
+pub(super) async fn lookup_latencies(
+    url: &str,
+    lookup: &Arc<PromptSpec>,
+    rounds: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = Client::new(url)?;
+        let p = lookup.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let hit = client.lookup(&p).await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                anyhow::ensure!(
+                    hit.matched_tokens == p.tokens.len(),
+                    "lookup matched {}",
+                    hit.matched_tokens
+                );
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut failed = None;
+    // Every task is awaited, failed or not, so that none outlives the row.
+    for t in tasks {
+        match t.await? {
+            Ok(lat) => all.extend(lat),
+            Err(e) => failed = Some(e),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(all),
+    }
+}
+
 pub(super) fn p99(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
@@ -340,30 +381,8 @@ async fn measure(
         let req_bytes = 12 + serde_json::to_vec(&head)?.len() + 4 * ntok;
         let resp_bytes = serde_json::to_vec(&c.lookup(&p).await?)?.len();
         let rounds = 200 * effort.scale;
-        let clients: Vec<Client> = (0..CLIENTS)
-            .map(|_| Client::new(url))
-            .collect::<Result<_, _>>()?;
         let p = Arc::new(p);
-        let mut tasks = Vec::new();
-        for client in clients {
-            let p = p.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(rounds);
-                for _ in 0..rounds {
-                    let t = Instant::now();
-                    let hit = client.lookup(&p).await?;
-                    lat.push(t.elapsed().as_secs_f64() * 1e3);
-                    if hit.matched_tokens != p.tokens.len() {
-                        return Err(anyhow::anyhow!("lookup matched {}", hit.matched_tokens));
-                    }
-                }
-                Ok::<_, anyhow::Error>(lat)
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await??);
-        }
+        let mut all = lookup_latencies(url, &p, rounds).await?;
         let ours = p99(&mut all);
         let raw = tcp_round_trip_p99_ms(req_bytes, resp_bytes, rounds)?;
         if wanted("server.lookup.p99.ms") {

@@ -32,7 +32,9 @@ use kvtier_client::Client;
 use kvtier_client::wire::{LayoutInfo, PromptSpec};
 use kvtier_listen::http::LanePriority;
 
-use super::rows_server::{CLIENTS, med, p99, prompt, tcp_round_trips_ms, tcp_transfer_secs};
+use super::rows_server::{
+    lookup_latencies, med, p99, prompt, tcp_round_trips_ms, tcp_transfer_secs,
+};
 use super::{Effort, Row};
 
 /// The rows measured here.
@@ -153,47 +155,6 @@ pub async fn rows(
             "p99 round trip of the same request/answer sizes over 16 plain TCP connections beside the same stream",
         ),
     ])
-}
-
-/// Every lookup's time in ms: `CLIENTS` clients, each looking `lookup` up `rounds` times
-/// in turn; a lookup that does not match the whole prompt is an error.
-async fn lookup_latencies(
-    url: &str,
-    lookup: &Arc<PromptSpec>,
-    rounds: usize,
-) -> anyhow::Result<Vec<f64>> {
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let client = Client::new(url)?;
-        let p = lookup.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(rounds);
-            for _ in 0..rounds {
-                let t = Instant::now();
-                let hit = client.lookup(&p).await?;
-                lat.push(t.elapsed().as_secs_f64() * 1e3);
-                anyhow::ensure!(
-                    hit.matched_tokens == p.tokens.len(),
-                    "lookup matched {}",
-                    hit.matched_tokens
-                );
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut failed = None;
-    // Every task is awaited, failed or not, so that none outlives the row.
-    for t in tasks {
-        match t.await? {
-            Ok(lat) => all.extend(lat),
-            Err(e) => failed = Some(e),
-        }
-    }
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(all),
-    }
 }
 
 /// The store's bytes without kvtier: a sender thread writes `per` blocks of `block` bytes
