@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,30 @@ class Server:
     def kill9(self) -> None:
         self.process.kill()
         self.process.wait()
+
+    def pause(self, within: float = 5.0) -> None:
+        """SIGSTOP the server (a stalled host) and wait until every one of its threads is
+        stopped: the stop is asynchronous, and a thread still running when the signal is
+        sent could answer the next request."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        deadline = time.monotonic() + within
+        while True:
+            states = []
+            for tid in tasks.iterdir():
+                try:
+                    states.append((tid / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:
+                    pass  # a thread that ended meanwhile
+            if states and all(st == "T" for st in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kvtier serve's threads did not all stop: {states}")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        os.kill(self.process.pid, signal.SIGCONT)
 
 
 @contextlib.contextmanager

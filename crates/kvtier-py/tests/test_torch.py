@@ -169,8 +169,6 @@ def test_a_load_from_a_stalled_server_gives_up_and_writes_nothing(tmp_path):
     """Over HTTP, a server that stops answering: ``wait_layer`` returns False at its
     timeout, and nothing is written into the pages afterwards, even once the server
     answers again."""
-    import os
-    import signal
     import time
 
     s = Server(tmp_path / "data", "--set", "ssd.enabled=false")
@@ -181,7 +179,7 @@ def test_a_load_from_a_stalled_server_gives_up_and_writes_nothing(tmp_path):
         assert kt.save_from(c, layout, toks, kt.PagedCache.vllm(vllm_caches(2, 12)), [0, 1]).result(timeout=30)["stored"] == 2
         hit = c.lookup(layout, toks)
         target = [torch.zeros_like(t) for t in vllm_caches(2, 0)]
-        os.kill(s.process.pid, signal.SIGSTOP)
+        s.pause()
         try:
             loading = kt.load_to(c, hit, kt.PagedCache.vllm(target), [0, 1])
             t = time.monotonic()
@@ -189,7 +187,7 @@ def test_a_load_from_a_stalled_server_gives_up_and_writes_nothing(tmp_path):
             assert time.monotonic() - t < 2.0
             assert loading.cancelled
         finally:
-            os.kill(s.process.pid, signal.SIGCONT)
+            s.resume()
         loading.synchronize(timeout=10)
         assert loading.blocks == 0
         assert all(torch.count_nonzero(t) == 0 for t in target), "a cancelled load wrote pages"

@@ -272,17 +272,14 @@ def test_a_failure_inside_a_hook_is_a_recompute_or_a_skipped_store(models, cold,
 def test_a_stopped_server_costs_a_deadline_not_a_hang_and_hits_come_back(models, cold, tmp_path):
     """kvtier serve SIGSTOPped while the engine runs: the engine finishes within its
     client's deadlines with the cold answer; after SIGCONT a run gets the prefix again."""
-    import signal
-
     server = Server(tmp_path / "kv", "--set", "ssd.enabled=false")
     try:
         assert same(engine(models[0], server.url), cold)  # stores the prefix
-        stop = lambda: os.kill(server.process.pid, signal.SIGSTOP)  # noqa: E731
         t = time.monotonic()
         try:
-            stalled = engine(models[0], server.url, between=stop, env={"KVTIER_TEST_TIMEOUTS": "1,1,2"})
+            stalled = engine(models[0], server.url, between=server.pause, env={"KVTIER_TEST_TIMEOUTS": "1,1,2"})
         finally:
-            os.kill(server.process.pid, signal.SIGCONT)
+            server.resume()
         assert same(stalled, cold) and stalled["cached"] == 0
         assert time.monotonic() - t < 300
         again = engine(models[0], server.url)
