@@ -98,11 +98,7 @@ impl Running {
                 s.shutdown_timeout.0,
                 limits,
                 s.worker_threads(),
-                if s.store_idle {
-                    LanePriority::Idle
-                } else {
-                    LanePriority::Nice(s.store_nice)
-                },
+                store_priority(&s),
             )
         };
         // Store bodies on threads of their own at a lower priority, so that lookups never
@@ -146,6 +142,16 @@ impl Running {
             requests_finished,
             writer_clean,
         }
+    }
+}
+
+/// The CPU priority of the threads that read store bodies: the kernel's idle policy, or
+/// `store_nice` (the `store_idle` and `store_nice` settings).
+pub fn store_priority(settings: &Settings) -> LanePriority {
+    if settings.store_idle {
+        LanePriority::Idle
+    } else {
+        LanePriority::Nice(settings.store_nice)
     }
 }
 

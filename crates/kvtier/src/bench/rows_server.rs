@@ -258,11 +258,7 @@ pub fn rows(effort: Effort, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec
         .build()?;
     // The priority the server gives its store threads, for the plain stream beside which
     // the mixed rows' lookups are measured again.
-    let store_priority = if settings.store_idle {
-        LanePriority::Idle
-    } else {
-        LanePriority::Nice(settings.store_nice)
-    };
+    let store_priority = kvtier_server::serve::store_priority(&settings);
     let running = server_rt
         .block_on(kvtier_server::Running::start(settings))
         .map_err(anyhow::Error::msg)?;
@@ -361,9 +357,8 @@ async fn measure(
             "one loopback TCP connection carrying the same 32 MiB (RAM tier only)",
         ));
     }
-    let lookup_rows = ["server.lookup.p99.ms", "server.mixed.lookup.p99.ms"];
     let mixed = MIXED_ROWS.iter().any(|n| wanted(n));
-    if lookup_rows.iter().any(|n| wanted(n)) || mixed {
+    if wanted("server.lookup.p99.ms") || mixed {
         // A small layout: lookups read memory only, block size does not matter.
         let small = c.register_layout(&spec(2)).await?;
         // Prompt length: 2,048 tokens unless KVTIER_BENCH_LOOKUP_TOKENS says otherwise (a
@@ -395,14 +390,13 @@ async fn measure(
             ));
         }
         if mixed {
-            let p = Arc::unwrap_or_clone(p);
             rows.extend(
                 super::rows_server_mixed::rows(
                     effort,
                     url,
                     &layout,
                     &payload,
-                    p,
+                    &p,
                     req_bytes,
                     resp_bytes,
                     store_priority,

@@ -61,7 +61,7 @@ pub async fn rows(
     url: &str,
     big: &LayoutInfo,
     payload: &Bytes,
-    lookup: PromptSpec,
+    lookup: &Arc<PromptSpec>,
     req_bytes: usize,
     resp_bytes: usize,
     store_priority: LanePriority,
@@ -103,8 +103,7 @@ pub async fn rows(
                 })
             })?
     };
-    let lookup = Arc::new(lookup);
-    let lookups = lookup_latencies(url, &lookup, rounds).await;
+    let lookups = lookup_latencies(url, lookup, rounds).await;
     done.store(true, Ordering::Relaxed);
     let mut rates = tokio::task::spawn_blocking(move || storer.join())
         .await?
@@ -113,7 +112,7 @@ pub async fn rows(
     let block = payload.len();
     // The same lookups, and the plain round trips, beside the same bytes over plain TCP.
     let stream = PlainStream::start(per, block, store_priority)?;
-    let beside = lookup_latencies(url, &lookup, rounds).await;
+    let beside = lookup_latencies(url, lookup, rounds).await;
     let raw_beside =
         tokio::task::spawn_blocking(move || tcp_round_trips_ms(req_bytes, resp_bytes, rounds))
             .await?;
