@@ -129,11 +129,18 @@ fn a_read_running_when_its_object_is_withdrawn_completes_and_later_reads_miss() 
     let object = adverts(&b)[0].0.clone();
 
     let tier = b.tier.clone();
+    let gets_before_read = g.counters().snapshot().0;
     let reading = std::thread::spawn(move || {
         let t = Instant::now();
         (tier.get(&last), t.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The read is running once the store has answered its GET (the body then trickles
+    // through the throttle). On a loaded machine the request may take longer than any
+    // fixed pause to get there, and would then be counted as the later miss's.
+    assert!(
+        wait_until(SOON, || g.counters().snapshot().0 > gets_before_read),
+        "the read never reached the store"
+    );
     let outcome = rt.block_on(a.catalog.withdraw(&object)).unwrap();
     assert!(matches!(outcome, Withdrawal::Withdrawn(_)), "{outcome:?}");
     // The withdrawal reaches B within the propagation allowance: a read starting now
