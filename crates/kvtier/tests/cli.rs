@@ -103,6 +103,7 @@ fn quick_bench_writes_every_row_with_a_baseline() -> Result<(), Box<dyn std::err
         "hash.ns_per_token",
         "lookup.hit_128k.ms",
         "lookup.miss.us",
+        "lookup.miss_from_tokens_128k.us",
         "ram.store.256KiB.GBps",
         "ram.store.2MiB.GBps",
         "ram.load.256KiB.GBps",

@@ -32,6 +32,15 @@ impl ExtraKeys {
         self.by_block.keys().next_back().copied()
     }
 
+    /// The tags of blocks `0..blocks` ([`ExtraKeys::tag`] of each); empty when there are
+    /// no extra keys, as `hash::chain_extend` takes them.
+    pub fn tags(&self, blocks: usize) -> Vec<Option<[u8; 16]>> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        (0..blocks).map(|i| self.tag(i)).collect()
+    }
+
     /// The 128-bit tag mixed into block `block`'s hash, or `None` if it has no keys.
     pub fn tag(&self, block: usize) -> Option<[u8; 16]> {
         if self.by_block.is_empty() {

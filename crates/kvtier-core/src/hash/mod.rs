@@ -117,25 +117,48 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32], extra_tag: Option<[u8; 16]>
 /// The hashes of every whole block of `tokens` under `layout`, in order. Extra keys of a
 /// block whose index is past the last whole block are ignored (that block has no key).
 pub fn chain(layout: &Layout, tokens: &[u32], extras: &ExtraKeys) -> Vec<BlockHash> {
+    let blocks = tokens.len() / layout.tokens_per_block();
+    let tags = extras.tags(blocks);
+    let mut out = Vec::with_capacity(blocks);
+    chain_extend(layout, tokens, &tags, &mut out, blocks);
+    out
+}
+
+/// Extends `out`, the hashes of the first `out.len()` whole blocks of `tokens` under
+/// `layout`, to the first `blocks` whole blocks (fewer if `tokens` has fewer). `tags[i]` is
+/// block `i`'s extra-key tag; `tags` is empty for a prompt without extra keys. A lookup
+/// hashes a prompt this way as far as its walk goes, not further (see `Prompt`).
+pub fn chain_extend(
+    layout: &Layout,
+    tokens: &[u32],
+    tags: &[Option<[u8; 16]>],
+    out: &mut Vec<BlockHash>,
+    blocks: usize,
+) {
     let tpb = layout.tokens_per_block();
-    let mut out = Vec::with_capacity(tokens.len() / tpb);
-    #[cfg(target_arch = "x86_64")]
-    if tpb == 16 && extras.is_empty() && shani::available() {
-        shani::chain16(bytes_to_words(&chain_root(layout).0), tokens, &mut out);
-        return out;
+    let done = out.len();
+    let blocks = blocks.min(tokens.len() / tpb);
+    if blocks <= done {
+        return;
     }
-    let mut parent = bytes_to_words(&chain_root(layout).0);
+    let parent = out.last().copied().unwrap_or_else(|| chain_root(layout));
+    let todo = &tokens[done * tpb..blocks * tpb];
+    #[cfg(target_arch = "x86_64")]
+    if tpb == 16 && tags.is_empty() && shani::available() {
+        shani::chain16(bytes_to_words(&parent.0), todo, out);
+        return;
+    }
+    let mut parent = bytes_to_words(&parent.0);
     let mut scratch = Vec::with_capacity(tpb.div_ceil(16));
-    for (i, block) in tokens.chunks_exact(tpb).enumerate() {
-        let tag = if extras.is_empty() {
-            None
-        } else {
-            extras.tag(i).map(|t| bytes_to_words(&t))
-        };
+    for (i, block) in todo.chunks_exact(tpb).enumerate() {
+        let tag = tags
+            .get(done + i)
+            .copied()
+            .flatten()
+            .map(|t| bytes_to_words(&t));
         parent = link(parent, block, tag, &mut scratch);
         out.push(BlockHash(words_to_bytes(parent)));
     }
-    out
 }
 
 /// One chain step on big-endian words: the state is the parent's four words and the tag's

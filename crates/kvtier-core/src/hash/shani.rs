@@ -36,8 +36,9 @@ pub fn available() -> bool {
         && std::arch::is_x86_feature_detected!("ssse3")
 }
 
-/// Appends the hash of every whole 16-token block of `tokens` to `out`, starting from the
-/// chain root `root` (as four big-endian words), with zero extra-key tags.
+/// Appends the hash of every whole 16-token block of `tokens` to `out`, starting from
+/// `root`, the hash before the first of them (the chain root, or the last block already
+/// hashed), as four big-endian words; with zero extra-key tags.
 /// The caller must have checked [`available`].
 pub fn chain16(root: [u32; 4], tokens: &[u32], out: &mut Vec<BlockHash>) {
     if !available() {

@@ -177,7 +177,8 @@ impl PrefixIndex {
     /// collision cannot serve another prefix.
     pub fn lookup(&self, prompt: &Prompt, max_blocks: usize) -> Lookup {
         let n = prompt.num_blocks().min(max_blocks);
-        let hashes = &prompt.hashes()[..n];
+        // Hashed as far as the walk goes: a prompt that misses early is not hashed whole.
+        let mut chain = prompt.walk(n);
         let mut blocks: Vec<BlockRef> = Vec::new();
         let mut parent: BlockHash = prompt.layout().digest().into();
         let mut mismatch = false;
@@ -192,27 +193,39 @@ impl PrefixIndex {
         // Short walks lock one shard per block.
         let head = n.min(LOCK_ALL_AFTER);
         let mut going = true;
-        for (i, hash) in hashes[..head].iter().enumerate() {
-            match Entry::step(self.map.read(hash).get(hash), prompt, &parent, i) {
-                Step::Held(tier) => push(&mut blocks, *hash, tier),
+        for i in 0..head {
+            let hash = chain.hash(i);
+            match Entry::step(self.map.read(&hash).get(&hash), prompt, &parent, i) {
+                Step::Held(tier) => push(&mut blocks, hash, tier),
                 Step::Absent => going = false,
                 Step::Mismatch => (going, mismatch) = (false, true),
             }
             if !going {
                 break;
             }
-            parent = *hash;
+            parent = hash;
         }
-        // A walk still going takes every shard's reader lock once for the rest, so a
-        // 128K-token prompt pays 64 lock round trips instead of 8,192. It follows the links
-        // first (bucket-resident fields only) and then verifies the contents of what it
-        // found, so the pointer chases of the second pass overlap each other.
-        if going && n > head {
+        // A walk still going goes on in stretches, each four times as long as the walk so
+        // far (or, when the prompt's chain is known already, one stretch to the end): the
+        // stretch is hashed first, then every shard's reader lock is taken once for it (a
+        // 128K-token prompt pays at most 4 × 64 lock round trips instead of 8,192, and no
+        // hash is computed under a lock), and a walk that stops has hashed at most about
+        // four times what it matched. Each stretch follows the links first (bucket-resident
+        // fields only) and then verifies the contents of what it found, so the pointer
+        // chases of the second pass overlap each other.
+        let mut from = head;
+        while going && from < n {
+            let to = if chain.known() >= n {
+                n
+            } else {
+                n.min(4 * from)
+            };
+            let hashes = &chain.upto(to)[from..];
             let all = self.map.read_all();
-            let mut found: Vec<(&Entry, BlockHash)> = Vec::with_capacity(n - head);
-            for (k, hash) in hashes[head..].iter().enumerate() {
+            let mut found: Vec<(&Entry, BlockHash)> = Vec::with_capacity(to - from);
+            for (k, hash) in hashes.iter().enumerate() {
                 match all.get(hash) {
-                    Some(e) if e.links(&parent, head + k) => found.push((e, *hash)),
+                    Some(e) if e.links(&parent, from + k) => found.push((e, *hash)),
                     Some(e) if e.tiers != 0 => {
                         mismatch = true;
                         break;
@@ -221,17 +234,23 @@ impl PrefixIndex {
                 }
                 parent = *hash;
             }
+            going = found.len() == to - from;
             for (k, (e, hash)) in found.into_iter().enumerate() {
-                if !e.contents(prompt, head + k) {
-                    mismatch = true;
+                if !e.contents(prompt, from + k) {
+                    (going, mismatch) = (false, true);
                     break;
                 }
                 match TierKind::fastest_in(e.tiers) {
                     Some(tier) => push(&mut blocks, hash, tier),
-                    None => break,
+                    None => {
+                        going = false;
+                        break;
+                    }
                 }
             }
+            from = to;
         }
+        chain.keep();
         if mismatch {
             self.verify_mismatches.incr();
             tracing::warn!(
