@@ -170,7 +170,7 @@ impl Engine {
             // Already in RAM: refresh it, copy it only for the tiers that lack it.
             let per_block_lacking = (0..slots.len()).any(|at| lacks(at) && !slots[at].policy.runs);
             if !per_block_lacking && self.ram.touch(&hash) {
-                let meta = block_meta(prompt, i);
+                let meta = prompt.block_meta(i);
                 let lacking_durable =
                     durable && persistent.is_some_and(|p| !p.tier.contains(&hash));
                 if lacking != 0 || lacking_durable {
@@ -185,7 +185,7 @@ impl Engine {
                 report.duplicates += 1;
                 continue;
             }
-            let meta = block_meta(prompt, i);
+            let meta = prompt.block_meta(i);
             let bytes = payloads.bytes(p, &self.arena);
             let in_ram = self.ram.put(&meta, bytes.clone())?;
             // Every write-through tier gets a block it lacks, and in either mode a tier
@@ -330,16 +330,4 @@ fn persist(tier: &dyn Tier, items: &[(BlockMeta, Bytes)], ack: Ack) -> Result<()
         tier.make_durable()?;
     }
     Ok(())
-}
-
-/// The description of block `i` of `prompt`.
-fn block_meta(prompt: &Prompt, i: usize) -> BlockMeta {
-    BlockMeta {
-        layout: prompt.layout().digest(),
-        hash: prompt.hashes()[i],
-        parent: prompt.parent_of(i),
-        position: i as u32,
-        tokens: prompt.block_tokens(i).into(),
-        extra_tag: prompt.extra_tag(i),
-    }
 }

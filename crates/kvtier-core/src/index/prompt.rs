@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 use crate::error::{Error, Result};
 use crate::hash::{self, BlockHash, ExtraKeys};
 use crate::layout::Layout;
+use crate::tier::BlockMeta;
 
 /// Blocks a lookup hashes before it knows whether the first one is held.
 const FIRST_STEP: usize = 16;
@@ -106,6 +107,18 @@ impl Prompt {
             None => hash::chain_root(&self.layout),
         }
     }
+
+    /// The description of whole block `i`, as a tier stores and the index keeps it.
+    pub(crate) fn block_meta(&self, i: usize) -> BlockMeta {
+        BlockMeta {
+            layout: self.layout.digest(),
+            hash: self.hashes()[i],
+            parent: self.parent_of(i),
+            position: i as u32,
+            tokens: self.block_tokens(i).into(),
+            extra_tag: self.extra_tag(i),
+        }
+    }
 }
 
 /// The chain of a [`Prompt`] as far as a walk asks for it. The prompt's whole chain is
@@ -160,7 +173,7 @@ mod tests {
     use super::*;
     use crate::index::PrefixIndex;
     use crate::layout::{KvDtype, LayoutKey};
-    use crate::tier::{BlockMeta, ResidencySink, TierKind};
+    use crate::tier::{ResidencySink, TierKind};
 
     fn prompt(blocks: u32, seed: u32) -> Prompt {
         let layout = match Layout::new(LayoutKey::new("m", KvDtype::F16, 16, 1, 1, 8)) {
@@ -176,24 +189,13 @@ mod tests {
         }
     }
 
-    /// An index holding the first `held` blocks of `p`, with their honest metadata.
+    /// An index holding the first `held` blocks of `p`, with their honest metadata
+    /// (described through a copy of `p`, so `p` itself stays unhashed).
     fn holding(p: &Prompt, held: usize) -> PrefixIndex {
         let index = PrefixIndex::new();
-        let all = hash::chain(p.layout(), p.tokens(), &ExtraKeys::none());
-        for (i, h) in all.iter().take(held).enumerate() {
-            let meta = BlockMeta {
-                layout: p.layout().digest(),
-                hash: *h,
-                parent: if i == 0 {
-                    hash::chain_root(p.layout())
-                } else {
-                    all[i - 1]
-                },
-                position: i as u32,
-                tokens: Arc::from(p.block_tokens(i)),
-                extra_tag: None,
-            };
-            index.inserted(TierKind::Ram, &meta);
+        let twin = p.clone();
+        for i in 0..held {
+            index.inserted(TierKind::Ram, &twin.block_meta(i));
         }
         index
     }
